@@ -1,0 +1,240 @@
+"""MGSA model configuration: a Marian configuration plus the choice of syntax-aware encoder and its settings."""
+
+from transformers.models.marian.configuration_marian import MarianConfig
+
+
+ENCODER_TYPES = ("transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe")
+PHRASE_PARTITIONS = ("ngram", "syntactic")
+PHRASE_COMPOSITIONS = ("max", "mean", "sans", "lstm")
+PHRASE_INTERACTIONS = ("none", "lstm", "on_lstm")
+PR_SEGMENTATIONS = ("fixed", "parse")
+PR_GLANCES = ("max", "mean")
+HYBRID_GATES = ("token", "head")
+HYBRID_COMBINATIONS = ("gate", "concat")
+RHE_ATTENTIONS = ("dea", "lpea")
+RHE_MODES = ("rhe", "sea_all", "rhe_prune")
+
+# default encoder layers of each encoder-only variant (0 = the bottom layer)
+DEFAULT_VARIANT_LAYERS = {"phrase_memory": [0], "hybrid": [0, 1], "rhe": [0]}
+
+
+class MgsaConfig(MarianConfig):
+    r"""
+    Configuration of [`MgsaModel`] / [`MgsaForConditionalGeneration`]: every [`~transformers.MarianConfig`] field
+    (so an opus-mt style `config.json` loads as is) plus the syntax-aware encoder.
+
+    Args:
+        encoder_type (`str`, defaults to `"transformer"`):
+            `"transformer"` (plain Marian), `"phrase_memory"` (MG-SA), `"phrase_representation"` (PR), `"hybrid"`
+            (local/global hybrid attention) or `"rhe"` (redundant-head enlivening).
+        phrase_memory_layers (`list[int]`, *optional*, defaults to `[0]`):
+            MG-SA: encoder layers whose self-attention is multi-granularity.
+        phrase_partition (`str`, defaults to `"ngram"`):
+            MG-SA: `"ngram"` (non-overlapping n-grams of `phrase_ngram_sizes`, computed in the model) or
+            `"syntactic"` (the top `phrase_levels` levels of the constituency tree, from the processor).
+        phrase_ngram_sizes (`list[int]`, *optional*, defaults to `[2, 3, 4]`):
+            MG-SA: n-gram sizes, one granularity each.
+        phrase_levels (`int`, defaults to 3):
+            Number K of syntactic granularity levels (MG-SA) the processor makes and the model reads.
+        phrase_word_heads (`int`, *optional*):
+            MG-SA: heads that stay word-level; defaults to a quarter of `encoder_attention_heads`.
+        phrase_heads_per_granularity (`list[int]`, *optional*):
+            MG-SA: heads given to each granularity; defaults to an even split of the other heads.
+        phrase_composition (`str`, defaults to `"sans"`):
+            MG-SA: how a phrase's word vectors become one vector: `"max"`, `"mean"`, `"sans"` (the max-pooled vector
+            attends inside the phrase) or `"lstm"` (last state).
+        phrase_interaction (`str`, defaults to `"none"`):
+            MG-SA: interaction over the phrase sequence: `"none"`, `"lstm"` or `"on_lstm"` (ordered neurons).
+        on_lstm_chunk_size (`int`, defaults to 8):
+            MG-SA: chunk size of the ON-LSTM master gates (hidden size must be divisible by it).
+        phrase_tag_supervision (`bool`, defaults to `False`):
+            MG-SA: predict the tag of each syntactic phrase from its composed vector.
+        phrase_tag_loss_weight (`float`, defaults to 0.001):
+            MG-SA: weight λ of the tag loss added to the translation loss.
+        num_phrase_tags (`int`, defaults to 64):
+            Size of the phrase tag vocabulary (the processor's `PHRASE_TAGS` must fit).
+        pr_segmentation (`str`, defaults to `"fixed"`):
+            PR: `"fixed"` phrases of ntok = max(min(`pr_max_phrase_tokens`, len / `pr_length_ratio`),
+            `pr_min_phrase_tokens`) tokens, or `"parse"` (Algorithm 1 phrases from the processor).
+        pr_max_phrase_tokens (`int`, defaults to 8), pr_min_phrase_tokens (`int`, defaults to 3), pr_length_ratio
+        (`int`, defaults to 6):
+            PR: the fixed segmentation rule above.
+        pr_glance (`str`, defaults to `"max"`):
+            PR: glance vector of a phrase: `"max"` or `"mean"` pooling.
+        pr_attentive (`bool`, defaults to `True`):
+            PR: attentive phrase representation (else the glance vector itself is the phrase vector).
+        pr_transparent_attention (`bool`, defaults to `True`):
+            PR: decoder layers attend to a learned mix of all encoder layers' phrases (else to the last layer's).
+        hybrid_layers (`list[int]`, *optional*, defaults to `[0, 1]`):
+            Hybrid: encoder layers with local/global hybrid attention.
+        hybrid_window (`int`, defaults to 1):
+            Hybrid: local window m, positions with |i - j| <= m.
+        hybrid_gate (`str`, defaults to `"token"`):
+            Hybrid: one gate per token (`"token"`) or per token and head (`"head"`).
+        hybrid_combination (`str`, defaults to `"gate"`):
+            Hybrid: `"gate"` (gated sum) or `"concat"` (the paper's concatenation ablation).
+        rhe_layers (`list[int]`, *optional*, defaults to `[0]`):
+            RHE: encoder layers with syntax-enhanced attention.
+        rhe_attention (`str`, defaults to `"lpea"`):
+            RHE: the syntax-enhanced attention, `"dea"` (dependency mask) or `"lpea"` (local-phrase bias).
+        rhe_mode (`str`, defaults to `"rhe"`):
+            RHE: `"sea_all"` (every head uses the syntax-enhanced attention), `"rhe"` (redundant heads do) or
+            `"rhe_prune"` (redundant heads are zeroed).
+        rhe_max_relative_position (`int`, defaults to 6):
+            RHE: clipping distance k of relative local-phrasal positions.
+        rhe_fixed_gate (`float`, *optional*):
+            RHE: a fixed Syn_gate instead of the dynamic sigmoid(h_conf).
+    """
+
+    model_type = "mgsa"
+
+    encoder_type: str = "transformer"
+    # MG-SA (phrase_memory)
+    phrase_memory_layers: list[int] | None = None
+    phrase_partition: str = "ngram"
+    phrase_ngram_sizes: list[int] | None = None
+    phrase_levels: int = 3
+    phrase_word_heads: int | None = None
+    phrase_heads_per_granularity: list[int] | None = None
+    phrase_composition: str = "sans"
+    phrase_interaction: str = "none"
+    on_lstm_chunk_size: int = 8
+    phrase_tag_supervision: bool = False
+    phrase_tag_loss_weight: float = 0.001
+    num_phrase_tags: int = 64
+    # PR (phrase_representation)
+    pr_segmentation: str = "fixed"
+    pr_max_phrase_tokens: int = 8
+    pr_min_phrase_tokens: int = 3
+    pr_length_ratio: int = 6
+    pr_glance: str = "max"
+    pr_attentive: bool = True
+    pr_transparent_attention: bool = True
+    # hybrid
+    hybrid_layers: list[int] | None = None
+    hybrid_window: int = 1
+    hybrid_gate: str = "token"
+    hybrid_combination: str = "gate"
+    # RHE
+    rhe_layers: list[int] | None = None
+    rhe_attention: str = "lpea"
+    rhe_mode: str = "rhe"
+    rhe_max_relative_position: int = 6
+    rhe_fixed_gate: float | None = None
+
+    def __post_init__(self, **kwargs):
+        for variant, layers in DEFAULT_VARIANT_LAYERS.items():
+            if getattr(self, f"{variant}_layers") is None:
+                setattr(self, f"{variant}_layers", [layer for layer in layers if layer < self.encoder_layers])
+        if self.phrase_ngram_sizes is None:
+            self.phrase_ngram_sizes = [2, 3, 4]
+        super().__post_init__(**kwargs)
+        self._validate_choices()
+        self._validate_sizes()
+        self._validate_phrase_heads()
+
+    @classmethod
+    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
+        """Read an MGSA or a Marian (opus-mt) `config.json`: every Marian field is an MGSA field too."""
+        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        if config_dict.get("model_type") == "marian":
+            config_dict = {**config_dict, "model_type": cls.model_type}
+        return config_dict, kwargs
+
+    @property
+    def variant_layers(self) -> list[int]:
+        """Encoder layers whose self-attention the chosen encoder-only variant replaces (empty otherwise)."""
+        if self.encoder_type in DEFAULT_VARIANT_LAYERS:
+            return list(getattr(self, f"{self.encoder_type}_layers"))
+        return []
+
+    @property
+    def num_phrase_granularities(self) -> int:
+        """Number of MG-SA phrase granularities (n-gram sizes or syntactic levels)."""
+        return len(self.phrase_ngram_sizes) if self.phrase_partition == "ngram" else self.phrase_levels
+
+    def phrase_head_allocation(self) -> tuple[int, list[int]]:
+        """MG-SA heads as `(word_heads, heads_per_granularity)`."""
+        heads = self.encoder_attention_heads
+        word_heads = heads // 4 if self.phrase_word_heads is None else self.phrase_word_heads
+        per_granularity = self.phrase_heads_per_granularity
+        if per_granularity is None:
+            share, extra = divmod(heads - word_heads, self.num_phrase_granularities)
+            per_granularity = [share + (g < extra) for g in range(self.num_phrase_granularities)]
+        return word_heads, list(per_granularity)
+
+    def _validate_choices(self):
+        choices = {
+            "encoder_type": ENCODER_TYPES,
+            "phrase_partition": PHRASE_PARTITIONS,
+            "phrase_composition": PHRASE_COMPOSITIONS,
+            "phrase_interaction": PHRASE_INTERACTIONS,
+            "pr_segmentation": PR_SEGMENTATIONS,
+            "pr_glance": PR_GLANCES,
+            "hybrid_gate": HYBRID_GATES,
+            "hybrid_combination": HYBRID_COMBINATIONS,
+            "rhe_attention": RHE_ATTENTIONS,
+            "rhe_mode": RHE_MODES,
+        }
+        for field, allowed in choices.items():
+            value = getattr(self, field)
+            if value not in allowed:
+                raise ValueError(f"`{field}` must be one of {allowed}, got {value!r}.")
+
+    def _validate_sizes(self):
+        for field, heads in (("encoder_attention_heads", self.encoder_attention_heads),
+                             ("decoder_attention_heads", self.decoder_attention_heads)):
+            if heads <= 0 or self.d_model % heads:
+                raise ValueError(f"`{field}` ({heads}) must be a positive divisor of `d_model` ({self.d_model}).")
+        if self.encoder_type in DEFAULT_VARIANT_LAYERS:
+            field = f"{self.encoder_type}_layers"
+            layers = getattr(self, field)
+            if not layers or any(not 0 <= layer < self.encoder_layers for layer in layers):
+                raise ValueError(
+                    f"`{field}` must be a non-empty list of encoder layer indices in [0, {self.encoder_layers}), "
+                    f"got {layers!r}."
+                )
+        positive = {
+            "phrase_levels": self.phrase_levels,
+            "on_lstm_chunk_size": self.on_lstm_chunk_size,
+            "num_phrase_tags": self.num_phrase_tags,
+            "pr_max_phrase_tokens": self.pr_max_phrase_tokens,
+            "pr_min_phrase_tokens": self.pr_min_phrase_tokens,
+            "pr_length_ratio": self.pr_length_ratio,
+            "hybrid_window": self.hybrid_window,
+        }
+        for field, value in positive.items():
+            if value < 1:
+                raise ValueError(f"`{field}` must be a positive integer, got {value!r}.")
+        if self.pr_min_phrase_tokens > self.pr_max_phrase_tokens:
+            raise ValueError(
+                f"`pr_min_phrase_tokens` ({self.pr_min_phrase_tokens}) must not exceed `pr_max_phrase_tokens` "
+                f"({self.pr_max_phrase_tokens})."
+            )
+        if not self.phrase_ngram_sizes or any(size < 1 for size in self.phrase_ngram_sizes):
+            raise ValueError(f"`phrase_ngram_sizes` must be a non-empty list of sizes >= 1, got {self.phrase_ngram_sizes!r}.")
+        if self.rhe_max_relative_position < 0:
+            raise ValueError(f"`rhe_max_relative_position` must be >= 0, got {self.rhe_max_relative_position!r}.")
+        if self.rhe_fixed_gate is not None and not 0.0 <= self.rhe_fixed_gate <= 1.0:
+            raise ValueError(f"`rhe_fixed_gate` must be in [0, 1] or None, got {self.rhe_fixed_gate!r}.")
+        if self.phrase_tag_loss_weight < 0:
+            raise ValueError(f"`phrase_tag_loss_weight` must be >= 0, got {self.phrase_tag_loss_weight!r}.")
+
+    def _validate_phrase_heads(self):
+        heads = self.encoder_attention_heads
+        word_heads, per_granularity = self.phrase_head_allocation()
+        if not 0 <= word_heads < heads:
+            raise ValueError(f"`phrase_word_heads` must be in [0, {heads}), got {word_heads!r}.")
+        if len(per_granularity) != self.num_phrase_granularities or any(h < 0 for h in per_granularity):
+            raise ValueError(
+                f"`phrase_heads_per_granularity` must list a non-negative head count for each of the "
+                f"{self.num_phrase_granularities} granularities, got {per_granularity!r}."
+            )
+        if word_heads + sum(per_granularity) != heads:
+            raise ValueError(
+                f"`phrase_word_heads` ({word_heads}) + `phrase_heads_per_granularity` ({per_granularity}) must add up "
+                f"to `encoder_attention_heads` ({heads})."
+            )
+
+
+__all__ = ["MgsaConfig"]

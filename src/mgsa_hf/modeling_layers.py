@@ -1,0 +1,294 @@
+"""Building blocks shared by every MGSA encoder variant: the source syntax a forward pass carries, the multi-head
+attention core (Marian parameter names), and the Marian-compatible encoder and decoder layers.
+
+The attention variants (`phrase_memory.py`, `phrase_representation.py`, `hybrid.py`, `rhe.py`) subclass
+[`MgsaAttention`] and the layers here, so that the plain path stays exactly Marian's.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
+
+
+@dataclass
+class MgsaSyntaxInputs:
+    """
+    The source-side inputs of one encoder forward pass, beyond the tokens themselves.
+
+    Field names, shapes and padding values are those of `syntax_fields.py`; every tensor is batch first and aligned
+    with `input_ids` (length `L`). `padding_mask` (B, L) is `True` on real tokens. Variants record what they want to
+    return (losses, analysis tensors, phrase memories) with [`record`]; the encoder gathers it into its output.
+    """
+
+    padding_mask: torch.BoolTensor
+    word_ids: torch.LongTensor | None = None
+    head_word_ids: torch.LongTensor | None = None
+    phrase_ids: torch.LongTensor | None = None
+    phrase_tags: torch.LongTensor | None = None
+    pr_phrase_ids: torch.LongTensor | None = None
+    local_phrase_start: torch.LongTensor | None = None
+    local_phrase_end: torch.LongTensor | None = None
+    tree_depth: torch.LongTensor | None = None
+    records: dict[str, list] = field(default_factory=dict)
+    cache: dict[str, object] = field(default_factory=dict)
+
+    def require(self, *names: str, needed_by: str) -> None:
+        """Raise a clear error when a syntax field that `needed_by` reads was not given."""
+        missing = [name for name in names if getattr(self, name) is None]
+        if missing:
+            raise ValueError(
+                f"{needed_by} needs the source syntax field(s) {missing}: pass the output of `MgsaProcessor` "
+                f"(e.g. `model(**processor(texts, return_tensors='pt'))`)."
+            )
+        length = self.padding_mask.shape[-1]
+        for name in names:
+            if getattr(self, name).shape[-1] != length:
+                raise ValueError(
+                    f"`{name}` has length {getattr(self, name).shape[-1]} but `input_ids` has length {length}: syntax "
+                    "fields must be padded and truncated together with the tokens."
+                )
+
+    def record(self, key: str, value) -> None:
+        """Keep `value` for the encoder output under `key` (one entry per layer that records it)."""
+        self.records.setdefault(key, []).append(value)
+
+    def cached(self, key: str, compute: Callable[[], object]):
+        """A per-forward cache, so layers sharing a derived tensor (partitions, masks) compute it once."""
+        if key not in self.cache:
+            self.cache[key] = compute()
+        return self.cache[key]
+
+
+SYNTAX_INPUT_NAMES = tuple(SOURCE_SYNTAX_PAD_VALUES)
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(QKᵀ·scaling + mask)·V on (B, H, T, d_h) tensors; returns the context as (B, T, H, d_h) and the weights."""
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value).transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+class MgsaAttention(nn.Module):
+    """
+    Multi-head attention from "Attention Is All You Need" with Marian's parameter names (`q_proj`, `k_proj`, `v_proj`,
+    `out_proj`). Encoder variants subclass it and override [`forward`] for encoder self-attention, reusing
+    [`split_heads`] and [`merge_heads`] so that their projections stay loadable from a Marian checkpoint.
+    """
+
+    def __init__(self, config, num_heads: int, is_decoder: bool = False, is_causal: bool = False, layer_idx=None):
+        super().__init__()
+        self.config = config
+        self.embed_dim = config.d_model
+        self.num_heads = num_heads
+        self.head_dim = self.embed_dim // num_heads
+        self.scaling = self.head_dim**-0.5
+        self.dropout = config.attention_dropout
+        self.is_decoder = is_decoder
+        self.is_causal = is_causal
+        self.layer_idx = layer_idx
+
+        self.k_proj = nn.Linear(self.embed_dim, self.embed_dim)
+        self.v_proj = nn.Linear(self.embed_dim, self.embed_dim)
+        self.q_proj = nn.Linear(self.embed_dim, self.embed_dim)
+        self.out_proj = nn.Linear(self.embed_dim, self.embed_dim)
+
+    def split_heads(self, states: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) → (B, H, T, d_h)."""
+        return states.view(*states.shape[:-1], -1, self.head_dim).transpose(1, 2)
+
+    def merge_heads(self, context: torch.Tensor) -> torch.Tensor:
+        """Context (B, H, T, d_h) → output projection of (B, T, D)."""
+        context = context.transpose(1, 2)
+        return self.out_proj(context.reshape(*context.shape[:2], self.embed_dim))
+
+    def attention_dropout(self, weights: torch.Tensor) -> torch.Tensor:
+        return nn.functional.dropout(weights, p=self.dropout, training=self.training)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        syntax: MgsaSyntaxInputs | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """
+        Args:
+            hidden_states: (B, T, D) queries (and keys/values for self-attention).
+            key_value_states: (B, S, D) encoder states for cross-attention.
+            past_key_values: the decoder cache.
+            attention_mask: additive mask broadcastable to (B, H, T, S), as made by `transformers.masking_utils`.
+            syntax: the source syntax; unused by plain attention.
+
+        Returns:
+            `(output (B, T, D), attention weights (B, H, T, S) or None)`.
+        """
+        is_cross_attention = key_value_states is not None
+        query_states = self.split_heads(self.q_proj(hidden_states))
+
+        is_updated = False
+        cache = past_key_values
+        if isinstance(past_key_values, EncoderDecoderCache):
+            is_updated = past_key_values.is_updated.get(self.layer_idx)
+            cache = past_key_values.cross_attention_cache if is_cross_attention else past_key_values.self_attention_cache
+
+        if is_cross_attention and is_updated:
+            key_states = cache.layers[self.layer_idx].keys
+            value_states = cache.layers[self.layer_idx].values
+        else:
+            current_states = key_value_states if is_cross_attention else hidden_states
+            key_states = self.split_heads(self.k_proj(current_states))
+            value_states = self.split_heads(self.v_proj(current_states))
+            if past_key_values is not None:
+                key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
+                if is_cross_attention and isinstance(past_key_values, EncoderDecoderCache):
+                    past_key_values.is_updated[self.layer_idx] = True
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=self.dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
+        return self.out_proj(attn_output), attn_weights
+
+
+class MgsaPostNormLayer(GradientCheckpointingLayer):
+    """What Marian's encoder and decoder layers share: post-LN residual blocks and the feed-forward sub-layer
+    (`fc1`, `fc2`, `final_layer_norm`)."""
+
+    def __init__(self, config, ffn_dim: int, layer_idx: int):
+        super().__init__()
+        self.embed_dim = config.d_model
+        self.layer_idx = layer_idx
+        self.dropout = config.dropout
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.activation_dropout = config.activation_dropout
+        self.fc1 = nn.Linear(self.embed_dim, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, self.embed_dim)
+        self.final_layer_norm = nn.LayerNorm(self.embed_dim)
+
+    def residual_block(self, residual: torch.Tensor, update: torch.Tensor, layer_norm: nn.LayerNorm) -> torch.Tensor:
+        """Post-LN residual connection: LayerNorm(residual + dropout(update))."""
+        update = nn.functional.dropout(update, p=self.dropout, training=self.training)
+        return layer_norm(residual + update)
+
+    def feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The position-wise feed-forward sub-layer with its residual block."""
+        update = self.activation_fn(self.fc1(hidden_states))
+        update = nn.functional.dropout(update, p=self.activation_dropout, training=self.training)
+        return self.residual_block(hidden_states, self.fc2(update), self.final_layer_norm)
+
+
+class MgsaEncoderLayer(MgsaPostNormLayer):
+    """
+    Marian's post-LN encoder layer. Its self-attention is plain [`MgsaAttention`] or, on the variant's layers, the
+    variant's attention module (built by `modeling_mgsa.build_encoder_self_attention`).
+    """
+
+    def __init__(self, config, self_attn: MgsaAttention, layer_idx: int):
+        super().__init__(config, config.encoder_ffn_dim, layer_idx)
+        self.self_attn = self_attn
+        self.self_attn_layer_norm = nn.LayerNorm(self.embed_dim)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        syntax: MgsaSyntaxInputs | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """hidden_states (B, L, D), attention_mask additive (B, 1, L, L) or None → (B, L, D)."""
+        attn_output, _ = self.self_attn(hidden_states, attention_mask=attention_mask, syntax=syntax, **kwargs)
+        hidden_states = self.residual_block(hidden_states, attn_output, self.self_attn_layer_norm)
+        hidden_states = self.feed_forward(hidden_states)
+        if hidden_states.dtype == torch.float16 and not torch.isfinite(hidden_states).all():
+            clamp_value = torch.finfo(hidden_states.dtype).max - 1000
+            hidden_states = torch.clamp(hidden_states, min=-clamp_value, max=clamp_value)
+        return hidden_states
+
+
+class MgsaDecoderLayer(MgsaPostNormLayer):
+    """Marian's post-LN decoder layer: causal self-attention → cross-attention → feed-forward."""
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__(config, config.decoder_ffn_dim, layer_idx)
+        heads = config.decoder_attention_heads
+        self.self_attn = MgsaAttention(config, heads, is_decoder=True, is_causal=True, layer_idx=layer_idx)
+        self.self_attn_layer_norm = nn.LayerNorm(self.embed_dim)
+        self.encoder_attn = MgsaAttention(config, heads, is_decoder=True, layer_idx=layer_idx)
+        self.encoder_attn_layer_norm = nn.LayerNorm(self.embed_dim)
+
+    def cross_attention(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """The cross-attention sub-layer over source tokens (PR adds a phrase sub-layer before it)."""
+        attn_output, _ = self.encoder_attn(
+            hidden_states,
+            key_value_states=encoder_hidden_states,
+            attention_mask=encoder_attention_mask,
+            past_key_values=past_key_values,
+        )
+        return self.residual_block(hidden_states, attn_output, self.encoder_attn_layer_norm)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = True,
+        **kwargs,
+    ) -> torch.Tensor:
+        """
+        Args:
+            hidden_states: (B, T, D) target states.
+            attention_mask: additive causal mask (B, 1, T, T_past + T) or None.
+            encoder_hidden_states: (B, S, D); encoder_attention_mask: additive (B, 1, T, S) or None.
+            kwargs: extra source memories a variant's decoder layer reads (PR: `encoder_phrase_states`,
+                `encoder_phrase_mask`); ignored here.
+        """
+        attn_output, _ = self.self_attn(hidden_states, past_key_values=past_key_values, attention_mask=attention_mask)
+        hidden_states = self.residual_block(hidden_states, attn_output, self.self_attn_layer_norm)
+        if encoder_hidden_states is not None:
+            hidden_states = self.cross_attention(
+                hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values, **kwargs
+            )
+        return self.feed_forward(hidden_states)

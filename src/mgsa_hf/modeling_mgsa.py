@@ -1,0 +1,585 @@
+"""PyTorch MGSA model: a Marian-style seq2seq Transformer whose encoder self-attention can be phrase- or syntax-aware.
+
+With `encoder_type="transformer"` the model is exactly [`~transformers.MarianMTModel`] (same parameter names, same
+computation), so opus-mt checkpoints load as they are; the other encoder types replace the self-attention of chosen
+encoder layers (MG-SA, hybrid, RHE) or add phrase sub-layers to every layer (PR).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import CrossEntropyLoss
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+from transformers.modeling_utils import PreTrainedModel
+from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding, shift_tokens_right
+from transformers.utils import logging
+from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from .configuration_mgsa import MgsaConfig
+from .hybrid import HybridAttention
+from .modeling_layers import MgsaAttention, MgsaDecoderLayer, MgsaEncoderLayer, MgsaSyntaxInputs
+from .phrase_memory import PhraseMemoryAttention
+from .phrase_representation import PhraseRepresentationDecoderLayer, PhraseRepresentationEncoderLayer
+from .rhe import RheAttention
+
+
+logger = logging.get_logger(__name__)
+
+# encoder_type -> the self-attention of the variant's encoder layers (`config.variant_layers`)
+ENCODER_SELF_ATTENTIONS = {"phrase_memory": PhraseMemoryAttention, "hybrid": HybridAttention, "rhe": RheAttention}
+# encoder_type -> layer classes that replace whole encoder / decoder layers
+ENCODER_LAYERS = {"phrase_representation": PhraseRepresentationEncoderLayer}
+DECODER_LAYERS = {"phrase_representation": PhraseRepresentationDecoderLayer}
+
+
+def build_encoder_layer(config: MgsaConfig, layer_idx: int) -> MgsaEncoderLayer:
+    """Encoder layer `layer_idx` for `config.encoder_type`."""
+    attention_class = MgsaAttention
+    if layer_idx in config.variant_layers:
+        attention_class = ENCODER_SELF_ATTENTIONS[config.encoder_type]
+    self_attn = attention_class(config, config.encoder_attention_heads, layer_idx=layer_idx)
+    layer_class = ENCODER_LAYERS.get(config.encoder_type, MgsaEncoderLayer)
+    return layer_class(config, self_attn, layer_idx)
+
+
+def build_decoder_layer(config: MgsaConfig, layer_idx: int) -> MgsaDecoderLayer:
+    """Decoder layer `layer_idx` for `config.encoder_type`."""
+    return DECODER_LAYERS.get(config.encoder_type, MgsaDecoderLayer)(config, layer_idx)
+
+
+@dataclass
+class MgsaEncoderOutput(BaseModelOutput):
+    r"""
+    tag_loss (`torch.FloatTensor` of shape `(batch_size,)`, *optional*):
+        MG-SA phrase-tag cross-entropy per sentence (averaged over its phrases and supervised layers), when the
+        model predicts tags and the batch carries `phrase_tags`. Per sentence so that it expands with beams.
+    gates (`tuple(torch.FloatTensor)`, *optional*):
+        Hybrid: per variant layer, the local/global gate `(batch_size, seq_len)` or `(batch_size, heads, seq_len)`.
+    head_labels (`tuple(torch.LongTensor)`, *optional*):
+        RHE: per variant layer, `(batch_size, heads)` with 1 for important and 0 for redundant heads.
+    phrase_states (`torch.FloatTensor` of shape `(batch_size, encoder_layers + 1, num_phrases, d_model)`, *optional*):
+        PR: the source phrase representations of the embeddings and of every encoder layer.
+    phrase_mask (`torch.BoolTensor` of shape `(batch_size, num_phrases)`, *optional*):
+        PR: `True` for real phrases.
+    """
+
+    tag_loss: torch.FloatTensor | None = None
+    gates: tuple[torch.FloatTensor, ...] | None = None
+    head_labels: tuple[torch.LongTensor, ...] | None = None
+    phrase_states: torch.FloatTensor | None = None
+    phrase_mask: torch.BoolTensor | None = None
+
+
+@dataclass
+class MgsaSeq2SeqModelOutput(Seq2SeqModelOutput):
+    r"""
+    encoder_tag_loss, encoder_gates, encoder_head_labels:
+        The encoder's [`MgsaEncoderOutput`] fields of the same names.
+    """
+
+    encoder_tag_loss: torch.FloatTensor | None = None
+    encoder_gates: tuple[torch.FloatTensor, ...] | None = None
+    encoder_head_labels: tuple[torch.LongTensor, ...] | None = None
+
+
+@dataclass
+class MgsaSeq2SeqLMOutput(Seq2SeqLMOutput):
+    r"""
+    translation_loss (`torch.FloatTensor`, *optional*):
+        The cross-entropy of the labels alone; `loss` adds `phrase_tag_loss_weight * tag_loss` when there is one.
+    tag_loss (`torch.FloatTensor`, *optional*):
+        MG-SA phrase-tag loss of the batch (mean of the encoder's per-sentence `tag_loss`).
+    encoder_gates, encoder_head_labels:
+        See [`MgsaEncoderOutput`]; returned with `output_gates=True` / `output_head_labels=True`.
+    """
+
+    translation_loss: torch.FloatTensor | None = None
+    tag_loss: torch.FloatTensor | None = None
+    encoder_gates: tuple[torch.FloatTensor, ...] | None = None
+    encoder_head_labels: tuple[torch.LongTensor, ...] | None = None
+
+
+class MgsaPreTrainedModel(PreTrainedModel):
+    config: MgsaConfig
+    config_class = MgsaConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _no_split_modules = ["MgsaEncoderLayer", "MgsaDecoderLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, MarianSinusoidalPositionalEmbedding):
+            init.copy_(module.weight, module.create_weight())
+        elif isinstance(module, MgsaForConditionalGeneration):
+            init.zeros_(module.final_logits_bias)
+        elif hasattr(module, "init_variant_parameters"):
+            # variant modules initialise their own `nn.Parameter`s with `transformers.initialization`
+            module.init_variant_parameters(self.config)
+
+    @property
+    def dummy_inputs(self):
+        pad_token = self.config.pad_token_id
+        input_ids = torch.tensor([[0, 6, 10, 4, 2], [0, 8, 12, 2, pad_token]], device=self.device)
+        return {"attention_mask": input_ids.ne(pad_token), "input_ids": input_ids, "decoder_input_ids": input_ids}
+
+
+def _stack_records(records: dict[str, list], key: str) -> tuple | None:
+    return tuple(records[key]) if key in records else None
+
+
+class MgsaEncoder(MgsaPreTrainedModel):
+    """
+    Transformer encoder of `config.encoder_layers` layers ([`MgsaEncoderLayer`] or the variant's layer), reading the
+    source syntax fields of [`MgsaProcessor`] where the variant needs them.
+    """
+
+    _can_record_outputs = {
+        "hidden_states": MgsaEncoderLayer,
+        "attentions": OutputRecorder(MgsaAttention, index=1, layer_name="self_attn"),
+    }
+
+    def __init__(self, config: MgsaConfig):
+        super().__init__(config)
+        self.dropout = config.dropout
+        self.layerdrop = config.encoder_layerdrop
+        self.padding_idx = config.pad_token_id
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, self.padding_idx)
+        self.embed_positions = MarianSinusoidalPositionalEmbedding(
+            config.max_position_embeddings, config.d_model, self.padding_idx
+        )
+        self.layers = nn.ModuleList([build_encoder_layer(config, i) for i in range(config.encoder_layers)])
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        word_ids: torch.LongTensor | None = None,
+        head_word_ids: torch.LongTensor | None = None,
+        phrase_ids: torch.LongTensor | None = None,
+        phrase_tags: torch.LongTensor | None = None,
+        pr_phrase_ids: torch.LongTensor | None = None,
+        local_phrase_start: torch.LongTensor | None = None,
+        local_phrase_end: torch.LongTensor | None = None,
+        tree_depth: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> MgsaEncoderOutput:
+        r"""
+        input_ids (`torch.LongTensor` of shape `(batch_size, seq_len)`), attention_mask (same shape, 1 = token):
+            Source tokens and padding mask.
+        word_ids, head_word_ids, phrase_ids, phrase_tags, pr_phrase_ids, local_phrase_start, local_phrase_end,
+        tree_depth:
+            Source syntax fields made by [`MgsaProcessor`] (see `syntax_fields.py` for shapes and padding values).
+            Only the fields the configured variant reads are required.
+        """
+        if (input_ids is None) ^ (inputs_embeds is not None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale
+        hidden_states = inputs_embeds + self.embed_positions(inputs_embeds.shape[:-1])
+        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+
+        padding_mask = (
+            torch.ones(inputs_embeds.shape[:2], dtype=torch.bool, device=inputs_embeds.device)
+            if attention_mask is None
+            else attention_mask.bool()
+        )
+        syntax = MgsaSyntaxInputs(
+            padding_mask=padding_mask,
+            word_ids=word_ids,
+            head_word_ids=head_word_ids,
+            phrase_ids=phrase_ids,
+            phrase_tags=phrase_tags,
+            pr_phrase_ids=pr_phrase_ids,
+            local_phrase_start=local_phrase_start,
+            local_phrase_end=local_phrase_end,
+            tree_depth=tree_depth,
+        )
+        attention_mask = create_bidirectional_mask(
+            config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
+        )
+        for encoder_layer in self.layers:
+            if self.training and self.layerdrop > 0.0 and torch.rand([]) < self.layerdrop:
+                continue
+            hidden_states = encoder_layer(hidden_states, attention_mask, syntax=syntax, **kwargs)
+        return self._output(hidden_states, syntax.records)
+
+    @staticmethod
+    def _output(hidden_states: torch.Tensor, records: dict[str, list]) -> MgsaEncoderOutput:
+        """Gather what the variant layers recorded into the encoder output."""
+        tag_losses = records.get("tag_loss")
+        return MgsaEncoderOutput(
+            last_hidden_state=hidden_states,
+            tag_loss=torch.stack(tag_losses).mean(0) if tag_losses else None,
+            gates=_stack_records(records, "gates"),
+            head_labels=_stack_records(records, "head_labels"),
+            phrase_states=torch.stack(records["phrase_states"], dim=1) if "phrase_states" in records else None,
+            phrase_mask=records["phrase_mask"][0] if "phrase_mask" in records else None,
+        )
+
+
+class MgsaDecoder(MgsaPreTrainedModel):
+    """Transformer decoder of `config.decoder_layers` layers ([`MgsaDecoderLayer`] or the variant's layer)."""
+
+    _can_record_outputs = {
+        "hidden_states": MgsaDecoderLayer,
+        "attentions": OutputRecorder(MgsaAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(MgsaAttention, index=1, layer_name="encoder_attn"),
+    }
+
+    def __init__(self, config: MgsaConfig):
+        super().__init__(config)
+        self.dropout = config.dropout
+        self.layerdrop = config.decoder_layerdrop
+        self.padding_idx = config.pad_token_id
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = nn.Embedding(config.decoder_vocab_size, config.d_model, self.padding_idx)
+        self.embed_positions = MarianSinusoidalPositionalEmbedding(
+            config.max_position_embeddings, config.d_model, self.padding_idx
+        )
+        self.layers = nn.ModuleList([build_decoder_layer(config, i) for i in range(config.decoder_layers)])
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
+        encoder_phrase_states: torch.FloatTensor | None = None,
+        encoder_phrase_mask: torch.BoolTensor | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        r"""
+        encoder_phrase_states (`(batch_size, encoder_layers + 1, num_phrases, d_model)`), encoder_phrase_mask
+        (`(batch_size, num_phrases)`):
+            PR source phrase memories, passed to every decoder layer (plain layers ignore them).
+        """
+        if (input_ids is None) ^ (inputs_embeds is not None):
+            raise ValueError("You must specify exactly one of decoder_input_ids or decoder_inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = inputs_embeds * self.embed_scale
+
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        batch_size, seq_length = inputs_embeds.shape[:2]
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if attention_mask is None:
+            attention_mask = torch.ones(batch_size, past_length + seq_length, device=inputs_embeds.device)
+        self_attn_cache = (
+            past_key_values.self_attention_cache
+            if isinstance(past_key_values, EncoderDecoderCache)
+            else past_key_values
+        )
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            past_key_values=self_attn_cache,
+        )
+        encoder_attention_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+        positions = self.embed_positions((batch_size, seq_length), past_length, position_ids=position_ids)
+        hidden_states = nn.functional.dropout(inputs_embeds + positions, p=self.dropout, training=self.training)
+
+        for decoder_layer in self.layers:
+            if self.training and self.layerdrop > 0.0 and torch.rand([]) < self.layerdrop:
+                continue
+            hidden_states = decoder_layer(
+                hidden_states,
+                causal_mask,
+                encoder_hidden_states,  # positional for gradient checkpointing
+                encoder_attention_mask=encoder_attention_mask,
+                past_key_values=past_key_values,
+                use_cache=use_cache,
+                encoder_phrase_states=encoder_phrase_states,
+                encoder_phrase_mask=encoder_phrase_mask,
+                **kwargs,
+            )
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, past_key_values=past_key_values)
+
+
+def _as_encoder_output(encoder_outputs) -> MgsaEncoderOutput:
+    """Accept what users and `generate` pass as `encoder_outputs`: our output, a `BaseModelOutput` or a tuple."""
+    if isinstance(encoder_outputs, MgsaEncoderOutput):
+        return encoder_outputs
+    if isinstance(encoder_outputs, BaseModelOutput):
+        return MgsaEncoderOutput(**encoder_outputs)
+    return MgsaEncoderOutput(
+        last_hidden_state=encoder_outputs[0],
+        hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+        attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+    )
+
+
+class MgsaModel(MgsaPreTrainedModel):
+    """The bare MGSA encoder-decoder, outputting raw decoder states (Marian layout: `shared`, `encoder`, `decoder`)."""
+
+    _keys_to_ignore_on_load_missing = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
+
+    def __init__(self, config: MgsaConfig):
+        super().__init__(config)
+        if config.share_encoder_decoder_embeddings:
+            self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+            self._tied_weights_keys = {
+                "decoder.embed_tokens.weight": "shared.weight",
+                "encoder.embed_tokens.weight": "shared.weight",
+            }
+        else:
+            self._tied_weights_keys = None
+        self.encoder = MgsaEncoder(config)
+        self.decoder = MgsaDecoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.get_encoder().get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        if self.config.share_encoder_decoder_embeddings:
+            self.shared = value
+            self.encoder.embed_tokens = self.shared
+            self.decoder.embed_tokens = self.shared
+        else:
+            self.encoder.embed_tokens = value
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        word_ids: torch.LongTensor | None = None,
+        head_word_ids: torch.LongTensor | None = None,
+        phrase_ids: torch.LongTensor | None = None,
+        phrase_tags: torch.LongTensor | None = None,
+        pr_phrase_ids: torch.LongTensor | None = None,
+        local_phrase_start: torch.LongTensor | None = None,
+        local_phrase_end: torch.LongTensor | None = None,
+        tree_depth: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> MgsaSeq2SeqModelOutput:
+        r"""
+        Arguments are those of [`~transformers.MarianModel`] plus the source syntax fields of [`MgsaEncoder`].
+        """
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                word_ids=word_ids,
+                head_word_ids=head_word_ids,
+                phrase_ids=phrase_ids,
+                phrase_tags=phrase_tags,
+                pr_phrase_ids=pr_phrase_ids,
+                local_phrase_start=local_phrase_start,
+                local_phrase_end=local_phrase_end,
+                tree_depth=tree_depth,
+                **kwargs,
+            )
+        encoder_outputs = _as_encoder_output(encoder_outputs)
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            encoder_phrase_states=encoder_outputs.phrase_states,
+            encoder_phrase_mask=encoder_outputs.phrase_mask,
+            **kwargs,
+        )
+        return MgsaSeq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+            encoder_tag_loss=encoder_outputs.tag_loss,
+            encoder_gates=encoder_outputs.gates,
+            encoder_head_labels=encoder_outputs.head_labels,
+        )
+
+
+class MgsaForConditionalGeneration(MgsaPreTrainedModel, GenerationMixin):
+    """
+    MGSA with a language-modelling head, for translation: `model(**processor(src, text_target=tgt))` gives the loss,
+    `model.generate(**processor(src))` translates. Loads MGSA and Marian (opus-mt) checkpoints alike; modules a Marian
+    checkpoint lacks (the variant's) are freshly initialised.
+    """
+
+    base_model_prefix = "model"
+    _keys_to_ignore_on_load_missing = [
+        "final_logits_bias",
+        "model.encoder.embed_positions.weight",
+        "model.decoder.embed_positions.weight",
+    ]
+    _keys_to_ignore_on_save = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
+    _tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+
+    def __init__(self, config: MgsaConfig):
+        super().__init__(config)
+        self.model = MgsaModel(config)
+        if config.share_encoder_decoder_embeddings:
+            self._tied_weights_keys = {
+                "lm_head.weight": "model.shared.weight",
+                "model.decoder.embed_tokens.weight": "model.shared.weight",
+                "model.encoder.embed_tokens.weight": "model.shared.weight",
+            }
+        target_vocab_size = config.vocab_size if config.share_encoder_decoder_embeddings else config.decoder_vocab_size
+        self.final_logits_bias = nn.Buffer(torch.zeros((1, target_vocab_size)))
+        self.lm_head = nn.Linear(config.d_model, target_vocab_size, bias=False)
+        self.post_init()
+
+    def get_encoder(self):
+        return self.model.encoder
+
+    def get_decoder(self):
+        return self.model.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        word_ids: torch.LongTensor | None = None,
+        head_word_ids: torch.LongTensor | None = None,
+        phrase_ids: torch.LongTensor | None = None,
+        phrase_tags: torch.LongTensor | None = None,
+        pr_phrase_ids: torch.LongTensor | None = None,
+        local_phrase_start: torch.LongTensor | None = None,
+        local_phrase_end: torch.LongTensor | None = None,
+        tree_depth: torch.LongTensor | None = None,
+        output_gates: bool | None = None,
+        output_head_labels: bool | None = None,
+        **kwargs,
+    ) -> MgsaSeq2SeqLMOutput:
+        r"""
+        labels (`torch.LongTensor` of shape `(batch_size, target_len)`, *optional*):
+            Target token ids; -100 is ignored. The decoder inputs are the labels shifted right.
+        output_gates (`bool`, *optional*):
+            Return the hybrid encoder's local/global gates as `encoder_gates`.
+        output_head_labels (`bool`, *optional*):
+            Return RHE's important (1) / redundant (0) head labels as `encoder_head_labels`.
+
+        The other arguments are those of [`~transformers.MarianMTModel`] and the source syntax fields of
+        [`MgsaEncoder`].
+        """
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = shift_tokens_right(
+                    labels, self.config.pad_token_id, self.config.decoder_start_token_id
+                )
+        outputs: MgsaSeq2SeqModelOutput = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            encoder_outputs=encoder_outputs,
+            decoder_attention_mask=decoder_attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            word_ids=word_ids,
+            head_word_ids=head_word_ids,
+            phrase_ids=phrase_ids,
+            phrase_tags=phrase_tags,
+            pr_phrase_ids=pr_phrase_ids,
+            local_phrase_start=local_phrase_start,
+            local_phrase_end=local_phrase_end,
+            tree_depth=tree_depth,
+            **kwargs,
+        )
+        lm_logits = self.lm_head(outputs.last_hidden_state) + self.final_logits_bias
+
+        translation_loss = loss = None
+        if labels is not None:
+            translation_loss = CrossEntropyLoss()(lm_logits.view(-1, lm_logits.shape[-1]), labels.view(-1))
+            loss = translation_loss
+        tag_loss = outputs.encoder_tag_loss.mean() if outputs.encoder_tag_loss is not None else None
+        if loss is not None and tag_loss is not None:
+            loss = loss + self.config.phrase_tag_loss_weight * tag_loss
+
+        return MgsaSeq2SeqLMOutput(
+            loss=loss,
+            logits=lm_logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+            translation_loss=translation_loss,
+            tag_loss=tag_loss,
+            encoder_gates=outputs.encoder_gates if output_gates else None,
+            encoder_head_labels=outputs.encoder_head_labels if output_head_labels else None,
+        )
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor):
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+
+__all__ = [
+    "MgsaEncoder",
+    "MgsaDecoder",
+    "MgsaEncoderOutput",
+    "MgsaForConditionalGeneration",
+    "MgsaModel",
+    "MgsaPreTrainedModel",
+    "MgsaSeq2SeqLMOutput",
+]
