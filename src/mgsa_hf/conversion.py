@@ -1,0 +1,50 @@
+"""Upgrade a Marian (opus-mt style) checkpoint to an MGSA model folder."""
+
+from .configuration_mgsa import MgsaConfig
+from .modeling_mgsa import MgsaForConditionalGeneration
+
+
+def new_module_names(missing_keys: list[str]) -> list[str]:
+    """Collapse freshly initialised parameter names to the modules that own them, e.g.
+    `model.encoder.layers.0.self_attn.gate.weight` → `model.encoder.layers.0.self_attn.gate`."""
+    return sorted({key.rsplit(".", 1)[0] for key in missing_keys})
+
+
+def load_marian_as_mgsa(marian_path: str, encoder_type: str = "transformer", **config_overrides):
+    """
+    Load a Marian checkpoint (folder or Hub id) as [`MgsaForConditionalGeneration`] with the given encoder.
+
+    Returns:
+        `(model, new_modules)`: the model, and the names of the modules the checkpoint did not have (the variant's),
+        which were freshly initialised. Raises `ValueError` if the checkpoint has weights the model cannot take.
+    """
+    config = MgsaConfig.from_pretrained(marian_path, encoder_type=encoder_type, **config_overrides)
+    model, info = MgsaForConditionalGeneration.from_pretrained(marian_path, config=config, output_loading_info=True)
+    if info["unexpected_keys"] or info["mismatched_keys"]:
+        raise ValueError(
+            f"{marian_path} is not a Marian checkpoint this model can take: unexpected {info['unexpected_keys']}, "
+            f"mismatched {info['mismatched_keys']}."
+        )
+    return model, new_module_names(info["missing_keys"])
+
+
+def convert_marian_checkpoint(marian_path: str, output_dir: str, encoder_type: str = "transformer", **overrides):
+    """Write `output_dir` with the MGSA model (and the Marian tokenizer, when the source has one); return a report."""
+    from transformers import AutoTokenizer
+
+    model, new_modules = load_marian_as_mgsa(marian_path, encoder_type, **overrides)
+    model.save_pretrained(output_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(marian_path)
+    except (OSError, ValueError):
+        tokenizer = None
+    if tokenizer is not None:
+        tokenizer.save_pretrained(output_dir)
+    return {
+        "source": str(marian_path),
+        "output_dir": str(output_dir),
+        "encoder_type": encoder_type,
+        "parameters": model.num_parameters(),
+        "new_modules": new_modules,
+        "tokenizer_saved": tokenizer is not None,
+    }

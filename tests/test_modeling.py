@@ -1,0 +1,190 @@
+"""The plain (`encoder_type="transformer"`) model against transformers' own MarianMTModel, save/load round trips,
+remote-code loading and config validation."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
+
+import mgsa_hf
+from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
+
+
+PAD = 49
+TINY = dict(
+    vocab_size=50,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=64,
+    pad_token_id=PAD,
+    decoder_start_token_id=PAD,
+    eos_token_id=0,
+    forced_eos_token_id=0,
+    init_std=0.2,
+)
+
+
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    marian = MarianMTModel(MarianConfig(**TINY)).eval()
+    torch.nn.init.normal_(marian.final_logits_bias, std=0.05)
+    folder = tmp_path_factory.mktemp("marian")
+    marian.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def batch():
+    input_ids = torch.tensor([[5, 6, 7, 8, 9, 0], [10, 11, 12, 0, PAD, PAD], [13, 0, PAD, PAD, PAD, PAD]])
+    decoder_input_ids = torch.tensor([[PAD, 3, 4, 5], [PAD, 6, 7, PAD], [PAD, 8, PAD, PAD]])
+    return {
+        "input_ids": input_ids,
+        "attention_mask": input_ids.ne(PAD).long(),
+        "decoder_input_ids": decoder_input_ids,
+        "decoder_attention_mask": decoder_input_ids.ne(PAD).long().index_fill(1, torch.tensor([0]), 1),
+    }
+
+
+def test_logits_match_marian(marian_dir, batch):
+    marian = MarianMTModel.from_pretrained(marian_dir).eval()
+    ours = MgsaForConditionalGeneration.from_pretrained(marian_dir, encoder_type="transformer").eval()
+    assert isinstance(ours.config, MgsaConfig)
+    with torch.no_grad():
+        expected = marian(**batch).logits
+        actual = ours(**batch).logits
+    assert (expected - actual).abs().max().item() <= 1e-5
+    # the comparison is not vacuous: logits vary over positions and vocabulary
+    assert expected.std() > 0.1
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_generate_matches_marian(marian_dir, batch, num_beams):
+    marian = MarianMTModel.from_pretrained(marian_dir).eval()
+    ours = MgsaForConditionalGeneration.from_pretrained(marian_dir).eval()
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    kwargs = dict(num_beams=num_beams, max_new_tokens=12, do_sample=False)
+    expected = marian.generate(**inputs, **kwargs)
+    actual = ours.generate(**inputs, **kwargs)
+    assert torch.equal(expected, actual)
+    # not vacuous: different sources get different outputs
+    assert len({tuple(row) for row in expected.tolist()}) > 1
+
+
+def test_labels_loss_matches_marian(marian_dir, batch):
+    marian = MarianMTModel.from_pretrained(marian_dir).eval()
+    ours = MgsaForConditionalGeneration.from_pretrained(marian_dir).eval()
+    labels = torch.tensor([[3, 4, 5, 0], [6, 7, 0, -100], [8, 0, -100, -100]])
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "labels": labels}
+    with torch.no_grad():
+        expected, actual = marian(**inputs).loss, ours(**inputs)
+    assert torch.allclose(expected, actual.loss, atol=1e-6)
+    assert actual.tag_loss is None and torch.equal(actual.translation_loss, actual.loss)
+
+
+def test_save_load_round_trip(tmp_path, marian_dir, batch):
+    model = MgsaForConditionalGeneration.from_pretrained(marian_dir).eval()
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "mgsa"
+    assert saved["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_mgsa.MgsaForConditionalGeneration"
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert type(reloaded) is MgsaForConditionalGeneration
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, reloaded(**batch).logits)
+
+
+def test_remote_code_loads_without_the_package(tmp_path, marian_dir, batch):
+    """A saved folder carries its code: a fresh process where `mgsa_hf` cannot be imported loads it."""
+    model = MgsaForConditionalGeneration.from_pretrained(marian_dir).eval()
+    model.save_pretrained(tmp_path / "model")
+    for code_file in ("configuration_mgsa.py", "modeling_mgsa.py", "modeling_layers.py", "syntax_fields.py"):
+        assert (tmp_path / "model" / code_file).exists()
+    torch.save(batch, tmp_path / "batch.pt")
+    with torch.no_grad():
+        torch.save(model(**batch).logits, tmp_path / "expected.pt")
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["mgsa_hf"] = None  # any import of the package fails
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+        model = AutoModelForSeq2SeqLM.from_pretrained(r"{tmp_path / 'model'}", trust_remote_code=True).eval()
+        assert not type(model).__module__.startswith("mgsa_hf"), type(model).__module__
+        batch = torch.load(r"{tmp_path / 'batch.pt'}")
+        with torch.no_grad():
+            logits = model(**batch).logits
+        expected = torch.load(r"{tmp_path / 'expected.pt'}")
+        assert torch.equal(logits, expected), (logits - expected).abs().max()
+        print("REMOTE_OK", type(model).__module__)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "REMOTE_OK" in result.stdout
+
+
+def test_variant_modules_are_new_and_reported(marian_dir, caplog):
+    """Loading a Marian checkpoint into a variant initialises exactly the variant's modules."""
+    config = MgsaConfig.from_pretrained(marian_dir, encoder_type="hybrid")
+    try:
+        model, info = MgsaForConditionalGeneration.from_pretrained(
+            marian_dir, config=config, output_loading_info=True
+        )
+    except NotImplementedError:
+        pytest.skip("hybrid encoder not available")
+    marian_keys = set(MarianMTModel.from_pretrained(marian_dir).state_dict())
+    new_keys = set(model.state_dict()) - marian_keys
+    assert new_keys, "the variant adds parameters"
+    assert set(info["missing_keys"]) == new_keys
+    assert not info["unexpected_keys"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"encoder_type": "lstm"}, "encoder_type"),
+        ({"phrase_composition": "sum"}, "phrase_composition"),
+        ({"d_model": 30}, "encoder_attention_heads"),
+        ({"encoder_type": "hybrid", "hybrid_layers": [5]}, "hybrid_layers"),
+        ({"encoder_type": "rhe", "rhe_layers": []}, "rhe_layers"),
+        ({"phrase_word_heads": 1, "phrase_heads_per_granularity": [1, 1, 0]}, "phrase_heads_per_granularity"),
+        ({"phrase_word_heads": 4}, "phrase_word_heads"),
+        ({"rhe_max_relative_position": -1}, "rhe_max_relative_position"),
+        ({"pr_min_phrase_tokens": 9}, "pr_min_phrase_tokens"),
+        ({"rhe_fixed_gate": 1.5}, "rhe_fixed_gate"),
+        ({"hybrid_window": 0}, "hybrid_window"),
+    ],
+)
+def test_invalid_config_values(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        MgsaConfig(**{**TINY, **kwargs})
+
+
+def test_config_round_trip_and_auto_config(tmp_path):
+    config = MgsaConfig(**TINY, encoder_type="rhe", rhe_max_relative_position=4)
+    config.save_pretrained(tmp_path)
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert isinstance(loaded, MgsaConfig)
+    assert (loaded.encoder_type, loaded.rhe_max_relative_position, loaded.rhe_layers) == ("rhe", 4, [0])
+
+
+def test_marian_config_reads_as_mgsa(marian_dir):
+    config = MgsaConfig.from_pretrained(marian_dir, encoder_type="rhe")
+    assert config.model_type == "mgsa" and config.encoder_type == "rhe" and config.d_model == TINY["d_model"]
+
+
+def test_package_registers_auto_classes():
+    assert AutoConfig.for_model("mgsa").__class__ is MgsaConfig
+    model = AutoModelForSeq2SeqLM.from_config(MgsaConfig(**TINY))
+    assert isinstance(model, mgsa_hf.MgsaForConditionalGeneration)
