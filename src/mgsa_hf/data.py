@@ -1,0 +1,92 @@
+"""Parallel corpora: a folder of `{split}.{lang}[.gz]` files (e.g. Multi30k), a JSONL file, or a Hub dataset id.
+
+Every loader returns a `datasets.DatasetDict` whose splits have a `translation` column of `{src_lang: ..., tgt_lang:
+...}` dicts, the layout of Hub translation datasets. Problems with the files are reported before any training starts.
+"""
+
+import gzip
+import json
+from pathlib import Path
+
+from datasets import Dataset, DatasetDict, load_dataset
+
+
+def _read_lines(path: Path) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        return [line.rstrip("\n") for line in handle]
+
+
+def _find_split_file(folder: Path, split: str, lang: str) -> Path:
+    for candidate in (folder / f"{split}.{lang}", folder / f"{split}.{lang}.gz"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"no file for split {split!r}, language {lang!r} in {folder}: expected {split}.{lang}[.gz]")
+
+
+def read_parallel_split(folder: str | Path, split: str, src_lang: str, tgt_lang: str) -> Dataset:
+    """Read `{split}.{src_lang}[.gz]` and `{split}.{tgt_lang}[.gz]` (aligned line by line) as a `translation` Dataset."""
+    folder = Path(folder)
+    source = _read_lines(_find_split_file(folder, split, src_lang))
+    target = _read_lines(_find_split_file(folder, split, tgt_lang))
+    if len(source) != len(target):
+        raise ValueError(
+            f"split {split!r} of {folder}: {len(source)} {src_lang} lines but {len(target)} {tgt_lang} lines; "
+            "the files must be aligned line by line."
+        )
+    if not source:
+        raise ValueError(f"split {split!r} of {folder} is empty.")
+    return Dataset.from_dict({"translation": [{src_lang: s, tgt_lang: t} for s, t in zip(source, target)]})
+
+
+def _read_jsonl(path: Path, src_lang: str, tgt_lang: str) -> Dataset:
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            pair = record.get("translation", record)
+            if src_lang not in pair or tgt_lang not in pair:
+                raise ValueError(f"{path}:{number} has no {src_lang!r}/{tgt_lang!r} fields: {line.strip()[:200]}")
+            rows.append({src_lang: pair[src_lang], tgt_lang: pair[tgt_lang]})
+    if not rows:
+        raise ValueError(f"{path} holds no sentence pairs.")
+    return Dataset.from_dict({"translation": rows})
+
+
+def load_parallel_corpus(
+    source: str | Path, src_lang: str, tgt_lang: str, splits: dict[str, str], hub_config: str | None = None
+) -> DatasetDict:
+    """
+    Load a parallel corpus.
+
+    Args:
+        source: a folder of `{split}.{lang}[.gz]` files, a folder of `{split}.jsonl` files, a `.jsonl` file (used
+            for the train split) or a Hub dataset id (needs network access).
+        src_lang, tgt_lang: language codes, e.g. `"en"`, `"de"`.
+        splits: our split name → the corpus' split name, e.g. `{"train": "train", "validation": "val",
+            "test": "test_2016_flickr"}`; a split mapped to `None` is skipped.
+        hub_config: the Hub dataset's configuration name (e.g. `"de-en"` for `wmt16`), if it has several.
+
+    Returns:
+        `DatasetDict` with a `translation` column per split.
+    """
+    wanted = {name: corpus_split for name, corpus_split in splits.items() if corpus_split}
+    path = Path(source)
+    if path.is_dir():
+        def read(corpus_split):
+            jsonl = path / f"{corpus_split}.jsonl"
+            if jsonl.is_file():
+                return _read_jsonl(jsonl, src_lang, tgt_lang)
+            return read_parallel_split(path, corpus_split, src_lang, tgt_lang)
+
+        return DatasetDict({name: read(corpus_split) for name, corpus_split in wanted.items()})
+    if path.suffix == ".jsonl":
+        if not path.is_file():
+            raise FileNotFoundError(f"corpus file {path} does not exist.")
+        return DatasetDict({"train": _read_jsonl(path, src_lang, tgt_lang)})
+    if path.exists() or str(source).startswith((".", "/")):
+        raise FileNotFoundError(f"corpus {source} is neither a folder of split files nor a .jsonl file.")
+    hub = load_dataset(str(source), hub_config)
+    return DatasetDict({name: hub[corpus_split] for name, corpus_split in wanted.items()})

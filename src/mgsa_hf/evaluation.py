@@ -1,0 +1,61 @@
+"""Offline translation metrics (sacreBLEU BLEU and chrF) and checkpoint averaging."""
+
+from pathlib import Path
+
+import numpy as np
+import sacrebleu
+import torch
+from safetensors.torch import load_file
+
+
+def translation_scores(predictions: list[str], references: list[str]) -> dict:
+    """Corpus BLEU and chrF of detokenized `predictions` against raw `references`, with sacreBLEU's signatures."""
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions but {len(references)} references.")
+    bleu = sacrebleu.metrics.BLEU()
+    chrf = sacrebleu.metrics.CHRF()
+    bleu_score = bleu.corpus_score(predictions, [references])
+    chrf_score = chrf.corpus_score(predictions, [references])
+    return {
+        "bleu": bleu_score.score,
+        "chrf": chrf_score.score,
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+    }
+
+
+def decode_token_ids(tokenizer, token_ids) -> list[str]:
+    """Decode generated ids or labels (where -100 marks ignored positions) to detokenized strings."""
+    token_ids = np.asarray(token_ids)
+    token_ids = np.where(token_ids < 0, tokenizer.pad_token_id, token_ids)
+    return [text.strip() for text in tokenizer.batch_decode(token_ids, skip_special_tokens=True)]
+
+
+def build_compute_metrics(tokenizer):
+    """`compute_metrics` for `Seq2SeqTrainer(predict_with_generate=True)`: BLEU and chrF (numbers only)."""
+
+    def compute_metrics(eval_prediction) -> dict[str, float]:
+        predictions = eval_prediction.predictions
+        if isinstance(predictions, tuple):
+            predictions = predictions[0]
+        scores = translation_scores(
+            decode_token_ids(tokenizer, predictions), decode_token_ids(tokenizer, eval_prediction.label_ids)
+        )
+        return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
+
+    return compute_metrics
+
+
+def average_checkpoints(checkpoint_dirs: list[str | Path]) -> dict[str, torch.Tensor]:
+    """Element-wise mean of the `model.safetensors` weights of several checkpoints (as the papers average the last
+    5-20). Integer buffers are taken from the last checkpoint."""
+    if not checkpoint_dirs:
+        raise ValueError("average_checkpoints needs at least one checkpoint.")
+    state_dicts = [load_file(Path(folder) / "model.safetensors") for folder in checkpoint_dirs]
+    averaged = {}
+    for name, last in state_dicts[-1].items():
+        if last.is_floating_point():
+            averaged[name] = torch.stack([state[name].float() for state in state_dicts]).mean(0).to(last.dtype)
+        else:
+            averaged[name] = last
+    return averaged

@@ -1,0 +1,112 @@
+"""Model cards for trained MGSA models: the variant, its paper, the data, the hyperparameters and measured scores."""
+
+import json
+from pathlib import Path
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+
+TEMPLATE = Path(__file__).with_name("model_card_template.md")
+
+VARIANTS = {
+    "transformer": ("the plain Transformer (Marian).", "Attention Is All You Need"),
+    "phrase_memory": (
+        "Multi-Granularity Self-Attention: some heads attend over n-gram or syntactic phrases.",
+        "Multi-Granularity Self-Attention for Neural Machine Translation",
+    ),
+    "phrase_representation": (
+        "source phrase representations attended by every encoder and decoder layer, with transparent attention.",
+        "Learning Source Phrase Representations for Neural Machine Translation",
+    ),
+    "hybrid": (
+        "local/global hybrid self-attention with a learned gate.",
+        "Leveraging Local and Global Patterns for Self-Attention Networks",
+    ),
+    "rhe": (
+        "redundant-head enlivening with dependency- and local-phrase-enhanced attention.",
+        "Redundant head enlivening (RHE) for multi-head self-attention",
+    ),
+}
+
+VARIANT_FIELD_PREFIXES = {
+    "phrase_memory": ("phrase_", "on_lstm_"),
+    "phrase_representation": ("pr_",),
+    "hybrid": ("hybrid_",),
+    "rhe": ("rhe_",),
+}
+
+
+def variant_settings(config) -> dict:
+    """The config fields that define the encoder variant."""
+    prefixes = VARIANT_FIELD_PREFIXES.get(config.encoder_type, ())
+    return {key: value for key, value in config.to_dict().items() if key.startswith(prefixes)}
+
+
+def build_model_card(
+    config,
+    *,
+    model_id: str,
+    source_lang: str,
+    target_lang: str,
+    dataset_name: str,
+    train_size: int,
+    hyperparameters: dict,
+    results: list[dict],
+    parser: str,
+    example_source: str = "A man rides a bike.",
+) -> ModelCard:
+    """
+    Fill the card template.
+
+    `results` is a list of `{"split": ..., "bleu": ..., "chrf": ..., "bleu_signature": ...}`; each score goes into the
+    card's `model-index` as an evaluation result on `dataset_name`.
+    """
+    summary, paper = VARIANTS[config.encoder_type]
+    eval_results = [
+        EvalResult(
+            task_type="translation",
+            task_name=f"Translation {source_lang}-{target_lang}",
+            dataset_type=dataset_name,
+            dataset_name=dataset_name,
+            dataset_split=row["split"],
+            metric_type=metric,
+            metric_name=metric.upper() if metric == "bleu" else "chrF",
+            metric_value=round(float(row[metric]), 2),
+        )
+        for row in results
+        for metric in ("bleu", "chrf")
+    ]
+    card_data = ModelCardData(
+        model_name=model_id,
+        language=[source_lang, target_lang],
+        license="apache-2.0",
+        library_name="transformers",
+        pipeline_tag="translation",
+        tags=["translation", "mgsa-hf", config.encoder_type, "syntax-aware"],
+        datasets=[dataset_name],
+        metrics=["bleu", "chrf"],
+        eval_results=eval_results or None,
+    )
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(TEMPLATE),
+        model_id=model_id,
+        source_lang=source_lang,
+        target_lang=target_lang,
+        encoder_type=config.encoder_type,
+        method_summary=summary,
+        paper=paper,
+        parser=parser,
+        dataset_name=dataset_name,
+        train_size=train_size,
+        d_model=config.d_model,
+        encoder_layers=config.encoder_layers,
+        decoder_layers=config.decoder_layers,
+        heads=config.encoder_attention_heads,
+        vocab_size=config.vocab_size,
+        variant_settings=json.dumps(variant_settings(config)),
+        hyperparameters=", ".join(f"{key}={value}" for key, value in hyperparameters.items()),
+        results=results,
+        bleu_signature=results[0].get("bleu_signature", "") if results else "",
+        example_source=example_source,
+    )

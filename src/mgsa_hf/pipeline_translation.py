@@ -1,0 +1,85 @@
+"""`pipeline("translation", model=...)` for MGSA models (Transformers 5 has no built-in translation task).
+
+The pipeline runs the model's processor (tokenizer and syntax parser) over a batch of sentences at once, so the
+parser works in batches too, then `generate`, then decodes.
+"""
+
+from transformers import AutoModelForSeq2SeqLM, Pipeline
+from transformers.pipelines import PIPELINE_REGISTRY
+
+
+class MgsaTranslationPipeline(Pipeline):
+    """
+    Translate sentences with an [`MgsaForConditionalGeneration`] (or any seq2seq model whose processor makes its
+    inputs).
+
+    ```python
+    import mgsa_hf
+    from transformers import pipeline
+
+    translator = pipeline("translation", model="path/to/model")
+    translator("A man rides a bike.", num_beams=4)  # [{"translation_text": "..."}]
+    translator(["A dog runs.", "Two girls sing."], batch_size=32)  # one dict per sentence
+    ```
+
+    Call arguments: `max_length` / `truncation` for the source (passed to the processor), `batch_size`, and any
+    `generate` parameter (`num_beams`, `max_new_tokens`, ...).
+    """
+
+    _load_processor = True
+    _load_tokenizer = None
+    _load_image_processor = False
+    _load_feature_extractor = False
+    _load_video_processor = False
+    _pipeline_calls_generate = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.processor is None:
+            raise ValueError(
+                "the translation pipeline needs the model's processor (tokenizer + parser): save it beside the model "
+                "with `processor.save_pretrained(folder)` or pass `processor=`."
+            )
+
+    def _sanitize_parameters(self, max_length=None, truncation=None, **generate_kwargs):
+        preprocess_params = {}
+        if max_length is not None:
+            preprocess_params["max_length"] = max_length
+        if truncation is not None:
+            preprocess_params["truncation"] = truncation
+        return preprocess_params, {"generate_kwargs": generate_kwargs}, {}
+
+    def __call__(self, inputs: str | list[str], batch_size: int | None = None, **kwargs):
+        """Translate one sentence or a list; returns one `{"translation_text": ...}` per sentence, in a list."""
+        sentences = [inputs] if isinstance(inputs, str) else inputs
+        if not isinstance(sentences, (list, tuple)) or not all(isinstance(s, str) for s in sentences):
+            raise TypeError(f"the translation pipeline takes a string or a list of strings, got {type(inputs).__name__}.")
+        preprocess_params, forward_params, _ = self._sanitize_parameters(**kwargs)
+        batch_size = batch_size or self._batch_size or 16
+        results = []
+        for start in range(0, len(sentences), batch_size):
+            model_inputs = self.preprocess(list(sentences[start : start + batch_size]), **preprocess_params)
+            results.extend(self.postprocess(self.forward(model_inputs, **forward_params)))
+        return results
+
+    def preprocess(self, sentences: list[str], max_length=None, truncation=None):
+        options = {"return_tensors": "pt"}
+        if max_length is not None:
+            options.update(max_length=max_length, truncation=True if truncation is None else truncation)
+        elif truncation is not None:
+            options["truncation"] = truncation
+        return dict(self.processor(sentences, **options))
+
+    def _forward(self, model_inputs, generate_kwargs):
+        return self.model.generate(**model_inputs, **self._prepare_generate_kwargs(generate_kwargs))
+
+    def postprocess(self, output_ids):
+        texts = self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)
+        return [{"translation_text": text.strip()} for text in texts]
+
+
+def register_translation_pipeline() -> None:
+    """Register the `translation` task with Transformers' pipeline registry."""
+    PIPELINE_REGISTRY.register_pipeline(
+        "translation", pipeline_class=MgsaTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
+    )
