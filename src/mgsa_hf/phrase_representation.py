@@ -1,13 +1,334 @@
-"""PR source phrase representations (encoder_type="phrase_representation")."""
+"""PR: source phrase representations (encoder_type="phrase_representation").
 
-from .modeling_layers import MgsaDecoderLayer, MgsaEncoderLayer
+"Learning Source Phrase Representations for Neural Machine Translation" (papers/pr-source-phrase-representations.txt).
+Every encoder layer pools phrase vectors from its input with attentive pooling (Eq. 2-5) and attends to them before its
+self-attention (attentive combination, Eq. 7-8); every decoder layer attends to the source phrases before the source
+tokens, the phrases being a learned mix over the encoder levels 0..d (Transparent Attention, Eq. 6).
+
+Phrases are vectorised as segments of the (batch, seq_len) token axis: each token carries the index of its phrase and
+pooling is done with scatter/gather over that index, so no loop runs over sentences or phrases.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
+from transformers.masking_utils import create_bidirectional_mask
+
+from .modeling_layers import MgsaAttention, MgsaDecoderLayer, MgsaEncoderLayer, MgsaSyntaxInputs
+
+
+@dataclass
+class PhraseSegmentation:
+    """
+    A batch of source sentences cut into phrases (contiguous or not: only the token → phrase map matters).
+
+    Attributes:
+        index (`torch.LongTensor` of shape `(batch_size, seq_len)`):
+            The phrase of each token; tokens in no phrase (padding) point to the extra slot `num_phrases`, which pooling
+            computes and drops.
+        num_phrases (`int`):
+            P, the largest number of phrases of a sentence in the batch.
+        sizes (`torch.Tensor` of shape `(batch_size, num_phrases + 1)`):
+            Tokens per phrase slot (0 for the padded phrases of shorter sentences).
+    """
+
+    index: torch.LongTensor
+    num_phrases: int
+    sizes: torch.Tensor
+
+    @property
+    def mask(self) -> torch.BoolTensor:
+        """(B, P), `True` for real phrases."""
+        return self.sizes[:, : self.num_phrases] > 0
+
+
+def fixed_phrase_ids(
+    padding_mask: torch.BoolTensor, max_tokens: int = 8, min_tokens: int = 3, length_ratio: int = 6
+) -> torch.LongTensor:
+    """
+    The paper's fixed segmentation (Section 3, footnote 2): phrases of ntok = max(min(8, seql / 6), 3) tokens, the last
+    one shorter. seql counts the sentence's tokens before its last real token; that last token (EOS in processor output)
+    is a phrase of its own, as in the parse-based `pr_phrase_ids`. Positions are counted over real tokens only, so the
+    segmentation of a sentence does not depend on padding (left or right).
+
+    Args:
+        padding_mask: (B, L) bool, `True` on real tokens.
+
+    Returns:
+        (B, L) phrase index per token, -1 on padding.
+    """
+    positions = padding_mask.long().cumsum(-1) - 1
+    lengths = padding_mask.sum(-1, keepdim=True)
+    seq_len = (lengths - 1).clamp(min=0)
+    tokens_per_phrase = (seq_len // length_ratio).clamp(min=min_tokens, max=max_tokens)
+    phrase_ids = positions // tokens_per_phrase
+    eos_phrase = (seq_len + tokens_per_phrase - 1) // tokens_per_phrase
+    phrase_ids = torch.where(positions == lengths - 1, eos_phrase, phrase_ids)
+    return phrase_ids.masked_fill(~padding_mask, -1)
+
+
+def segment_phrases(phrase_ids: torch.LongTensor) -> PhraseSegmentation:
+    """(B, L) phrase index per token (-1 = none) → [`PhraseSegmentation`]. Reads P back from the device once."""
+    valid = phrase_ids >= 0
+    num_phrases = max(int(phrase_ids.max()) + 1, 1)
+    index = phrase_ids.masked_fill(~valid, num_phrases)
+    sizes = torch.zeros(index.shape[0], num_phrases + 1, device=index.device)
+    sizes.scatter_add_(1, index, valid.float())
+    return PhraseSegmentation(index=index, num_phrases=num_phrases, sizes=sizes)
+
+
+def source_phrase_segmentation(syntax: MgsaSyntaxInputs, config) -> PhraseSegmentation:
+    """The segmentation of the forward's source, computed by the first layer that asks and shared by all."""
+
+    def compute() -> PhraseSegmentation:
+        if config.pr_segmentation == "parse":
+            syntax.require("pr_phrase_ids", needed_by='encoder_type="phrase_representation" with pr_segmentation="parse"')
+            phrase_ids = syntax.pr_phrase_ids.long().masked_fill(~syntax.padding_mask, -1)
+        else:
+            phrase_ids = fixed_phrase_ids(
+                syntax.padding_mask, config.pr_max_phrase_tokens, config.pr_min_phrase_tokens, config.pr_length_ratio
+            )
+        segmentation = segment_phrases(phrase_ids)
+        syntax.record("phrase_mask", segmentation.mask)
+        return segmentation
+
+    return syntax.cached("pr_segmentation", compute)
+
+
+def _slot_index(segmentation: PhraseSegmentation, width: int) -> torch.LongTensor:
+    """The (B, L) token → phrase index expanded to (B, L, width) for scatter/gather along the token axis."""
+    return segmentation.index.unsqueeze(-1).expand(-1, -1, width)
+
+
+def _per_slot(values: torch.Tensor, segmentation: PhraseSegmentation, reduce: str) -> torch.Tensor:
+    """Reduce (B, L, D) token values into (B, P + 1, D) phrase slots ("sum" or "amax"); empty slots are 0."""
+    batch_size, _, width = values.shape
+    slots = values.new_zeros(batch_size, segmentation.num_phrases + 1, width)
+    return slots.scatter_reduce(1, _slot_index(segmentation, width), values, reduce, include_self=False)
+
+
+def _per_token(slots: torch.Tensor, segmentation: PhraseSegmentation) -> torch.Tensor:
+    """Broadcast (B, P + 1, D) phrase slots back to their (B, L, D) tokens."""
+    return slots.gather(1, _slot_index(segmentation, slots.shape[-1]))
+
+
+class AttentivePhrasePooling(nn.Module):
+    """
+    Phrase vectors from token vectors (Section 3.1). The glance F_glance (Eq. 2) is max-over-time or mean pooling inside
+    the phrase; with `pr_attentive` each token is scored against it, s_i = W2 σ(W1 [R_ti | R_all] + b1) (Eq. 3), the
+    scores are normalised inside the phrase (Eq. 4) and the phrase is the weighted sum of its tokens (Eq. 5); otherwise
+    the glance is the phrase vector (the "+Mean" / "+Max" rows of Table 2). Eq. 3's output bias b2 is left out: a
+    softmax inside the phrase is invariant to it.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.embed_dim = config.d_model
+        self.glance = config.pr_glance
+        self.attentive = config.pr_attentive
+        if self.attentive:
+            self.score_hidden = nn.Linear(2 * self.embed_dim, self.embed_dim)  # W1, b1 over [token | glance]
+            self.score_out = nn.Linear(self.embed_dim, 1, bias=False)  # W2
+
+    def forward(self, hidden_states: torch.Tensor, segmentation: PhraseSegmentation) -> torch.Tensor:
+        """hidden_states (B, L, D) → phrase vectors (B, P, D); padded phrases are 0."""
+        if self.glance == "max":
+            glance = _per_slot(hidden_states, segmentation, "amax")
+        else:
+            glance = _per_slot(hidden_states, segmentation, "sum") / segmentation.sizes.clamp(min=1).unsqueeze(-1)
+        if not self.attentive:
+            return glance[:, : segmentation.num_phrases]
+
+        # Eq. 3, with W1 [R_ti | R_all] split so that the glance half is computed once per phrase
+        token_weight, glance_weight = self.score_hidden.weight.split(self.embed_dim, dim=1)
+        glance_features = nn.functional.linear(glance, glance_weight, self.score_hidden.bias)
+        features = nn.functional.linear(hidden_states, token_weight) + _per_token(glance_features, segmentation)
+        scores = self.score_out(torch.sigmoid(features))  # (B, L, 1)
+
+        # Eq. 4: softmax inside each phrase (the per-phrase maximum only keeps exp() in range)
+        maxima = _per_slot(scores.detach(), segmentation, "amax")
+        exp_scores = torch.exp(scores - _per_token(maxima, segmentation))
+        weights = exp_scores / _per_token(_per_slot(exp_scores, segmentation, "sum"), segmentation)
+        # Eq. 5
+        return _per_slot(weights * hidden_states, segmentation, "sum")[:, : segmentation.num_phrases]
+
+
+class AttentivePhraseCombination(nn.Module):
+    """
+    The attentive combination network (Section 3.2): multi-head cross-attention from the tokens (queries) to the phrases
+    (keys and values), out_phrase = Attn_MH(x, R_phrase) (Eq. 7), then out = W4 σ(W3 [x | out_phrase] + b3) + b4 (Eq. 8).
+    The residual connection and LayerNorm around it belong to the layer.
+    """
+
+    def __init__(self, config, num_heads: int, is_decoder: bool = False, layer_idx: int | None = None):
+        super().__init__()
+        embed_dim = config.d_model
+        self.attn = MgsaAttention(config, num_heads, is_decoder=is_decoder, layer_idx=layer_idx)
+        # a key bias adds the same logit to every phrase of a query, which the softmax ignores
+        self.attn.k_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.combine_hidden = nn.Linear(2 * embed_dim, embed_dim)  # W3, b3
+        self.combine_out = nn.Linear(embed_dim, embed_dim)  # W4, b4
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        phrase_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None = None,
+    ) -> torch.Tensor:
+        """hidden_states (B, T, D), phrase_states (B, P, D), attention_mask for (B, 1, T, P) → (B, T, D)."""
+        phrase_output, _ = self.attn(
+            hidden_states, key_value_states=phrase_states, attention_mask=attention_mask, past_key_values=past_key_values
+        )
+        combined = torch.sigmoid(self.combine_hidden(torch.cat([hidden_states, phrase_output], dim=-1)))
+        return self.combine_out(combined)
 
 
 class PhraseRepresentationEncoderLayer(MgsaEncoderLayer):
-    def __init__(self, config, self_attn, layer_idx):
-        raise NotImplementedError('encoder_type="phrase_representation" is not implemented yet.')
+    """
+    PR encoder layer (Figure 2): phrases pooled from the layer input (Eq. 2-5) → attentive combination with them
+    (Eq. 7-8; residual and LayerNorm) → Marian's self-attention → feed-forward.
+
+    Each layer records its input's phrases as `phrase_states` (level k for layer k, level 0 being the embeddings); the
+    last layer also pools its output (level d), so the encoder returns the d + 1 levels that Transparent Attention mixes
+    (Eq. 6, "0 corresponds to the embedding layer"; footnote 4's 7 × 6 weights for 6 encoder layers).
+    """
+
+    def __init__(self, config, self_attn: MgsaAttention, layer_idx: int):
+        super().__init__(config, self_attn, layer_idx)
+        self.config = config
+        self.phrase_pooling = AttentivePhrasePooling(config)
+        self.phrase_combination = AttentivePhraseCombination(config, config.encoder_attention_heads, layer_idx=layer_idx)
+        self.phrase_combination_layer_norm = nn.LayerNorm(self.embed_dim)
+        self.is_last = layer_idx == config.encoder_layers - 1
+        self.output_phrase_pooling = AttentivePhrasePooling(config) if self.is_last else None
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        syntax: MgsaSyntaxInputs | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """hidden_states (B, L, D), attention_mask additive (B, 1, L, L) or None → (B, L, D)."""
+        if syntax is None:
+            raise ValueError(
+                'encoder_type="phrase_representation" needs the source padding mask: call the layer with '
+                "`syntax=MgsaSyntaxInputs(padding_mask=...)` (the encoder does this)."
+            )
+        segmentation = source_phrase_segmentation(syntax, self.config)
+        phrase_states = self.phrase_pooling(hidden_states, segmentation)
+        syntax.record("phrase_states", phrase_states)
+        phrase_mask = syntax.cached(
+            "pr_phrase_attention_mask",
+            lambda: create_bidirectional_mask(
+                config=self.config,
+                inputs_embeds=hidden_states,
+                attention_mask=segmentation.mask,
+                encoder_hidden_states=phrase_states,
+            ),
+        )
+        update = self.phrase_combination(hidden_states, phrase_states, phrase_mask)
+        hidden_states = self.residual_block(hidden_states, update, self.phrase_combination_layer_norm)
+        hidden_states = super().forward(hidden_states, attention_mask, syntax=syntax, **kwargs)
+        if self.is_last:
+            syntax.record("phrase_states", self.output_phrase_pooling(hidden_states, segmentation))
+        return hidden_states
+
+
+class TransparentAttention(nn.Module):
+    """
+    Transparent Attention over encoder levels (Eq. 6): R_dphrase^j = Σ_i softmax(w^j)_i R_ephrase^i for i = 0..d.
+    The weights start equal (w = 0).
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.level_weights = nn.Parameter(torch.zeros(config.encoder_layers + 1))
+
+    def init_variant_parameters(self, config):
+        init.zeros_(self.level_weights)
+
+    def forward(self, phrase_states: torch.Tensor) -> torch.Tensor:
+        """phrase_states (B, d + 1, P, D) → (B, P, D)."""
+        if phrase_states.shape[1] != self.level_weights.shape[0]:
+            raise ValueError(
+                f"Transparent Attention mixes {self.level_weights.shape[0]} encoder levels of phrases but got "
+                f"{phrase_states.shape[1]}: every encoder layer must run (set `encoder_layerdrop=0`) and the phrases "
+                "must come from an encoder with the same `encoder_layers`."
+            )
+        weights = torch.softmax(self.level_weights, dim=0).to(phrase_states.dtype)
+        return torch.einsum("blpd,l->bpd", phrase_states, weights)
 
 
 class PhraseRepresentationDecoderLayer(MgsaDecoderLayer):
-    def __init__(self, config, layer_idx):
-        raise NotImplementedError('encoder_type="phrase_representation" is not implemented yet.')
+    """
+    PR decoder layer (Section 3.2): self-attention → attentive combination with the source phrases (Eq. 7-8; residual
+    and LayerNorm) → cross-attention to the source tokens → feed-forward. The phrases are the Transparent Attention mix
+    of all encoder levels (Eq. 6), or the last level's without `pr_transparent_attention`.
+
+    With a cache, the phrase keys and values are computed at the first step and kept in the cross-attention cache under
+    layer index `decoder_layers + layer_idx` (after the token cross-attention's), so they are reordered with the beams.
+    """
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.config = config
+        self.phrase_cache_idx = config.decoder_layers + layer_idx
+        self.phrase_combination = AttentivePhraseCombination(
+            config, config.decoder_attention_heads, is_decoder=True, layer_idx=self.phrase_cache_idx
+        )
+        self.phrase_combination_layer_norm = nn.LayerNorm(self.embed_dim)
+        self.transparent_attention = TransparentAttention(config) if config.pr_transparent_attention else None
+
+    def source_phrases(self, encoder_phrase_states: torch.Tensor) -> torch.Tensor:
+        """The phrases this layer attends to: (B, d + 1, P, D) → (B, P, D)."""
+        if self.transparent_attention is None:
+            return encoder_phrase_states[:, -1]
+        return self.transparent_attention(encoder_phrase_states)
+
+    def phrase_cache(self, past_key_values: Cache | None) -> Cache | None:
+        """The cache holding this layer's phrase keys/values, with its slot made; None (recompute) for other caches."""
+        if not isinstance(past_key_values, EncoderDecoderCache):
+            return None
+        cross_cache = past_key_values.cross_attention_cache
+        if not isinstance(cross_cache, DynamicCache):
+            return None
+        while len(cross_cache.layers) <= self.phrase_cache_idx:
+            cross_cache.layers.append(DynamicLayer())
+        return past_key_values
+
+    def cross_attention(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None,
+        encoder_phrase_states: torch.Tensor | None = None,
+        encoder_phrase_mask: torch.BoolTensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """
+        Args:
+            encoder_phrase_states: (B, d + 1, P, D) phrases of every encoder level; encoder_phrase_mask: (B, P) bool.
+        """
+        if encoder_phrase_states is None or encoder_phrase_mask is None:
+            raise ValueError(
+                'The encoder_type="phrase_representation" decoder needs `encoder_phrase_states` and `encoder_phrase_mask`: '
+                "pass `encoder_outputs` as returned by the PR encoder (an `MgsaEncoderOutput` with `phrase_states`)."
+            )
+        phrase_states = self.source_phrases(encoder_phrase_states)
+        phrase_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=encoder_phrase_mask,
+            encoder_hidden_states=phrase_states,
+        )
+        update = self.phrase_combination(
+            hidden_states, phrase_states, phrase_mask, past_key_values=self.phrase_cache(past_key_values)
+        )
+        hidden_states = self.residual_block(hidden_states, update, self.phrase_combination_layer_norm)
+        return super().cross_attention(hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values)

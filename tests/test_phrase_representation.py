@@ -1,0 +1,381 @@
+"""PR (encoder_type="phrase_representation"): segmentation, attentive pooling, the encoder/decoder layers, the Table 2
+configs, padding invariance, generation with beams and cache, and Marian checkpoint loading."""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import MarianConfig, MarianMTModel
+
+from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
+from mgsa_hf.modeling_layers import MgsaAttention, MgsaDecoderLayer, MgsaEncoderLayer, MgsaSyntaxInputs
+from mgsa_hf.phrase_representation import (
+    AttentivePhrasePooling,
+    PhraseRepresentationDecoderLayer,
+    PhraseRepresentationEncoderLayer,
+    fixed_phrase_ids,
+    segment_phrases,
+)
+
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "phrase_representation"
+ROWS = sorted(path.stem for path in CONFIG_DIR.glob("*.json"))
+PAD, EOS = 49, 0
+TINY = dict(
+    vocab_size=50,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=128,
+    pad_token_id=PAD,
+    decoder_start_token_id=PAD,
+    eos_token_id=EOS,
+    forced_eos_token_id=EOS,
+    init_std=0.2,
+    dropout=0.0,
+    attention_dropout=0.0,
+)
+PR_MODULES = ("phrase_pooling", "phrase_combination", "output_phrase_pooling", "transparent_attention")
+
+
+def row_config(row: str, **kwargs) -> MgsaConfig:
+    return MgsaConfig(**json.loads((CONFIG_DIR / f"{row}.json").read_text()), **{**TINY, **kwargs})
+
+
+def pr_model(row: str = "max_attn_ta", seed: int = 0, **kwargs) -> MgsaForConditionalGeneration:
+    torch.manual_seed(seed)
+    return MgsaForConditionalGeneration(row_config(row, **kwargs)).eval()
+
+
+def parse_ids(lengths: list[int]) -> list[int]:
+    """Hand-made Algorithm-1-like phrases (varying sizes) for a sentence of `lengths` tokens, EOS its own phrase."""
+    ids, phrase, size = [], 0, 2
+    while len(ids) < lengths - 1:
+        ids += [phrase] * min(size, lengths - 1 - len(ids))
+        phrase, size = phrase + 1, size % 4 + 1
+    return ids + [phrase]
+
+
+def make_batch(lengths: list[int], seed: int = 0, target_len: int = 5) -> dict[str, torch.Tensor]:
+    """Right-padded sources of the given lengths (EOS last) with `pr_phrase_ids` and labels."""
+    generator = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    input_ids = torch.full((len(lengths), width), PAD)
+    pr_phrase_ids = torch.full((len(lengths), width), -1)
+    for row, length in enumerate(lengths):
+        input_ids[row, : length - 1] = torch.randint(1, PAD, (length - 1,), generator=generator)
+        input_ids[row, length - 1] = EOS
+        pr_phrase_ids[row, :length] = torch.tensor(parse_ids(length))
+    labels = torch.randint(1, PAD, (len(lengths), target_len), generator=generator)
+    labels[:, -1] = EOS
+    return {
+        "input_ids": input_ids,
+        "attention_mask": input_ids.ne(PAD).long(),
+        "pr_phrase_ids": pr_phrase_ids,
+        "labels": labels,
+    }
+
+
+def select(batch: dict[str, torch.Tensor], row: int, keys=("input_ids", "attention_mask", "pr_phrase_ids")) -> dict:
+    """Sentence `row` of `batch` alone, without padding."""
+    length = int(batch["attention_mask"][row].sum())
+    return {key: batch[key][row : row + 1, :length] for key in keys}
+
+
+# --- segmentation -------------------------------------------------------------------------------------------------
+
+
+def test_fixed_segmentation_follows_the_paper_rule():
+    # seql (tokens before EOS) 19 → ntok = max(min(8, 19 // 6), 3) = 3; 29 → 4; 59 → 8 (capped); EOS is its own phrase
+    for length, ntok in ((20, 3), (30, 4), (60, 8)):
+        ids = fixed_phrase_ids(torch.ones(1, length, dtype=torch.bool))[0].tolist()
+        seql = length - 1
+        assert ids[:-1] == [position // ntok for position in range(seql)]
+        assert ids[-1] == -(-seql // ntok)
+    # a one-token (EOS only) sentence is one phrase; padding gets -1 and left padding changes nothing
+    mask = torch.tensor([[True, False, False], [False, True, True]])
+    assert fixed_phrase_ids(mask).tolist() == [[0, -1, -1], [-1, 0, 1]]
+
+
+def test_segmentation_sizes_and_mask():
+    segmentation = segment_phrases(torch.tensor([[0, 0, 1, 2, -1], [0, 1, 1, -1, -1]]))
+    assert segmentation.num_phrases == 3
+    assert segmentation.index.tolist() == [[0, 0, 1, 2, 3], [0, 1, 1, 3, 3]]
+    assert segmentation.sizes[:, :3].tolist() == [[2, 1, 1], [1, 2, 0]]
+    assert segmentation.mask.tolist() == [[True, True, True], [True, True, False]]
+
+
+@pytest.mark.parametrize("glance,attentive", [("max", False), ("mean", False), ("max", True), ("mean", True)])
+def test_pooling_matches_a_per_phrase_reference(glance, attentive):
+    torch.manual_seed(0)
+    config = MgsaConfig(encoder_type="phrase_representation", pr_glance=glance, pr_attentive=attentive, **TINY)
+    pooling = AttentivePhrasePooling(config)
+    phrase_ids = torch.tensor([[0, 0, 0, 1, 2, 2, -1], [0, 1, 1, 1, 1, 2, 3]])
+    hidden = torch.randn(2, 7, config.d_model)
+    actual = pooling(hidden, segment_phrases(phrase_ids))
+    assert actual.shape == (2, 4, config.d_model)
+    for row in range(2):
+        for phrase in range(4):
+            tokens = hidden[row, phrase_ids[row] == phrase]
+            if len(tokens) == 0:
+                assert actual[row, phrase].abs().max() == 0  # padded phrase
+                continue
+            summary = tokens.max(0).values if glance == "max" else tokens.mean(0)  # Eq. 2
+            expected = summary
+            if attentive:  # Eq. 3-5
+                features = pooling.score_hidden(torch.cat([tokens, summary.expand_as(tokens)], dim=-1))
+                weights = torch.softmax(pooling.score_out(torch.sigmoid(features)).squeeze(-1), dim=0)
+                expected = weights @ tokens
+            torch.testing.assert_close(actual[row, phrase], expected, atol=1e-5, rtol=1e-5)
+
+
+# --- the Table 2 configs ------------------------------------------------------------------------------------------
+
+
+def test_every_table2_row_has_a_config():
+    assert ROWS == ["max", "max_attn", "max_attn_ta", "max_attn_ta_parse", "mean"]
+    readme = (CONFIG_DIR / "README.md").read_text()
+    for row in ROWS:
+        assert f"`{row}.json`" in readme
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_config_trains_and_every_new_parameter_gets_a_gradient(row):
+    model = pr_model(row).train()
+    output = model(**make_batch([9, 23, 14, 4]))
+    assert torch.isfinite(output.loss)
+    output.loss.backward()
+    new = {name: p for name, p in model.named_parameters() if any(m in name for m in PR_MODULES)}
+    assert new, "the PR modules are missing"
+    assert any("transparent_attention" in name for name in new) == row_config(row).pr_transparent_attention
+    assert any("score_hidden" in name for name in new) == row_config(row).pr_attentive
+    without_gradient = [name for name, p in new.items() if p.grad is None or not p.grad.abs().max() > 0]
+    assert without_gradient == []
+
+
+def test_encoder_returns_phrases_of_every_level():
+    model = pr_model()
+    batch = make_batch([20, 5])
+    encoder_output = model.get_encoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    # levels 0..d (d = 2 encoder layers); P = 8 = 7 phrases of 3 tokens (seql 19) + EOS
+    assert encoder_output.phrase_states.shape == (2, 3, 8, TINY["d_model"])
+    assert encoder_output.phrase_mask.tolist() == [[True] * 8, [True] * 3 + [False] * 5]  # seql 4: 3 + 1, EOS
+
+
+def test_parse_segmentation_needs_its_field():
+    model = pr_model("max_attn_ta_parse")
+    batch = make_batch([6, 4])
+    del batch["pr_phrase_ids"]
+    with pytest.raises(ValueError, match="pr_phrase_ids"):
+        model(**batch)
+
+
+def test_decoder_needs_the_phrase_memories():
+    model = pr_model()
+    batch = make_batch([6, 4])
+    encoder_output = model.get_encoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    with pytest.raises(ValueError, match="encoder_phrase_states"):
+        model(attention_mask=batch["attention_mask"], encoder_outputs=(encoder_output.last_hidden_state,),
+              labels=batch["labels"])
+
+
+# --- equivalence with the plain layers ----------------------------------------------------------------------------
+
+
+def zero_phrase_path(model: torch.nn.Module) -> None:
+    """Zero Eq. 8's output layer (W4, b4): the attentive combination then adds nothing."""
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if name.endswith("phrase_combination"):
+                module.combine_out.weight.zero_()
+                module.combine_out.bias.zero_()
+
+
+def test_zeroed_phrase_path_reduces_to_the_plain_layers():
+    """
+    Identity tested: with W4 = 0 and b4 = 0 (Eq. 8), a PR encoder layer is `MgsaEncoderLayer(LayerNorm_p(x))` and a PR
+    decoder layer is `MgsaDecoderLayer` with LayerNorm_p after its self-attention LayerNorm, where LayerNorm_p is the
+    phrase sub-layer's post-residual LayerNorm; the Marian weights are shared.
+    """
+    config = row_config("max_attn_ta")
+    torch.manual_seed(0)
+    heads = config.encoder_attention_heads
+    pr_encoder = PhraseRepresentationEncoderLayer(config, MgsaAttention(config, heads, layer_idx=0), 0).eval()
+    plain_encoder = MgsaEncoderLayer(config, MgsaAttention(config, heads, layer_idx=0), 0).eval()
+    pr_decoder = PhraseRepresentationDecoderLayer(config, 0).eval()
+    plain_decoder = MgsaDecoderLayer(config, 0).eval()
+    for pr_layer, plain_layer in ((pr_encoder, plain_encoder), (pr_decoder, plain_decoder)):
+        for module in pr_layer.modules():
+            if isinstance(module, (torch.nn.Linear, torch.nn.LayerNorm)):
+                torch.nn.init.normal_(module.weight)
+                if module.bias is not None:
+                    torch.nn.init.normal_(module.bias)
+        missing, _ = plain_layer.load_state_dict(pr_layer.state_dict(), strict=False)
+        assert missing == []
+        zero_phrase_path(pr_layer)
+
+    hidden = torch.randn(2, 7, config.d_model)
+    padding_mask = torch.ones(2, 7, dtype=torch.bool)
+    with torch.no_grad():
+        actual = pr_encoder(hidden, None, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
+        expected = plain_encoder(pr_encoder.phrase_combination_layer_norm(hidden), None, syntax=None)
+        torch.testing.assert_close(actual, expected)
+
+        target = torch.randn(2, 4, config.d_model)
+        phrases = torch.randn(2, config.encoder_layers + 1, 3, config.d_model)
+        phrase_mask = torch.ones(2, 3, dtype=torch.bool)
+        actual = pr_decoder(target, None, hidden, None, encoder_phrase_states=phrases, encoder_phrase_mask=phrase_mask)
+        plain_decoder.self_attn_layer_norm = torch.nn.Sequential(
+            pr_decoder.self_attn_layer_norm, pr_decoder.phrase_combination_layer_norm
+        )
+        expected = plain_decoder(target, None, hidden, None)
+        torch.testing.assert_close(actual, expected)
+    # not vacuous: with the phrase path live, the output differs
+    torch.nn.init.normal_(pr_decoder.phrase_combination.combine_out.weight)
+    with torch.no_grad():
+        live = pr_decoder(target, None, hidden, None, encoder_phrase_states=phrases, encoder_phrase_mask=phrase_mask)
+    assert (live - expected).abs().max() > 1e-2
+
+
+def test_zeroed_phrase_path_without_its_layer_norm_is_the_transformer():
+    """The whole model: W4 = b4 = 0 and LayerNorm_p → identity give exactly the `encoder_type="transformer"` model."""
+    plain = MgsaForConditionalGeneration(MgsaConfig(**TINY)).eval()
+    model = pr_model()
+    model.load_state_dict(plain.state_dict(), strict=False)
+    zero_phrase_path(model)
+    for layer in (*model.model.encoder.layers, *model.model.decoder.layers):
+        layer.phrase_combination_layer_norm = torch.nn.Identity()
+    batch = make_batch([9, 23, 4])
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch).logits, plain(**batch).logits)
+
+
+def test_marian_checkpoint_loads_with_only_pr_modules_new(tmp_path):
+    torch.manual_seed(0)
+    marian_fields = {key: value for key, value in TINY.items() if key != "init_std"}
+    MarianMTModel(MarianConfig(**marian_fields)).save_pretrained(tmp_path)
+    marian_state = MarianMTModel.from_pretrained(tmp_path).state_dict()
+    model, info = MgsaForConditionalGeneration.from_pretrained(
+        tmp_path, encoder_type="phrase_representation", output_loading_info=True
+    )
+    assert not info["unexpected_keys"]
+    assert info["missing_keys"] and all(any(m in key for m in PR_MODULES) for key in info["missing_keys"])
+    state = model.state_dict()
+    for key, value in marian_state.items():
+        if key in state:
+            torch.testing.assert_close(state[key], value)
+
+
+# --- padding, masking, generation ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("row", ["max_attn_ta", "mean", "max_attn_ta_parse"])
+def test_padding_invariance(row):
+    model = pr_model(row)
+    encoder = model.get_encoder()
+    batch = make_batch([7, 31, 12, 3])
+    keys = ("input_ids", "attention_mask", "pr_phrase_ids")
+    with torch.no_grad():
+        together = encoder(**{key: batch[key] for key in keys})
+        for row_idx, length in enumerate(batch["attention_mask"].sum(-1).tolist()):
+            alone = encoder(**select(batch, row_idx))
+            torch.testing.assert_close(
+                together.last_hidden_state[row_idx, :length], alone.last_hidden_state[0], atol=1e-4, rtol=1e-4
+            )
+            phrases = alone.phrase_states.shape[2]
+            assert together.phrase_mask[row_idx].sum() == phrases
+            torch.testing.assert_close(
+                together.phrase_states[row_idx, :, :phrases], alone.phrase_states[0], atol=1e-4, rtol=1e-4
+            )
+
+
+def test_padded_phrases_get_zero_attention():
+    model = pr_model(attn_implementation="eager")
+    weights = {}
+
+    def keep(name):
+        def hook(module, args, output):
+            weights[name] = output[1]
+
+        return hook
+
+    for name, module in model.named_modules():
+        if name.endswith("phrase_combination.attn"):
+            module.register_forward_hook(keep(name))
+    batch = make_batch([30, 4])
+    with torch.no_grad():
+        phrase_mask = model.get_encoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).phrase_mask
+        model(**batch)
+    assert len(weights) == TINY["encoder_layers"] + TINY["decoder_layers"]
+    assert not phrase_mask[1].all()
+    for name, attention in weights.items():  # (B, H, T, P)
+        assert attention[1][..., ~phrase_mask[1]].abs().max() == 0, name
+        torch.testing.assert_close(attention.sum(-1), torch.ones(attention.shape[:-1]))
+
+
+@pytest.mark.parametrize("row", ["max_attn_ta", "max_attn_ta_parse"])
+def test_generate_with_beams_matches_each_sentence_alone(row):
+    model = pr_model(row, seed=2, init_std=0.5)
+    batch = make_batch([8, 21, 5], seed=1)
+    kwargs = dict(num_beams=4, max_new_tokens=10, do_sample=False, return_dict_in_generate=True, output_scores=True)
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "pr_phrase_ids")}
+    together = model.generate(**inputs, **kwargs)
+    for row_idx in range(3):
+        alone = model.generate(**select(batch, row_idx), **kwargs)
+        length = alone.sequences.shape[1]
+        assert together.sequences[row_idx, :length].tolist() == alone.sequences[0].tolist()
+        torch.testing.assert_close(together.sequences_scores[row_idx], alone.sequences_scores[0], atol=1e-4, rtol=0)
+    # the cached phrase keys/values give what recomputing them at every step gives
+    recomputed = model.generate(**inputs, **kwargs, use_cache=False)
+    assert torch.equal(together.sequences, recomputed.sequences)
+    torch.testing.assert_close(together.sequences_scores, recomputed.sequences_scores, atol=1e-4, rtol=0)
+    # not vacuous: the sources lead to different scores
+    assert together.sequences_scores.std() > 1e-2
+
+
+def test_phrase_keys_and_values_are_cached_once():
+    model = pr_model()
+    batch = make_batch([8, 5])
+    calls = Counter()
+    for name, module in model.named_modules():
+        if name.endswith("phrase_combination.attn.k_proj") and ".decoder." in name:
+            module.register_forward_hook(lambda module, args, output: calls.update(["k_proj"]))
+    output = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], num_beams=4,
+                            max_new_tokens=6, min_new_tokens=6, return_dict_in_generate=True)
+    assert calls["k_proj"] == TINY["decoder_layers"]  # once per decoder layer, not once per step
+    cross_cache = output.past_key_values.cross_attention_cache
+    phrase_keys = cross_cache.layers[TINY["decoder_layers"]].keys
+    # (beams, heads, P, d_h): P = 4 (seql 7 → 3 phrases of 3 tokens, + EOS)
+    assert phrase_keys.shape[0] == 2 * 4 and phrase_keys.shape[2] == 4
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("row", ["max_attn_ta", "max_attn_ta_parse"])
+def test_no_loop_over_sentences_or_phrases(row):
+    """The dispatched op count of a forward + backward does not grow with the batch size or the number of phrases."""
+    model = pr_model(row).train()
+    model(**make_batch([5, 9])).loss.backward()  # warm-up: first calls dispatch extra ops
+    counts = []
+    for lengths in ([5, 9], [9, 60, 14, 33, 7, 21]):  # 2 vs 6 sentences, a few vs many phrases
+        batch = make_batch(lengths)
+        with OpCounter() as counter:
+            model(**batch).loss.backward()
+        counts.append(counter.ops)
+    assert counts[0]["aten.scatter_reduce.two"] > 0  # the pooling ran under the counter
+    assert counts[0] == counts[1]
