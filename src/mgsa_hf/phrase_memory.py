@@ -1,8 +1,353 @@
-"""MG-SA phrase memory (encoder_type="phrase_memory")."""
+"""MG-SA: multi-granularity self-attention (`encoder_type="phrase_memory"`), from "Multi-Granularity Self-Attention for
+Neural Machine Translation" (Hao et al., 2019).
 
-from .modeling_layers import MgsaAttention
+Some heads (a quarter by default) attend over the words as usual; every other head group attends over the phrase
+memory H_g of one granularity (Eq. 4-6): queries stay per word, keys and values are the group's projections of H_g.
+H_g is made from the layer input H by
+
+1. partition: non-overlapping n-grams (one granularity per size in `phrase_ngram_sizes`) or the top K levels of the
+   constituency tree (`phrase_ids` from the processor);
+2. composition COM (Eq. 8): `max` pooling, `mean` pooling, `sans` (the max-pooled vector is the query of an attention
+   over the phrase's words) or `lstm` (last state of an LSTM over the phrase's words);
+3. optionally, a phrase-tag classifier on the composed vectors of syntactic levels (Eq. 9-10);
+4. optionally, an interaction REC over the phrase sequence (Eq. 11): an `lstm` or an `on_lstm` (ordered neurons).
+
+Every step works on all sentences, granularities and phrases at once: phrases are a padded `(B, G, P, D)` tensor
+built with scatter / masked-matmul segment operations, padded phrases are masked out of the attention.
+
+Partitions are `(B, G, L)` phrase indices, -1 on padding. N-gram phrases are taken over the real tokens (left to
+right, the last one shorter if needed) and the final EOS token is a phrase of its own, as in the syntactic
+partition, so that a sentence's phrases never depend on the padding around it.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .modeling_layers import MgsaAttention, MgsaSyntaxInputs, eager_attention_forward
+from .on_lstm import OnLstm
+
+
+@dataclass
+class PhrasePartition:
+    """
+    The phrases of every granularity of a batch.
+
+    Attributes:
+        phrase_ids: (B, G, L) phrase index of each token at each granularity, -1 on padding.
+        num_phrases: P, the padded number of phrases (the same for every granularity).
+    """
+
+    phrase_ids: torch.LongTensor
+    num_phrases: int
+
+    @cached_property
+    def membership(self) -> torch.BoolTensor:
+        """(B, G, P, L): `True` where token l belongs to phrase p."""
+        phrases = torch.arange(self.num_phrases, device=self.phrase_ids.device)
+        return self.phrase_ids.unsqueeze(2) == phrases[:, None]
+
+    @cached_property
+    def phrase_mask(self) -> torch.BoolTensor:
+        """(B, G, P): `True` for real (non-empty) phrases."""
+        return self.membership.any(-1)
+
+    @cached_property
+    def scatter_index(self) -> torch.LongTensor:
+        """(B, G, L) phrase index with padding sent to an extra slot P, for scatter operations into P + 1 slots."""
+        return self.phrase_ids.masked_fill(self.phrase_ids < 0, self.num_phrases)
+
+    def pool_tokens(self, values: torch.Tensor, reduce: str, fill: float) -> torch.Tensor:
+        """Reduce (B, G, L, ...) token values over each phrase → (B, G, P, ...); empty phrases hold `fill`."""
+        batch_size, num_granularities = self.phrase_ids.shape[:2]
+        index = self.scatter_index.view(*self.scatter_index.shape, *([1] * (values.dim() - 3))).expand_as(values)
+        pooled = values.new_full((batch_size, num_granularities, self.num_phrases + 1, *values.shape[3:]), fill)
+        return pooled.scatter_reduce(2, index, values, reduce, include_self=False)[:, :, : self.num_phrases]
+
+
+def ngram_phrase_ids(padding_mask: torch.BoolTensor, sizes: list[int]) -> torch.LongTensor:
+    """
+    Non-overlapping n-gram partition (Section 3.2, "Phrase Partition") of the real tokens of each sentence.
+
+    Args:
+        padding_mask: (B, L), `True` on real tokens; the last real token is the EOS.
+        sizes: the n of each granularity.
+
+    Returns:
+        (B, G, L) phrase indices: token r (counting real tokens) is in phrase r // n, the EOS in phrase
+        ceil((length - 1) / n), padding -1.
+    """
+    sizes = torch.tensor(sizes, device=padding_mask.device).view(1, -1, 1)
+    rank = (padding_mask.long().cumsum(-1) - 1).unsqueeze(1)
+    last = padding_mask.sum(-1).view(-1, 1, 1) - 1
+    eos_phrase = (last + sizes - 1) // sizes
+    phrase_ids = torch.where(rank == last, eos_phrase, rank // sizes)
+    return phrase_ids.masked_fill(~padding_mask.unsqueeze(1), -1)
+
+
+def phrase_partition(config, syntax: MgsaSyntaxInputs) -> PhrasePartition:
+    """The configured partition of a batch: n-grams from `syntax.padding_mask` or the top K levels of `phrase_ids`."""
+    padding_mask = syntax.padding_mask
+    length = padding_mask.shape[-1]
+    if config.phrase_partition == "ngram":
+        phrase_ids = ngram_phrase_ids(padding_mask, config.phrase_ngram_sizes)
+        num_phrases = (length - 1 + min(config.phrase_ngram_sizes) - 1) // min(config.phrase_ngram_sizes) + 1
+        return PhrasePartition(phrase_ids, min(num_phrases, length))
+
+    needed_by = 'encoder_type="phrase_memory" with phrase_partition="syntactic"'
+    syntax.require("phrase_ids", needed_by=needed_by)
+    levels = config.phrase_levels
+    if syntax.phrase_ids.dim() != 3 or syntax.phrase_ids.shape[1] < levels:
+        raise ValueError(
+            f"{needed_by} reads `phrase_ids` of shape (batch, levels >= {levels}, seq_len), got "
+            f"{tuple(syntax.phrase_ids.shape)}: make the processor produce `phrase_levels` = {levels} levels."
+        )
+    phrase_ids = syntax.phrase_ids[:, :levels].masked_fill(~padding_mask.unsqueeze(1), -1)
+    num_phrases = int(phrase_ids.max()) + 1
+    if num_phrases > length:
+        raise ValueError(
+            f"`phrase_ids` numbers {num_phrases} phrases in sequences of {length} tokens: phrases must be numbered "
+            "0, 1, ... left to right within each sentence."
+        )
+    return PhrasePartition(phrase_ids, max(num_phrases, 1))
+
+
+def max_pool(hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
+    """Element-wise max over each phrase's word vectors: (B, L, D) → (B, G, P, D) (empty phrases: 0)."""
+    num_granularities = partition.phrase_ids.shape[1]
+    words = hidden_states.unsqueeze(1).expand(-1, num_granularities, -1, -1)
+    return partition.pool_tokens(words, "amax", 0.0)
+
+
+class MaxComposition(nn.Module):
+    """COM = max pooling (the paper's CNN composition, Eq. 8)."""
+
+    def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
+        return max_pool(hidden_states, partition)
+
+
+class MeanComposition(nn.Module):
+    """COM = mean of the phrase's word vectors."""
+
+    def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
+        weights = partition.membership.to(hidden_states.dtype)
+        weights = weights / weights.sum(-1, keepdim=True).clamp(min=1.0)
+        return weights @ hidden_states.unsqueeze(1)
+
+
+class SansComposition(nn.Module):
+    r"""
+    COM = SANs (Eq. 8): the max-pooled phrase vector m is the query of a dot-product attention over the phrase's word
+    vectors x_i, g = Σ_i softmax_i((m W_q)(x_i W_k)ᵀ / √d_c) x_i, with W_q, W_k ∈ R^{D×d_c} per granularity
+    (d_c = head size), so that g stays in the space of H that the key/value projections read.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        num_granularities = config.num_phrase_granularities
+        self.composition_dim = config.d_model // config.encoder_attention_heads
+        self.query_weight = nn.Parameter(torch.empty(num_granularities, config.d_model, self.composition_dim))
+        self.key_weight = nn.Parameter(torch.empty(num_granularities, config.d_model, self.composition_dim))
+        self.init_variant_parameters(config)
+
+    def init_variant_parameters(self, config):
+        init.normal_(self.query_weight, std=config.init_std)
+        init.normal_(self.key_weight, std=config.init_std)
+
+    def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
+        query = torch.einsum("bgpd,gdc->bgpc", max_pool(hidden_states, partition), self.query_weight)
+        key = torch.einsum("bld,gdc->bglc", hidden_states, self.key_weight)
+        scores = (query @ key.transpose(-1, -2)) * self.composition_dim**-0.5
+        scores = scores.masked_fill(~partition.membership, torch.finfo(scores.dtype).min)
+        return nn.functional.softmax(scores, dim=-1) @ hidden_states.unsqueeze(1)
+
+
+class LstmComposition(nn.Module):
+    """COM = the last hidden state of an LSTM run over the phrase's words (Eq. 8), all phrases in one packed batch."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.lstm = nn.LSTM(config.d_model, config.d_model, batch_first=True)
+
+    def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
+        batch_size, num_granularities, num_phrases, length = partition.membership.shape
+        membership = partition.membership.long()
+        lengths = membership.sum(-1)
+        width = int(lengths.max())
+        # slot (phrase, rank inside the phrase) of every token; padding goes to the extra slot P * width
+        rank = ((membership.cumsum(-1) - 1) * membership).sum(2)
+        slots = torch.where(partition.phrase_ids >= 0, partition.phrase_ids * width + rank, num_phrases * width)
+        positions = torch.arange(length, device=slots.device).expand_as(slots)
+        token_at = slots.new_zeros(batch_size, num_granularities, num_phrases * width + 1).scatter(2, slots, positions)
+        token_at = token_at[:, :, :-1].reshape(batch_size, -1, 1).expand(-1, -1, hidden_states.shape[-1])
+        words = hidden_states.gather(1, token_at).view(-1, width, hidden_states.shape[-1])
+
+        lengths = lengths.flatten()
+        real = lengths > 0
+        packed = nn.utils.rnn.pack_padded_sequence(
+            words[real], lengths[real].cpu(), batch_first=True, enforce_sorted=False
+        )
+        _, (last_hidden, _) = self.lstm(packed)
+        phrases = hidden_states.new_zeros(lengths.shape[0], hidden_states.shape[-1])
+        phrases = phrases.index_put((real,), last_hidden[-1])
+        return phrases.view(batch_size, num_granularities, num_phrases, -1)
+
+
+PHRASE_COMPOSITIONS: dict[str, Callable[..., nn.Module]] = {
+    "max": lambda config: MaxComposition(),
+    "mean": lambda config: MeanComposition(),
+    "sans": SansComposition,
+    "lstm": LstmComposition,
+}
+
+PHRASE_INTERACTIONS: dict[str, Callable[..., nn.Module]] = {
+    "lstm": lambda config: nn.LSTM(config.d_model, config.d_model, batch_first=True),
+    "on_lstm": lambda config: OnLstm(config.d_model, config.d_model, config.on_lstm_chunk_size),
+}
 
 
 class PhraseMemoryAttention(MgsaAttention):
-    def __init__(self, config, num_heads, is_decoder=False, is_causal=False, layer_idx=None):
-        raise NotImplementedError('encoder_type="phrase_memory" is not implemented yet.')
+    """
+    MG-SA encoder self-attention (Eq. 4-7). Heads `[0, word_heads)` attend over the words; then each granularity's
+    head group, in order, attends over that granularity's phrase memory. The projections are [`MgsaAttention`]'s
+    (loadable from Marian); the phrase memory H_g goes through the rows of `k_proj`/`v_proj` of its head group.
+
+    New modules: `composition` (`sans`: `query_weight`, `key_weight`; `lstm`: `lstm`), `interaction` (`nn.LSTM` or
+    [`OnLstm`], shared by the granularities, which run as one batch) and `tag_classifier` (W_t, b_t of Eq. 9).
+    """
+
+    def __init__(self, config, num_heads: int, is_decoder: bool = False, is_causal: bool = False, layer_idx=None):
+        super().__init__(config, num_heads, is_decoder=is_decoder, is_causal=is_causal, layer_idx=layer_idx)
+        if config.phrase_tag_supervision and config.phrase_partition != "syntactic":
+            raise ValueError(
+                "`phrase_tag_supervision=True` needs `phrase_partition='syntactic'`: only syntactic phrases have tags."
+            )
+        self.word_heads, self.heads_per_granularity = config.phrase_head_allocation()
+        # granularity of each phrase head, in head order
+        self.head_granularity = [g for g, heads in enumerate(self.heads_per_granularity) for _ in range(heads)]
+        self.composition = PHRASE_COMPOSITIONS[config.phrase_composition](config)
+        self.interaction = (
+            PHRASE_INTERACTIONS[config.phrase_interaction](config) if config.phrase_interaction != "none" else None
+        )
+        self.tag_classifier = (
+            nn.Linear(config.d_model, config.num_phrase_tags) if config.phrase_tag_supervision else None
+        )
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        past_key_values=None,
+        attention_mask: torch.Tensor | None = None,
+        syntax: MgsaSyntaxInputs | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """
+        Args:
+            hidden_states: (B, L, D), the layer input H.
+            attention_mask: unused; keys are masked from `syntax.padding_mask` and the phrase partition.
+            syntax: the source syntax (`padding_mask`; `phrase_ids` for the syntactic partition; `phrase_tags`
+                for tag supervision).
+
+        Returns:
+            `(output (B, L, D), weights (B, H, L, L) or None)`: for phrase heads the last dimension of the weights
+            indexes phrases (slots past the last phrase are 0).
+        """
+        if syntax is None:
+            raise ValueError("PhraseMemoryAttention needs `syntax` (an `MgsaSyntaxInputs`, which `MgsaEncoder` passes).")
+        partition = syntax.cached("phrase_memory.partition", lambda: phrase_partition(self.config, syntax))
+        phrases = self.composition(hidden_states, partition)
+        if self.tag_classifier is not None and syntax.phrase_tags is not None:
+            syntax.require("phrase_tags", needed_by="MG-SA phrase tag supervision")
+            syntax.record("tag_loss", self.tag_loss(phrases, partition, syntax.phrase_tags))
+        if self.interaction is not None:
+            phrases = self.interact(phrases)
+
+        query_states = self.split_heads(self.q_proj(hidden_states))
+        key_states, value_states = self.memory_keys_values(hidden_states, phrases)
+        key_mask = self.key_mask(syntax.padding_mask, partition, query_states.dtype)
+
+        attention_interface = (
+            eager_attention_forward if self.config._attn_implementation == "eager" else ALL_ATTENTION_FUNCTIONS["sdpa"]
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            key_mask,
+            dropout=self.dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
+        return self.out_proj(attn_output), attn_weights
+
+    def interact(self, phrases: torch.Tensor) -> torch.Tensor:
+        """REC over each phrase sequence (Eq. 11), granularities stacked into the batch: (B, G, P, D) → same."""
+        outputs, _ = self.interaction(phrases.flatten(0, 1))
+        return outputs.view_as(phrases)
+
+    def memory_keys_values(self, hidden_states: torch.Tensor, phrases: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """
+        Eq. 5: keys and values (B, H, L, d_h) of every head — word heads project H, the heads of granularity g
+        project H_g (B, P, D); phrase memories are zero-padded from P to L slots.
+        """
+        word_rows = slice(0, self.word_heads * self.head_dim)
+        keys = [self.project(self.k_proj, hidden_states, word_rows)]
+        values = [self.project(self.v_proj, hidden_states, word_rows)]
+        start = word_rows.stop
+        phrase_keys, phrase_values = [], []
+        for granularity, heads in enumerate(self.heads_per_granularity):
+            rows = slice(start, start + heads * self.head_dim)
+            phrase_keys.append(self.project(self.k_proj, phrases[:, granularity], rows))
+            phrase_values.append(self.project(self.v_proj, phrases[:, granularity], rows))
+            start = rows.stop
+        padding = (0, 0, 0, hidden_states.shape[1] - phrases.shape[2])
+        keys.append(nn.functional.pad(torch.cat(phrase_keys, 1), padding))
+        values.append(nn.functional.pad(torch.cat(phrase_values, 1), padding))
+        return torch.cat(keys, 1), torch.cat(values, 1)
+
+    def project(self, projection: nn.Linear, states: torch.Tensor, rows: slice) -> torch.Tensor:
+        """The heads `rows` of a key/value projection: (B, T, D) → (B, heads, T, d_h)."""
+        return self.split_heads(nn.functional.linear(states, projection.weight[rows], projection.bias[rows]))
+
+    def key_mask(self, padding_mask: torch.BoolTensor, partition: PhrasePartition, dtype: torch.dtype) -> torch.Tensor:
+        """Additive (B, H, 1, L) mask: padding tokens (word heads) and padded phrases (phrase heads) get the dtype min."""
+        length = padding_mask.shape[-1]
+        word_mask = padding_mask.unsqueeze(1).expand(-1, self.word_heads, -1)
+        phrase_mask = partition.phrase_mask[:, self.head_granularity]
+        phrase_mask = nn.functional.pad(phrase_mask, (0, length - partition.num_phrases), value=False)
+        valid = torch.cat([word_mask, phrase_mask], 1).unsqueeze(2)
+        return torch.zeros(valid.shape, dtype=dtype, device=valid.device).masked_fill(~valid, torch.finfo(dtype).min)
+
+    def tag_loss(self, phrases: torch.Tensor, partition: PhrasePartition, phrase_tags: torch.LongTensor) -> torch.Tensor:
+        """
+        Eq. 9-10: cross-entropy of each phrase's tag predicted from its composed vector, averaged per sentence over the
+        real, tagged phrases of all levels (EOS and padding carry -100 and are ignored). Returns (B,).
+        """
+        num_levels = partition.phrase_ids.shape[1]
+        if phrase_tags.dim() != 3 or phrase_tags.shape[1] < num_levels:
+            raise ValueError(
+                f"`phrase_tags` must be (batch, levels >= {num_levels}, seq_len) like `phrase_ids`, got "
+                f"{tuple(phrase_tags.shape)}."
+            )
+        token_tags = phrase_tags[:, :num_levels].masked_fill(partition.phrase_ids < 0, -100)
+        if int(token_tags.max()) >= self.config.num_phrase_tags:
+            raise ValueError(
+                f"`phrase_tags` holds tag id {int(token_tags.max())} but `num_phrase_tags` is "
+                f"{self.config.num_phrase_tags}."
+            )
+        tags = partition.pool_tokens(token_tags, "amax", -100)
+        logits = self.tag_classifier(phrases)
+        losses = nn.functional.cross_entropy(logits.flatten(0, 2), tags.flatten(), ignore_index=-100, reduction="none")
+        losses = losses.view(tags.shape[0], -1).sum(-1)
+        return losses / tags.ne(-100).flatten(1).sum(-1).clamp(min=1)
+
+
+__all__ = ["PhraseMemoryAttention", "PhrasePartition", "ngram_phrase_ids", "phrase_partition"]

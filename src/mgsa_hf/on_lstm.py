@@ -1,0 +1,73 @@
+"""Ordered-neurons LSTM (ON-LSTM) from "Ordered Neurons: Integrating Tree Structures into Recurrent Neural Networks"
+(Shen et al., 2018), used by MG-SA as the interaction over the phrase sequence."""
+
+import torch
+from torch import nn
+
+
+def cumax(logits: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """cumax(x) = cumsum(softmax(x)): a soft, monotonically increasing split point (Shen et al., 2018, §4.1)."""
+    return torch.cumsum(nn.functional.softmax(logits, dim=dim), dim=dim)
+
+
+class OnLstm(nn.Module):
+    r"""
+    One unidirectional, batch-first ON-LSTM layer with a zero initial state.
+
+    Besides the LSTM gates (forget f, input i, output o, candidate ĉ), the master forget and input gates
+    f̃ = cumax(·) and ĩ = 1 − cumax(·) order the neurons; each master-gate unit controls a chunk of `chunk_size`
+    neurons (Shen et al., 2018, §4.2):
+
+        ω = f̃ ∘ ĩ,   f̂ = f ∘ ω + (f̃ − ω),   î = i ∘ ω + (ĩ − ω),   c_t = f̂ ∘ c_{t−1} + î ∘ ĉ,   h_t = o ∘ tanh(c_t)
+
+    All gates are fused: one `Linear` projects the inputs of every time step before the loop, one `Linear` projects
+    the previous hidden state inside it. Like [`torch.nn.LSTM`], [`forward`] returns `(outputs, (h_T, c_T))`.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, chunk_size: int):
+        super().__init__()
+        if hidden_size % chunk_size:
+            raise ValueError(f"ON-LSTM hidden size ({hidden_size}) must be divisible by `on_lstm_chunk_size` ({chunk_size}).")
+        self.hidden_size = hidden_size
+        self.chunk_size = chunk_size
+        self.num_chunks = hidden_size // chunk_size
+        num_gates = 4 * hidden_size + 2 * self.num_chunks
+        self.input_gates = nn.Linear(input_size, num_gates)
+        self.hidden_gates = nn.Linear(hidden_size, num_gates, bias=False)
+
+    def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """
+        Args:
+            inputs: (N, T, input_size).
+
+        Returns:
+            `(outputs (N, T, hidden_size), (h_T (N, hidden_size), c_T (N, hidden_size)))`.
+        """
+        batch_size, num_steps, _ = inputs.shape
+        input_gates = self.input_gates(inputs)
+        hidden = inputs.new_zeros(batch_size, self.hidden_size)
+        cell = inputs.new_zeros(batch_size, self.num_chunks, self.chunk_size)
+        outputs = []
+        for step in range(num_steps):
+            hidden, cell = self.step(input_gates[:, step], hidden, cell)
+            outputs.append(hidden)
+        return torch.stack(outputs, dim=1), (hidden, cell.flatten(1))
+
+    def step(
+        self, input_gates: torch.Tensor, hidden: torch.Tensor, cell: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One time step: input gates (N, num_gates), h (N, hidden_size), c (N, num_chunks, chunk_size) → (h, c)."""
+        gates = input_gates + self.hidden_gates(hidden)
+        master_forget, master_input, gates = gates.split([self.num_chunks, self.num_chunks, 4 * self.hidden_size], -1)
+        master_forget = cumax(master_forget).unsqueeze(-1)
+        master_input = 1.0 - cumax(master_input).unsqueeze(-1)
+        forget, input_, output, candidate = gates.view(-1, 4, self.num_chunks, self.chunk_size).unbind(1)
+        overlap = master_forget * master_input
+        forget = torch.sigmoid(forget) * overlap + (master_forget - overlap)
+        input_ = torch.sigmoid(input_) * overlap + (master_input - overlap)
+        cell = forget * cell + input_ * torch.tanh(candidate)
+        hidden = torch.sigmoid(output) * torch.tanh(cell)
+        return hidden.flatten(1), cell
+
+
+__all__ = ["OnLstm", "cumax"]

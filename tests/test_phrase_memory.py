@@ -1,0 +1,345 @@
+"""MG-SA (encoder_type="phrase_memory"): partitions, compositions, ON-LSTM, the Table 1-3 configs, equivalence with
+word-level attention, padding invariance, attention and tag-loss masking, generation with beams, vectorisation."""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
+from mgsa_hf.modeling_layers import MgsaAttention, MgsaSyntaxInputs
+from mgsa_hf.on_lstm import OnLstm
+from mgsa_hf.phrase_memory import PhraseMemoryAttention, ngram_phrase_ids, phrase_partition
+
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "phrase_memory"
+ROWS = sorted(path.stem for path in CONFIG_DIR.glob("*.json"))
+PAD, EOS = 49, 0
+TINY = dict(
+    vocab_size=50,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=1,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=128,
+    pad_token_id=PAD,
+    decoder_start_token_id=PAD,
+    eos_token_id=EOS,
+    forced_eos_token_id=EOS,
+    init_std=0.2,
+    dropout=0.0,
+    attention_dropout=0.0,
+    num_phrase_tags=8,
+)
+# per sentence, per level (top 3 of the tree): the sizes of its phrases in tokens, EOS excluded
+TREES = [
+    [[1, 5], [1, 1, 2, 2], [1, 1, 1, 1, 1, 1]],
+    [[2, 2], [1, 1, 2], [1, 1, 1, 1]],
+    [[2], [1, 1], [1, 1]],
+    [[3, 4], [1, 2, 2, 2], [1, 2, 1, 1, 1, 1]],
+]
+NEW_MODULES = ("composition", "interaction", "tag_classifier")
+
+
+def mgsa_config(row: str | None = None, **kwargs) -> MgsaConfig:
+    fields = json.loads((CONFIG_DIR / f"{row}.json").read_text()) if row else {"encoder_type": "phrase_memory"}
+    return MgsaConfig(**{**TINY, **fields, **kwargs})
+
+
+def make_batch(trees: list, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Right-padded sources (EOS last) with hand-made `phrase_ids` / `phrase_tags` following `syntax_fields.py`."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = [sum(levels[0]) + 1 for levels in trees]
+    width = max(lengths)
+    input_ids = torch.full((len(trees), width), PAD)
+    phrase_ids = torch.full((len(trees), 3, width), -1)
+    phrase_tags = torch.full((len(trees), 3, width), -100)
+    for row, (levels, length) in enumerate(zip(trees, lengths)):
+        input_ids[row, : length - 1] = torch.randint(1, PAD, (length - 1,), generator=generator)
+        input_ids[row, length - 1] = EOS
+        for level, sizes in enumerate(levels):
+            start = 0
+            for phrase, size in enumerate(sizes):
+                phrase_ids[row, level, start : start + size] = phrase
+                phrase_tags[row, level, start : start + size] = 1 + (phrase + level) % 7
+                start += size
+            phrase_ids[row, level, start] = len(sizes)
+    labels = torch.randint(1, PAD, (len(trees), 5), generator=generator)
+    labels[:, -1] = EOS
+    return {
+        "input_ids": input_ids,
+        "attention_mask": input_ids.ne(PAD).long(),
+        "phrase_ids": phrase_ids,
+        "phrase_tags": phrase_tags,
+        "labels": labels,
+    }
+
+
+def sentence(batch: dict, row: int) -> dict[str, torch.Tensor]:
+    """Sentence `row` of a batch alone, without padding."""
+    length = int(batch["attention_mask"][row].sum())
+    return {key: value[row : row + 1, ..., :length] for key, value in batch.items() if key != "labels"}
+
+
+def syntax_of(batch: dict) -> MgsaSyntaxInputs:
+    return MgsaSyntaxInputs(
+        padding_mask=batch["attention_mask"].bool(), phrase_ids=batch["phrase_ids"], phrase_tags=batch["phrase_tags"]
+    )
+
+
+def test_ngram_partition():
+    padding_mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0]]).bool()
+    expected = torch.tensor(
+        [
+            [[0, 0, 1, 1, 2, 2, 3], [0, 0, 0, 1, 1, 1, 2], [0, 0, 0, 0, 1, 1, 2]],
+            [[0, 0, 1, 2, -1, -1, -1], [0, 0, 0, 1, -1, -1, -1], [0, 0, 0, 1, -1, -1, -1]],
+            [[0, -1, -1, -1, -1, -1, -1]] * 3,
+        ]
+    )
+    assert torch.equal(ngram_phrase_ids(padding_mask, [2, 3, 4]), expected)
+    partition = phrase_partition(mgsa_config(), MgsaSyntaxInputs(padding_mask=padding_mask))
+    assert partition.num_phrases == 4
+    assert partition.phrase_mask.sum(-1).tolist() == [[4, 3, 3], [3, 2, 2], [1, 1, 1]]
+
+
+def test_syntactic_partition_reads_top_levels():
+    batch = make_batch(TREES[:2])
+    partition = phrase_partition(mgsa_config("syntactic", phrase_levels=2), syntax_of(batch))
+    assert torch.equal(partition.phrase_ids, batch["phrase_ids"][:, :2])
+    assert partition.num_phrases == 5
+    assert partition.phrase_mask.sum(-1).tolist() == [[3, 5], [3, 4]]
+
+
+def test_on_lstm_matches_reference():
+    """The chunked, fused ON-LSTM against the per-neuron equations of Shen et al. (2018)."""
+    torch.manual_seed(0)
+    hidden_size, chunk = 12, 4
+    on_lstm = OnLstm(6, hidden_size, chunk)
+    torch.nn.init.normal_(on_lstm.hidden_gates.weight, std=0.5)
+    inputs = torch.randn(3, 5, 6)
+    outputs, (last_hidden, last_cell) = on_lstm(inputs)
+
+    def cumax(x):
+        return torch.softmax(x, -1).cumsum(-1).repeat_interleave(chunk, -1)
+
+    hidden, cell, expected = torch.zeros(3, hidden_size), torch.zeros(3, hidden_size), []
+    chunks = hidden_size // chunk
+    for step in range(5):
+        gates = on_lstm.input_gates(inputs[:, step]) + on_lstm.hidden_gates(hidden)
+        master_f, master_i = cumax(gates[:, :chunks]), 1 - cumax(gates[:, chunks : 2 * chunks])
+        f, i, o, c_hat = gates[:, 2 * chunks :].view(3, 4, chunks, chunk).unbind(1)
+        f, i, o, c_hat = (t.flatten(1) for t in (f.sigmoid(), i.sigmoid(), o.sigmoid(), c_hat.tanh()))
+        omega = master_f * master_i
+        cell = (f * omega + master_f - omega) * cell + (i * omega + master_i - omega) * c_hat
+        hidden = o * cell.tanh()
+        expected.append(hidden)
+    torch.testing.assert_close(outputs, torch.stack(expected, 1))
+    torch.testing.assert_close(last_hidden, hidden)
+    torch.testing.assert_close(last_cell, cell)
+    # causal: later inputs never change earlier outputs (what padding invariance relies on)
+    changed = inputs.clone()
+    changed[:, 3:] = torch.randn(3, 2, 6)
+    torch.testing.assert_close(on_lstm(changed)[0][:, :3], outputs[:, :3])
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_config_rows_train(row):
+    """Every Table 1-3 config builds (6-layer encoder, as Transformer-Base), runs forward + backward with a finite
+    loss, and every MG-SA parameter gets a gradient."""
+    torch.manual_seed(0)
+    model = MgsaForConditionalGeneration(mgsa_config(row, encoder_layers=6)).train()
+    output = model(**make_batch(TREES))
+    assert torch.isfinite(output.loss)
+    output.loss.backward()
+    new = {name: p for name, p in model.named_parameters() if any(m in name.split(".") for m in NEW_MODULES)}
+    config = model.config
+    expected_layers = config.phrase_memory_layers if config.encoder_type == "phrase_memory" else []
+    layers = model.get_encoder().layers
+    assert [i for i, layer in enumerate(layers) if isinstance(layer.self_attn, PhraseMemoryAttention)] == expected_layers
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in new.values()), [
+        name for name, p in new.items() if p.grad is None or p.grad.abs().sum() == 0
+    ]
+    if config.phrase_tag_supervision:
+        assert torch.isfinite(output.tag_loss) and output.tag_loss > 0
+        torch.testing.assert_close(output.loss, output.translation_loss + 0.001 * output.tag_loss)
+    else:
+        assert output.tag_loss is None
+
+
+@pytest.mark.parametrize("sizes,word_heads", [([1, 1, 1], None), ([1], 1), ([1, 1], 0)])
+def test_phrase_size_one_is_word_attention(sizes, word_heads):
+    """Phrases of one token, max composition and no interaction: every head is plain word-level attention."""
+    torch.manual_seed(0)
+    config = mgsa_config(phrase_ngram_sizes=sizes, phrase_word_heads=word_heads, phrase_composition="max")
+    mgsa = PhraseMemoryAttention(config, 4, layer_idx=0).eval()
+    plain = MgsaAttention(config, 4, layer_idx=0).eval()
+    plain.load_state_dict(mgsa.state_dict())
+    padding_mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3]).bool()
+    hidden = torch.randn(2, 7, 32)
+    additive = torch.zeros(2, 1, 7, 7).masked_fill(~padding_mask[:, None, None], torch.finfo(torch.float).min)
+    expected, _ = plain(hidden, attention_mask=additive)
+    actual, _ = mgsa(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+    # the same at model level: logits equal those of the plain Transformer with the same weights
+    batch = make_batch(TREES[:2])
+    del batch["phrase_ids"], batch["phrase_tags"]
+    model = MgsaForConditionalGeneration(config).eval()
+    baseline = MgsaForConditionalGeneration(mgsa_config(encoder_type="transformer")).eval()
+    baseline.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch).logits, baseline(**batch).logits, atol=1e-5, rtol=1e-5)
+    # not vacuous: larger phrases change the output
+    model.config.phrase_ngram_sizes = [2] * len(sizes)
+    with torch.no_grad():
+        assert (model(**batch).logits - baseline(**batch).logits).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"phrase_partition": "ngram", "phrase_composition": "sans"},
+        {"phrase_partition": "ngram", "phrase_composition": "lstm", "phrase_interaction": "on_lstm"},
+        {"phrase_partition": "ngram", "phrase_composition": "mean", "phrase_interaction": "lstm"},
+        {"phrase_partition": "syntactic", "phrase_composition": "sans", "phrase_interaction": "on_lstm"},
+        {"phrase_partition": "syntactic", "phrase_composition": "lstm", "phrase_tag_supervision": True},
+        {"phrase_partition": "syntactic", "phrase_composition": "max", "phrase_interaction": "lstm"},
+    ],
+)
+def test_padding_invariance(fields):
+    torch.manual_seed(0)
+    model = MgsaForConditionalGeneration(mgsa_config(**fields)).eval()
+    batch = make_batch(TREES)
+    encoder = model.get_encoder()
+    with torch.no_grad():
+        batched = encoder(**{k: v for k, v in batch.items() if k != "labels"})
+        for row in range(len(TREES)):
+            alone = encoder(**sentence(batch, row))
+            length = alone.last_hidden_state.shape[1]
+            torch.testing.assert_close(
+                batched.last_hidden_state[row, :length], alone.last_hidden_state[0], atol=1e-4, rtol=1e-4
+            )
+            if fields.get("phrase_tag_supervision"):
+                torch.testing.assert_close(batched.tag_loss[row : row + 1], alone.tag_loss, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("partition", ["ngram", "syntactic"])
+def test_padded_phrases_get_zero_attention(partition):
+    torch.manual_seed(0)
+    config = mgsa_config(phrase_partition=partition, phrase_interaction="on_lstm", attn_implementation="eager")
+    attention = PhraseMemoryAttention(config, 4, layer_idx=0).eval()
+    batch = make_batch(TREES)
+    syntax = syntax_of(batch)
+    _, weights = attention(torch.randn(*batch["input_ids"].shape, 32), syntax=syntax)
+    real_phrases = syntax.cache["phrase_memory.partition"].phrase_mask.sum(-1)  # (B, G)
+    lengths = batch["attention_mask"].sum(-1)
+    for row in range(len(TREES)):
+        word_weights = weights[row, 0]
+        assert (word_weights[:, lengths[row] :] == 0).all() and (word_weights[:, : lengths[row]] > 0).all()
+        for head, granularity in zip(range(1, 4), range(3)):
+            count = real_phrases[row, granularity]
+            assert (weights[row, head, :, count:] == 0).all()
+            assert (weights[row, head, :, :count] > 0).all()
+            torch.testing.assert_close(weights[row, head, :, :count].sum(-1), torch.ones(weights.shape[2]))
+
+
+def test_tag_loss_matches_per_phrase_cross_entropy():
+    """Eq. 9-10 per sentence, over real tagged phrases only: padding, padded phrases and EOS are ignored."""
+    torch.manual_seed(0)
+    config = mgsa_config("syntactic_tag", phrase_composition="max")
+    attention = PhraseMemoryAttention(config, 4, layer_idx=0)
+    batch = make_batch(TREES)
+    # values at padding positions must not matter
+    batch["phrase_tags"] = batch["phrase_tags"].masked_fill(batch["phrase_ids"] < 0, 5)
+    hidden = torch.randn(*batch["input_ids"].shape, 32)
+    syntax = syntax_of(batch)
+    attention(hidden, syntax=syntax)
+    (tag_loss,) = syntax.records["tag_loss"]
+
+    expected = []
+    for row, levels in enumerate(TREES):
+        losses = []
+        for level, sizes in enumerate(levels):
+            start = 0
+            for phrase, size in enumerate(sizes):
+                vector = hidden[row, start : start + size].max(0).values
+                tag = torch.tensor(1 + (phrase + level) % 7)
+                losses.append(torch.nn.functional.cross_entropy(attention.tag_classifier(vector), tag))
+                start += size
+        expected.append(torch.stack(losses).mean())
+    torch.testing.assert_close(tag_loss, torch.stack(expected))
+
+
+def test_generate_with_beams_matches_single_sentences():
+    torch.manual_seed(0)
+    model = MgsaForConditionalGeneration(mgsa_config("syntactic_tag_on_lstm", decoder_layers=2)).eval()
+    batch = make_batch(TREES)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    kwargs = dict(num_beams=4, max_new_tokens=8, do_sample=False)
+    batched = model.generate(**inputs, **kwargs)
+    for row in range(len(TREES)):
+        alone = model.generate(**sentence(batch, row), **kwargs)[0]
+        assert batched[row, : alone.shape[0]].tolist() == alone.tolist()
+        assert (batched[row, alone.shape[0] :] == PAD).all()
+    assert len({tuple(row) for row in batched.tolist()}) > 1
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.counts = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:  # views are free, and packed RNNs slice per batch-size change
+            self.counts[func] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(attention: PhraseMemoryAttention, batch: dict) -> Counter:
+    hidden = torch.randn(*batch["input_ids"].shape, 32)
+    with torch.no_grad(), OpCounter() as counter:
+        attention(hidden, syntax=syntax_of(batch))
+    return counter.counts
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"phrase_composition": "max", "phrase_interaction": "none"},
+        {"phrase_composition": "mean", "phrase_interaction": "lstm"},
+        {"phrase_composition": "sans", "phrase_interaction": "none"},
+        {"phrase_composition": "lstm", "phrase_interaction": "lstm"},
+        {"phrase_composition": "sans", "phrase_interaction": "on_lstm"},
+    ],
+)
+def test_forward_is_vectorised(fields):
+    """The ops run (forward + backward) do not depend on the number of sentences, nor — apart from the ON-LSTM's
+    steps over the phrase sequence — on the number of phrases."""
+    torch.manual_seed(0)
+    attention = PhraseMemoryAttention(mgsa_config("syntactic_tag", **fields), 4, layer_idx=0)
+    # same padded length and number of phrase slots, different numbers of sentences and of real phrases
+    few_phrases = [[[1, 5], [1, 5], [1, 1, 1, 1, 1, 1]], [[1], [1], [1]]]
+    many_phrases = [TREES[0]] * 3 + [TREES[2]]
+    assert count_ops(attention, make_batch(few_phrases)) == count_ops(attention, make_batch(many_phrases))
+
+
+def test_clear_errors():
+    padding_mask = torch.ones(2, 5, dtype=torch.bool)
+    attention = PhraseMemoryAttention(mgsa_config("syntactic"), 4, layer_idx=0)
+    with pytest.raises(ValueError, match="phrase_ids"):
+        attention(torch.randn(2, 5, 32), syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
+    with pytest.raises(ValueError, match="levels"):
+        attention(
+            torch.randn(2, 5, 32),
+            syntax=MgsaSyntaxInputs(padding_mask=padding_mask, phrase_ids=torch.zeros(2, 2, 5, dtype=torch.long)),
+        )
+    with pytest.raises(ValueError, match="syntax"):
+        attention(torch.randn(2, 5, 32))
+    with pytest.raises(ValueError, match="phrase_partition='syntactic'"):
+        PhraseMemoryAttention(mgsa_config(phrase_tag_supervision=True), 4, layer_idx=0)
