@@ -1,8 +1,178 @@
-"""redundant-head enlivening (encoder_type="rhe")."""
+"""Redundant-head enlivening (`encoder_type="rhe"`), from "Enlivening Redundant Heads in Multi-head Self-attention for
+Machine Translation" (Zhang et al., EMNLP 2021): the dependency- and local-phrase-enhanced attentions (DEA, LPEA), the
+per-sentence identification of redundant heads, and their redundant-head rate over a data set."""
 
-from .modeling_layers import MgsaAttention
+import torch
+from torch import nn
+
+from .modeling_layers import MgsaAttention, MgsaSyntaxInputs
+
+
+def dependency_relation(syntax: MgsaSyntaxInputs) -> torch.BoolTensor:
+    """
+    Dep(x_i, x_j) at subword level, (B, L, L): tokens of one word, or one token's word is the other's dependency head.
+    Padding (word id -1) relates to nothing; EOS is its own word and its own head, so it relates to itself only.
+    """
+    words, heads = syntax.word_ids, syntax.head_word_ids
+    related = (
+        (words[:, :, None] == words[:, None, :])
+        | (heads[:, :, None] == words[:, None, :])
+        | (words[:, :, None] == heads[:, None, :])
+    )
+    real = (words >= 0) & syntax.padding_mask
+    return related & real[:, :, None] & real[:, None, :]
+
+
+def local_phrase_relation(syntax: MgsaSyntaxInputs) -> torch.BoolTensor:
+    """(B, L, L): j lies in i's local phrase (Rule 1) or i in j's (Rule 2)."""
+    positions = torch.arange(syntax.padding_mask.shape[-1], device=syntax.padding_mask.device)
+    start, end = syntax.local_phrase_start[:, :, None], syntax.local_phrase_end[:, :, None]
+    in_phrase = (positions >= start) & (positions < end)
+    real = syntax.padding_mask
+    return (in_phrase | in_phrase.transpose(1, 2)) & real[:, :, None] & real[:, None, :]
+
+
+def relative_phrasal_labels(syntax: MgsaSyntaxInputs, max_relative_position: int) -> torch.LongTensor:
+    """Edge labels clip(RP_ij, k) + k in [0, 2k] (Eq. 7), with RP_ij = depth(x_j) - depth(x_i); (B, L, L)."""
+    depth = syntax.tree_depth
+    relative = depth[:, None, :] - depth[:, :, None]
+    return relative.clamp(-max_relative_position, max_relative_position) + max_relative_position
+
+
+def sea_allowed(syntax: MgsaSyntaxInputs, relation: torch.BoolTensor) -> torch.BoolTensor:
+    """
+    Pairs the syntax-enhanced attention keeps, (B, L, L): the relation and the diagonal, on real keys. Padding
+    queries keep every real key, as in plain attention, so that no row is empty.
+    """
+    real = syntax.padding_mask
+    diagonal = torch.eye(real.shape[-1], dtype=torch.bool, device=real.device)
+    return (relation | diagonal | ~real[:, :, None]) & real[:, None, :]
 
 
 class RheAttention(MgsaAttention):
-    def __init__(self, config, num_heads, is_decoder=False, is_causal=False, layer_idx=None):
-        raise NotImplementedError('encoder_type="rhe" is not implemented yet.')
+    """
+    Multi-head self-attention whose redundant heads are replaced by a syntax-enhanced attention (SEA).
+
+    SEA (`rhe_attention`): softmax(ξ_ij + bias_ij) with ξ = QKᵀ / √d_h and
+    - `"dea"`: bias = D_ij = 0 on the diagonal and dependency-related pairs, -∞ elsewhere (Eqs. 4-5);
+    - `"lpea"`: bias = P_ij = -|tanh(W_P M_ij + b_P) U_P| (Eq. 8) inside one local phrase, -∞ outside, where M_ij is
+      the learned vector w of the clipped relative local-phrasal position (Eq. 7). P depends on the label only, so the
+      2k + 1 values are computed once per forward and gathered into (B, L, L).
+
+    Redundant-head identification, per sentence and head, from the plain attention A (Eqs. 3, 9, 10):
+    h_conf = mean_i max_j A_ij, Syn_attn = mean_i Σ_j Dep_ij A_ij, Syn_gate = σ(h_conf) (or `rhe_fixed_gate`); the
+    head is important iff Syn_attn > Syn_gate. `rhe_mode`: `"rhe"` gives redundant heads the SEA distribution,
+    `"rhe_prune"` zeroes them, `"sea_all"` uses SEA on every head (no identification). The labels, (B, H) long with
+    1 = important, are recorded as `syntax.record("head_labels", ...)` in the `"rhe"` and `"rhe_prune"` modes.
+    """
+
+    def __init__(self, config, num_heads: int, is_decoder: bool = False, is_causal: bool = False, layer_idx=None):
+        super().__init__(config, num_heads, is_decoder=is_decoder, is_causal=is_causal, layer_idx=layer_idx)
+        self.syntax_attention = config.rhe_attention
+        self.mode = config.rhe_mode
+        self.max_relative_position = config.rhe_max_relative_position
+        self.fixed_gate = config.rhe_fixed_gate
+        self.uses_phrases = self.syntax_attention == "lpea" and self.mode != "rhe_prune"
+        if self.uses_phrases:
+            # w = (w_-k, ..., w_k), W_P and b_P, U_P of Eq. 8
+            self.relative_embeddings = nn.Embedding(2 * self.max_relative_position + 1, self.head_dim)
+            self.relative_proj = nn.Linear(self.head_dim, self.head_dim)
+            self.relative_score = nn.Linear(self.head_dim, 1, bias=False)
+
+    def required_syntax(self) -> tuple[str, ...]:
+        """The syntax fields this layer reads: dependencies for DEA and for head identification, the local phrases
+        and tree depths for LPEA."""
+        fields = ("word_ids", "head_word_ids") if self.mode != "sea_all" or self.syntax_attention == "dea" else ()
+        if self.uses_phrases:
+            fields += ("local_phrase_start", "local_phrase_end", "tree_depth")
+        return fields
+
+    def relative_phrasal_bias(self) -> torch.Tensor:
+        """P for the 2k + 1 labels (Eq. 8): -|tanh(W_P w + b_P) U_P|, shape (2k + 1,)."""
+        hidden = torch.tanh(self.relative_proj(self.relative_embeddings.weight))
+        return -self.relative_score(hidden).squeeze(-1).abs()
+
+    def syntax_bias(self, syntax: MgsaSyntaxInputs, dtype: torch.dtype) -> torch.Tensor:
+        """The SEA bias (B, 1, L, L): D of Eq. 5 or P of Eq. 8, with the dtype's minimum on dropped pairs."""
+        minimum = torch.finfo(dtype).min
+        if self.syntax_attention == "dea":
+
+            def dea_bias():
+                allowed = sea_allowed(syntax, self.dependency(syntax))
+                return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, minimum)
+
+            return syntax.cached(f"rhe_dea_bias_{dtype}", dea_bias).unsqueeze(1)
+        allowed = syntax.cached("rhe_lpea_allowed", lambda: sea_allowed(syntax, local_phrase_relation(syntax)))
+        labels = syntax.cached(
+            f"rhe_labels_{self.max_relative_position}",
+            lambda: relative_phrasal_labels(syntax, self.max_relative_position),
+        )
+        bias = self.relative_phrasal_bias().to(dtype)[labels]  # gathered by label, never (B, L, L, d_h)
+        return bias.masked_fill(~allowed, minimum).unsqueeze(1)
+
+    @staticmethod
+    def dependency(syntax: MgsaSyntaxInputs) -> torch.BoolTensor:
+        return syntax.cached("rhe_dependency", lambda: dependency_relation(syntax))
+
+    @torch.no_grad()
+    def identify_important_heads(
+        self, weights: torch.Tensor, dependency: torch.BoolTensor, padding_mask: torch.BoolTensor
+    ) -> torch.BoolTensor:
+        """
+        Eqs. 3, 9, 10 on the plain attention `weights` (B, H, L, L), averaging over the real queries of each sentence.
+
+        Args:
+            dependency: (B, L, L) Dep_mask; padding_mask: (B, L), `True` on real tokens.
+
+        Returns:
+            (B, H) `True` for important heads (Syn_attn > Syn_gate).
+        """
+        queries = padding_mask[:, None, :].to(weights.dtype)  # (B, 1, L)
+        num_queries = queries.sum(-1).clamp(min=1)
+        h_conf = (weights.amax(-1) * queries).sum(-1) / num_queries  # Eq. 3
+        syn_attn = (weights.masked_fill(~dependency[:, None], 0).sum(-1) * queries).sum(-1) / num_queries  # Eq. 9
+        syn_gate = torch.sigmoid(h_conf) if self.fixed_gate is None else self.fixed_gate
+        return syn_attn > syn_gate  # Eq. 10
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        past_key_values=None,
+        attention_mask: torch.Tensor | None = None,
+        syntax: MgsaSyntaxInputs | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """
+        Encoder self-attention. `hidden_states` (B, L, D); `syntax` carries the padding mask and the source syntax
+        fields (`word_ids`, `head_word_ids` for DEA and identification; `local_phrase_start`, `local_phrase_end`,
+        `tree_depth` for LPEA). `attention_mask` is not read: padding comes from `syntax.padding_mask`.
+
+        Returns:
+            `(output (B, L, D), attention weights (B, H, L, L) after head replacement, before dropout)`.
+        """
+        if key_value_states is not None or past_key_values is not None:
+            raise ValueError("RheAttention is an encoder self-attention: it takes no key_value_states or cache.")
+        if syntax is None:
+            raise ValueError('encoder_type="rhe" needs the source syntax: call it through `MgsaEncoder`.')
+        syntax.require(*self.required_syntax(), needed_by=f'encoder_type="rhe" ({self.syntax_attention})')
+        query = self.split_heads(self.q_proj(hidden_states))
+        key = self.split_heads(self.k_proj(hidden_states))
+        value = self.split_heads(self.v_proj(hidden_states))
+
+        energy = torch.matmul(query, key.transpose(-1, -2)) * self.scaling  # (B, H, L, L)
+        sea_bias = self.syntax_bias(syntax, energy.dtype) if self.mode != "rhe_prune" else None
+        if self.mode == "sea_all":
+            weights = nn.functional.softmax(energy + sea_bias, dim=-1)
+        else:
+            padding = ~syntax.padding_mask[:, None, None, :]
+            weights = nn.functional.softmax(energy.masked_fill(padding, torch.finfo(energy.dtype).min), dim=-1)
+            important = self.identify_important_heads(weights, self.dependency(syntax), syntax.padding_mask)
+            syntax.record("head_labels", important.long())
+            important = important[:, :, None, None]
+            if self.mode == "rhe":
+                weights = torch.where(important, weights, nn.functional.softmax(energy + sea_bias, dim=-1))
+            else:
+                weights = weights * important
+        context = torch.matmul(self.attention_dropout(weights), value)
+        return self.merge_heads(context), weights
