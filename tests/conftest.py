@@ -1,0 +1,31 @@
+"""Shared fixtures."""
+
+import pytest
+
+from mgsa_hf.tokenization_utils import read_lines
+
+
+MULTI30K = "/work/shared/data/multi30k"
+
+
+@pytest.fixture(scope="session")
+def multi30k_processor(tmp_path_factory):
+    """An `MgsaProcessor` with a small joint subword vocabulary trained on the start of Multi30k train (Marian
+    special tokens: `</s>` 0, `<unk>` 1, `<pad>` 2)."""
+    from mgsa_hf.processing_mgsa import MgsaProcessor
+    from mgsa_hf.tokenization_utils import train_joint_tokenizer
+
+    tokenizer = train_joint_tokenizer(
+        f"{MULTI30K}/train.en.gz",
+        f"{MULTI30K}/train.de.gz",
+        tmp_path_factory.mktemp("multi30k_tokenizer"),
+        vocab_size=600,
+        max_sentences=1000,
+    )
+    return MgsaProcessor(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def multi30k_val():
+    """The first 16 (English, German) sentence pairs of Multi30k val."""
+    return list(read_lines(f"{MULTI30K}/val.en.gz", 16)), list(read_lines(f"{MULTI30K}/val.de.gz", 16))
