@@ -1,12 +1,16 @@
 """mgsa-hf: phrase- and syntax-aware self-attention for neural machine translation in Hugging Face Transformers.
 
-Importing the package registers the `mgsa` model type with the Auto classes.
+Importing the package registers the `mgsa` model type with the Auto classes (config, model, processor) and the
+`translation` pipeline task.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from .configuration_mgsa import MgsaConfig
+from .data_collator import MgsaDataCollator
 from .modeling_mgsa import MgsaForConditionalGeneration, MgsaModel, MgsaPreTrainedModel
+from .pipeline_translation import MgsaTranslationPipeline, register_translation_pipeline
+from .processing_mgsa import MgsaProcessor
 
 
 AutoConfig.register(MgsaConfig.model_type, MgsaConfig, exist_ok=True)
@@ -16,7 +20,16 @@ AutoModelForSeq2SeqLM.register(MgsaConfig, MgsaForConditionalGeneration, exist_o
 # where this package is not installed.
 MgsaConfig.register_for_auto_class()
 MgsaForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+register_translation_pipeline()
 
 __version__ = "0.1.0"
 
-__all__ = ["MgsaConfig", "MgsaForConditionalGeneration", "MgsaModel", "MgsaPreTrainedModel"]
+__all__ = [
+    "MgsaConfig",
+    "MgsaDataCollator",
+    "MgsaForConditionalGeneration",
+    "MgsaModel",
+    "MgsaPreTrainedModel",
+    "MgsaProcessor",
+    "MgsaTranslationPipeline",
+]

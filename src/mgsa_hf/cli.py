@@ -1,8 +1,11 @@
-"""`mgsa-hf` command line: `mgsa-hf demo` builds a small model of each encoder type, saves, reloads and translates."""
+"""`mgsa-hf` command line: `mgsa-hf train` trains a translation model (by default a small en→de model on Multi30k);
+`mgsa-hf demo` builds a small model of each encoder type, saves, reloads and translates."""
 
 import argparse
 import sys
 import tempfile
+
+from .training import add_train_arguments, run_train
 
 
 def demo(args: argparse.Namespace) -> None:
@@ -41,6 +44,9 @@ def main(argv=None) -> None:
         default=["transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe"],
     )
     demo_parser.set_defaults(func=demo)
+    train_parser = commands.add_parser("train", help="train a translation model (Seq2SeqTrainer); see mgsa_hf.training")
+    add_train_arguments(train_parser)
+    train_parser.set_defaults(func=run_train)
     args = parser.parse_args(argv)
     args.func(args)
 

@@ -4,17 +4,12 @@ Every loader returns a `datasets.DatasetDict` whose splits have a `translation` 
 ...}` dicts, the layout of Hub translation datasets. Problems with the files are reported before any training starts.
 """
 
-import gzip
 import json
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_dataset
 
-
-def _read_lines(path: Path) -> list[str]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        return [line.rstrip("\n") for line in handle]
+from .tokenization_utils import read_lines
 
 
 def _find_split_file(folder: Path, split: str, lang: str) -> Path:
@@ -27,8 +22,8 @@ def _find_split_file(folder: Path, split: str, lang: str) -> Path:
 def read_parallel_split(folder: str | Path, split: str, src_lang: str, tgt_lang: str) -> Dataset:
     """Read `{split}.{src_lang}[.gz]` and `{split}.{tgt_lang}[.gz]` (aligned line by line) as a `translation` Dataset."""
     folder = Path(folder)
-    source = _read_lines(_find_split_file(folder, split, src_lang))
-    target = _read_lines(_find_split_file(folder, split, tgt_lang))
+    source = list(read_lines(_find_split_file(folder, split, src_lang)))
+    target = list(read_lines(_find_split_file(folder, split, tgt_lang)))
     if len(source) != len(target):
         raise ValueError(
             f"split {split!r} of {folder}: {len(source)} {src_lang} lines but {len(target)} {tgt_lang} lines; "

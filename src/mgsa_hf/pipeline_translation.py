@@ -5,7 +5,7 @@ parser works in batches too, then `generate`, then decodes.
 """
 
 from transformers import AutoModelForSeq2SeqLM, Pipeline
-from transformers.pipelines import PIPELINE_REGISTRY
+from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
 
 
 class MgsaTranslationPipeline(Pipeline):
@@ -79,7 +79,8 @@ class MgsaTranslationPipeline(Pipeline):
 
 
 def register_translation_pipeline() -> None:
-    """Register the `translation` task with Transformers' pipeline registry."""
+    """Register the `translation` task with Transformers' pipeline registry (Transformers 5 lists it as removed)."""
+    REMOVED_TASKS.pop("translation", None)
     PIPELINE_REGISTRY.register_pipeline(
         "translation", pipeline_class=MgsaTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
     )

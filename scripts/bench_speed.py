@@ -1,0 +1,314 @@
+#!/usr/bin/env python
+"""Speed and memory of every encoder variant as ratios to the plain Transformer, measured in the same run.
+
+For each model size, the same real Multi30k batches (through `MgsaProcessor`, parser included) feed every variant:
+
+* training step time: forward + backward + AdamW step, median over `--steps` steps after `--warmup`, the variants
+  interleaved step by step so that machine noise hits them alike;
+* generation throughput: beam search (4 beams) over `--gen-sentences` sentences, sentences/s, every variant forced
+  to the same output length (random weights would otherwise stop at different lengths);
+* peak memory of a training step on 128-token sentences: `torch.cuda.max_memory_allocated` on GPU; on CPU each
+  variant runs in a fresh subprocess and the peak resident set growth over the step is measured.
+
+    python scripts/bench_speed.py --device cpu            # writes benchmarks/speed-cpu.json and its table
+    python scripts/bench_speed.py --device cuda --bf16    # on a GPU
+
+Ratios are variant / transformer: > 1 means slower (or more memory).
+"""
+
+import argparse
+import gzip
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data" / "multi30k"
+
+SIZES = {
+    "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+                 decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048),
+    "small": dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024),
+}
+
+# name -> MgsaConfig fields; the first entry is the reference
+VARIANTS = {
+    "transformer": {"encoder_type": "transformer"},
+    "phrase_memory": {"encoder_type": "phrase_memory"},
+    "phrase_memory (syntactic, SANs, ON-LSTM)": {
+        "encoder_type": "phrase_memory", "phrase_partition": "syntactic", "phrase_composition": "sans",
+        "phrase_interaction": "on_lstm", "phrase_tag_supervision": True,
+    },
+    "phrase_representation": {"encoder_type": "phrase_representation"},
+    "hybrid": {"encoder_type": "hybrid"},
+    "rhe": {"encoder_type": "rhe"},
+    "rhe (DEA+RHE)": {"encoder_type": "rhe", "rhe_attention": "dea"},
+}
+
+TARGETS = {  # issue targets: (train step, generation, memory)
+    "phrase_memory": (1.10, 1.10, 1.10),
+    "phrase_representation": (1.35, 1.35, 1.30),
+    "hybrid": (1.05, 1.10, 1.10),
+    "rhe": (1.05, 1.10, 1.10),
+}
+
+
+def read_sentences(split: str, lang: str, limit: int) -> list[str]:
+    with gzip.open(DATA / f"{split}.{lang}.gz", "rt", encoding="utf-8") as handle:
+        return [line.strip() for _, line in zip(range(limit), handle)]
+
+
+def build_processor(workdir: Path):
+    from mgsa_hf import MgsaProcessor
+    from mgsa_hf.tokenization_utils import train_joint_tokenizer
+
+    tokenizer = train_joint_tokenizer(
+        [DATA / "train.en.gz"], [DATA / "train.de.gz"], vocab_size=8000, output_dir=workdir / "tokenizer"
+    )
+    return MgsaProcessor(tokenizer=tokenizer)
+
+
+def make_batches(processor, sources, targets, batch_size: int) -> list[dict]:
+    return [
+        dict(processor(sources[i : i + batch_size], text_target=targets[i : i + batch_size], return_tensors="pt"))
+        for i in range(0, len(sources), batch_size)
+    ]
+
+
+def long_sentences(sources: list[str], count: int, words: int = 100) -> list[str]:
+    """Sentences of about 128 subword tokens, made by joining consecutive Multi30k captions."""
+    joined, pool = [], " ".join(sources).split()
+    for i in range(count):
+        joined.append(" ".join(pool[i * words : (i + 1) * words]))
+    return joined
+
+
+def build_model(processor, size: str, fields: dict, device, dtype):
+    from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
+
+    tokenizer = processor.tokenizer
+    config = MgsaConfig(
+        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, decoder_start_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, forced_eos_token_id=tokenizer.eos_token_id,
+        max_position_embeddings=512, dropout=0.1, **SIZES[size], **fields,
+    )
+    torch.manual_seed(0)
+    return MgsaForConditionalGeneration(config).to(device=device, dtype=dtype)
+
+
+def to_device(batch: dict, device) -> dict:
+    return {key: value.to(device) for key, value in batch.items()}
+
+
+def synchronize(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_step(model, optimizer, batch) -> None:
+    loss = model(**batch).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def time_training(models: dict, batches: list[dict], steps: int, warmup: int, device) -> dict[str, float]:
+    """Median seconds per training step of each model, the models interleaved step by step."""
+    optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4) for name, model in models.items()}
+    times = {name: [] for name in models}
+    for step in range(warmup + steps):
+        batch = to_device(batches[step % len(batches)], device)
+        for name, model in models.items():
+            model.train()
+            synchronize(device)
+            start = time.perf_counter()
+            train_step(model, optimizers[name], batch)
+            synchronize(device)
+            if step >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def time_generation(models: dict, batches: list[dict], new_tokens: int, rounds: int, device) -> dict[str, float]:
+    """Sentences per second with 4-beam search, every model producing exactly `new_tokens` tokens."""
+    sentences = sum(len(batch["input_ids"]) for batch in batches)
+    seconds = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, model in models.items():
+            model.eval()
+            synchronize(device)
+            start = time.perf_counter()
+            with torch.no_grad():
+                for batch in batches:
+                    inputs = {k: v for k, v in to_device(batch, device).items() if k not in ("labels",)}
+                    model.generate(**inputs, num_beams=4, min_new_tokens=new_tokens, max_new_tokens=new_tokens)
+            synchronize(device)
+            seconds[name].append(time.perf_counter() - start)
+    return {name: sentences / statistics.median(values) for name, values in seconds.items()}
+
+
+def peak_memory_cuda(model, batch, device) -> float:
+    """Peak allocation growth (MiB) over one training step from the built model: activations, gradients and the
+    optimizer state."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = to_device(batch, device)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    train_step(model, optimizer, batch)
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def peak_memory_cpu_child(args) -> None:
+    """Runs in a subprocess: the peak resident-set growth (MiB) over one training step from the built model, printed
+    as JSON — the CPU counterpart of `peak_memory_cuda`."""
+    batch = torch.load(args.memory_batch)
+    processor_dir = Path(args.memory_batch).with_name("processor")
+    from mgsa_hf import MgsaProcessor
+
+    processor = MgsaProcessor.from_pretrained(processor_dir)
+    model = build_model(processor, args.memory_size, json.loads(args.memory_fields), torch.device("cpu"), torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rss_kib = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() // 1024
+    train_step(model, optimizer, batch)
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"peak_mib": (peak_kib - rss_kib) / 1024}))
+
+
+def peak_memory_cpu(workdir: Path, size: str, fields: dict) -> float:
+    command = [sys.executable, __file__, "--memory-child", "--memory-batch", str(workdir / "long_batch.pt"),
+               "--memory-size", size, "--memory-fields", json.dumps(fields)]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])["peak_mib"]
+
+
+def benchmark_size(args, processor, workdir: Path, size: str, device, dtype) -> dict:
+    sources = read_sentences("train", "en", args.batch_size * args.num_batches)
+    targets = read_sentences("train", "de", args.batch_size * args.num_batches)
+    train_batches = make_batches(processor, sources, targets, args.batch_size)
+    gen_batches = make_batches(processor, sources[: args.gen_sentences], targets[: args.gen_sentences], 16)
+    long_source = long_sentences(sources, args.memory_batch_size)
+    long_batch = dict(processor(long_source, text_target=targets[: len(long_source)], return_tensors="pt"))
+    torch.save(long_batch, workdir / "long_batch.pt")
+
+    models = {name: build_model(processor, size, fields, device, dtype) for name, fields in args.variants.items()}
+    train = time_training(models, train_batches, args.steps, args.warmup, device)
+    generation = time_generation(models, gen_batches, args.gen_tokens, args.gen_rounds, device)
+    if device.type == "cuda":
+        memory = {name: peak_memory_cuda(model, long_batch, device) for name, model in models.items()}
+    else:
+        memory = {name: peak_memory_cpu(workdir, size, fields) for name, fields in args.variants.items()}
+    reference = next(iter(models))
+    rows = {}
+    for name, model in models.items():
+        rows[name] = {
+            "parameters": model.num_parameters(),
+            "train_step_s": train[name],
+            "train_step_ratio": train[name] / train[reference],
+            "generation_sent_per_s": generation[name],
+            "generation_ratio": generation[reference] / generation[name],
+            "peak_memory_mib": memory[name],
+            "peak_memory_ratio": memory[name] / memory[reference],
+        }
+    return {
+        "size": size,
+        "config": SIZES[size],
+        "batch": {"sentences": args.batch_size, "mean_source_tokens": float(
+            sum(b["attention_mask"].sum() for b in train_batches) / len(sources))},
+        "long_batch_source_tokens": list(long_batch["input_ids"].shape),
+        "variants": rows,
+    }
+
+
+def markdown_table(result: dict) -> str:
+    lines = [
+        f"**{result['size']}** ({result['config']['d_model']}d, {result['config']['encoder_layers']}+"
+        f"{result['config']['decoder_layers']} layers, {result['config']['encoder_attention_heads']} heads; "
+        f"{result['batch']['sentences']} sentences per batch, {result['batch']['mean_source_tokens']:.1f} source "
+        f"tokens on average; memory at {result['long_batch_source_tokens'][1]}-token sentences)",
+        "",
+        "| variant | params | train step (s) | train ratio | gen sent/s | gen ratio | peak MiB | memory ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, row in result["variants"].items():
+        target = TARGETS.get(name)
+        marks = [""] * 3
+        if target:
+            values = (row["train_step_ratio"], row["generation_ratio"], row["peak_memory_ratio"])
+            marks = [" ✓" if value <= limit else f" ✗ (target ≤ {limit})" for value, limit in zip(values, target)]
+        lines.append(
+            f"| {name} | {row['parameters'] / 1e6:.1f}M | {row['train_step_s']:.3f} | "
+            f"{row['train_step_ratio']:.3f}{marks[0]} | {row['generation_sent_per_s']:.1f} | "
+            f"{row['generation_ratio']:.3f}{marks[1]} | {row['peak_memory_mib']:.0f} | "
+            f"{row['peak_memory_ratio']:.3f}{marks[2]} |"
+        )
+    return "\n".join(lines)
+
+
+def write_results(args, results: list[dict]) -> None:
+    out = REPO / "benchmarks" / f"speed-{args.device}.json"
+    out.parent.mkdir(exist_ok=True)
+    command = "python scripts/bench_speed.py " + " ".join(sys.argv[1:])
+    payload = {"command": command, "device": args.device, "dtype": "bf16" if args.bf16 else "fp32",
+               "machine": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+               "results": results}
+    out.write_text(json.dumps(payload, indent=2) + "\n")
+    tables = "\n\n".join(markdown_table(result) for result in results)
+    print(tables)
+    (REPO / "benchmarks" / f"speed-{args.device}.md").write_text(f"Command: `{command}`\n\n{tables}\n")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 weights and activations (GPU)")
+    parser.add_argument("--sizes", nargs="*", default=["small", "base"], choices=list(SIZES))
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), help="names from VARIANTS")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--num-batches", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--gen-sentences", type=int, default=32)
+    parser.add_argument("--gen-tokens", type=int, default=20)
+    parser.add_argument("--gen-rounds", type=int, default=3)
+    parser.add_argument("--memory-batch-size", type=int, default=16)
+    parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--memory-batch", help=argparse.SUPPRESS)
+    parser.add_argument("--memory-size", help=argparse.SUPPRESS)
+    parser.add_argument("--memory-fields", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.variants if name not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    args.variants = {name: VARIANTS[name] for name in ["transformer"] + [v for v in args.variants if v != "transformer"]}
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.memory_child:
+        peak_memory_cpu_child(args)
+        return
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    with tempfile.TemporaryDirectory() as folder:
+        workdir = Path(folder)
+        processor = build_processor(workdir)
+        processor.save_pretrained(workdir / "processor")
+        results = [benchmark_size(args, processor, workdir, size, device, dtype) for size in args.sizes]
+    write_results(args, results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,324 @@
+"""Training from raw parallel text to a shareable model folder, with `Seq2SeqTrainer`.
+
+One YAML/JSON config (see `configs/train/`) plus `section.key=value` overrides → corpus → tokenizer (trained when
+none is given) → `MgsaProcessor` over the corpus (cached by `datasets`) → `Seq2SeqTrainer` with BLEU/chrF on
+validation and best-checkpoint selection → optional checkpoint averaging → test scores → model, processor and model
+card saved together. Launch with `accelerate launch` to use several GPUs or CPU processes.
+"""
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = Path(__file__).with_name("default_train_config.yaml")
+
+
+@dataclass
+class TrainConfig:
+    """
+    Everything one training run needs. Unknown keys are errors; `model`, `processor` and `training` hold the fields of
+    `MgsaConfig`, `MgsaProcessor` and `Seq2SeqTrainingArguments` and are checked against them before any work starts.
+    """
+
+    data: str = "../shared/data/multi30k"
+    source_lang: str = "en"
+    target_lang: str = "de"
+    splits: dict = field(default_factory=lambda: {"train": "train", "validation": "val", "test": "test_2016_flickr"})
+    hub_config: str | None = None
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+    max_test_samples: int | None = None
+    tokenizer: str | None = None
+    vocab_size: int = 8000
+    init_from: str | None = None
+    model: dict = field(default_factory=dict)
+    processor: dict = field(default_factory=dict)
+    training: dict = field(default_factory=dict)
+    max_source_length: int = 128
+    max_target_length: int = 128
+    average_last_checkpoints: int = 0
+    resume_from_checkpoint: str | bool | None = None
+    output_dir: str = "runs/mgsa-multi30k"
+    examples: list = field(default_factory=list)
+
+
+def _parse_value(text: str):
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _apply_override(raw: dict, override: str) -> None:
+    key, sep, value = override.partition("=")
+    if not sep:
+        raise ValueError(f"override {override!r} must look like key=value or section.key=value.")
+    *sections, name = key.strip().split(".")
+    target = raw
+    for section in sections:
+        target = target.setdefault(section, {})
+        if not isinstance(target, dict):
+            raise ValueError(f"override {override!r}: {section!r} is not a section.")
+    target[name] = _parse_value(value)
+
+
+def load_train_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
+    """Read a YAML/JSON training config (the packaged default when `path` is None) and apply overrides."""
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    if not path.is_file():
+        raise FileNotFoundError(f"training config {path} does not exist.")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"training config {path} must be a mapping of keys to values.")
+    for override in overrides:
+        _apply_override(raw, override)
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"unknown training config key(s) {unknown} in {path}; allowed: {sorted(known)}.")
+    return TrainConfig(**raw)
+
+
+def _training_arguments(config: TrainConfig):
+    """`Seq2SeqTrainingArguments` from the config's `training` section, with best-checkpoint selection on BLEU."""
+    import inspect
+
+    from transformers import Seq2SeqTrainingArguments
+
+    allowed = set(inspect.signature(Seq2SeqTrainingArguments).parameters)
+    unknown = sorted(set(config.training) - allowed)
+    if unknown:
+        raise ValueError(f"unknown `training` key(s) {unknown}: they must be Seq2SeqTrainingArguments fields.")
+    fields = {
+        "output_dir": str(Path(config.output_dir) / "checkpoints"),
+        "predict_with_generate": True,
+        "load_best_model_at_end": config.training.get("eval_strategy", "no") != "no",
+        "metric_for_best_model": "bleu",
+        "greater_is_better": True,
+        **config.training,
+    }
+    return Seq2SeqTrainingArguments(**fields)
+
+
+def _model_config_fields(config: TrainConfig, tokenizer) -> dict:
+    """MgsaConfig fields: the config's `model` section plus the tokenizer's vocabulary and special tokens."""
+    return {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "decoder_start_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "forced_eos_token_id": tokenizer.eos_token_id,
+        "max_position_embeddings": max(config.max_source_length, config.max_target_length, 256),
+        **config.model,
+    }
+
+
+def build_model(config: TrainConfig, tokenizer):
+    """A new model from the `model` section, or `init_from` (an MGSA or Marian folder) with its fields overridden."""
+    from .configuration_mgsa import MgsaConfig
+    from .conversion import load_marian_as_mgsa
+    from .modeling_mgsa import MgsaForConditionalGeneration
+
+    if config.init_from:
+        model, new_modules = load_marian_as_mgsa(config.init_from, **config.model)
+        if new_modules:
+            logger.info("initialised from %s; new modules: %s", config.init_from, ", ".join(new_modules))
+        return model
+    return MgsaForConditionalGeneration(MgsaConfig(**_model_config_fields(config, tokenizer)))
+
+
+def _limit(dataset, limit: int | None):
+    return dataset if limit is None or limit >= len(dataset) else dataset.select(range(limit))
+
+
+def _references(dataset, lang: str) -> list[str]:
+    return [pair[lang] for pair in dataset["translation"]]
+
+
+def _checkpoints(folder: Path) -> list[Path]:
+    found = [path for path in folder.glob("checkpoint-*") if (path / "model.safetensors").is_file()]
+    return sorted(found, key=lambda path: int(path.name.split("-")[-1]))
+
+
+def _train_tokenizer(config: TrainConfig, train_split, folder: Path):
+    """Train a joint subword vocabulary on the training split (its sentences are written to `folder` first)."""
+    from .tokenization_utils import train_joint_tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for lang in (config.source_lang, config.target_lang):
+        files[lang] = folder / f"train.{lang}"
+        files[lang].write_text("\n".join(_references(train_split, lang)) + "\n", encoding="utf-8")
+    return train_joint_tokenizer(
+        files[config.source_lang], files[config.target_lang], folder, vocab_size=config.vocab_size
+    )
+
+
+def prepare(config: TrainConfig, training_args):
+    """Corpus, processor and processed splits; the main process works first so the others read its caches."""
+    from transformers import AutoTokenizer
+
+    from .data import load_parallel_corpus
+    from .processing_mgsa import MgsaProcessor
+
+    corpus = load_parallel_corpus(config.data, config.source_lang, config.target_lang, config.splits,
+                                  hub_config=config.hub_config)
+    if "train" not in corpus:
+        raise ValueError("the corpus needs a `train` split (see `splits`).")
+    limits = {"train": config.max_train_samples, "validation": config.max_eval_samples,
+              "test": config.max_test_samples}
+    corpus = corpus.__class__({split: _limit(data, limits.get(split)) for split, data in corpus.items()})
+    with training_args.main_process_first(desc="tokenizer"):
+        if config.tokenizer:
+            tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)
+        else:
+            tokenizer = _train_tokenizer(config, corpus["train"], Path(config.output_dir) / "tokenizer")
+    processor = MgsaProcessor(tokenizer, **config.processor)
+    flat = corpus.flatten()
+    with training_args.main_process_first(desc="parsing"):
+        processed = processor.map_dataset(
+            flat,
+            f"translation.{config.source_lang}",
+            f"translation.{config.target_lang}",
+            max_length=config.max_source_length,
+            max_target_length=config.max_target_length,
+            truncation=True,
+        )
+    return corpus, processor, processed
+
+
+def _score_split(trainer, processed, corpus, split: str, config: TrainConfig, tokenizer) -> dict:
+    """Generate for a whole split and score the detokenized output against the raw references."""
+    from .evaluation import decode_token_ids, translation_scores
+
+    output = trainer.predict(processed[split], metric_key_prefix=split)
+    predictions = decode_token_ids(tokenizer, output.predictions)
+    scores = translation_scores(predictions, _references(corpus[split], config.target_lang))
+    return {"split": split, **scores, "predictions": predictions}
+
+
+def _maybe_average(trainer, config: TrainConfig, processed, corpus, tokenizer) -> dict | None:
+    """Average the last N checkpoints; keep the average when it scores at least as well as the selected model."""
+    from .evaluation import average_checkpoints
+
+    checkpoints = _checkpoints(Path(trainer.args.output_dir))[-config.average_last_checkpoints :]
+    if len(checkpoints) < 2:
+        return None
+    selected = _score_split(trainer, processed, corpus, "validation", config, tokenizer)
+    selected_state = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.model.load_state_dict(average_checkpoints(checkpoints), strict=False)
+    averaged = _score_split(trainer, processed, corpus, "validation", config, tokenizer)
+    kept = averaged["bleu"] >= selected["bleu"]
+    if not kept:
+        trainer.model.load_state_dict(selected_state)
+    return {"checkpoints": [p.name for p in checkpoints], "selected_bleu": selected["bleu"],
+            "averaged_bleu": averaged["bleu"], "kept_average": kept}
+
+
+def train(config: TrainConfig) -> dict:
+    """Run the whole recipe; returns the results written to `output_dir/results.json`."""
+    from transformers import Seq2SeqTrainer
+
+    from .data_collator import MgsaDataCollator
+    from .evaluation import build_compute_metrics
+    from .model_card import build_model_card
+
+    training_args = _training_arguments(config)  # validates the `training` section before any work
+    if config.init_from is None:
+        from .configuration_mgsa import MgsaConfig
+
+        MgsaConfig(**config.model)  # validates the `model` section before any work
+    corpus, processor, processed = prepare(config, training_args)
+    tokenizer = processor.tokenizer
+    model = build_model(config, tokenizer)
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=processed["train"],
+        eval_dataset=processed["validation"] if "validation" in processed else None,
+        data_collator=MgsaDataCollator(tokenizer=tokenizer, model=model),
+        processing_class=tokenizer,
+        compute_metrics=build_compute_metrics(tokenizer),
+    )
+    train_output = trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    results = {"encoder_type": model.config.encoder_type, "global_step": train_output.global_step,
+               "train_loss": train_output.training_loss}
+    if config.average_last_checkpoints and trainer.is_world_process_zero():
+        results["averaging"] = _maybe_average(trainer, config, processed, corpus, tokenizer)
+    scores = [_score_split(trainer, processed, corpus, split, config, tokenizer)
+              for split in ("validation", "test") if split in processed]
+    results["scores"] = [{k: v for k, v in row.items() if k != "predictions"} for row in scores]
+    if trainer.is_world_process_zero():
+        _save(config, trainer, processor, corpus, results, scores, build_model_card)
+    return results
+
+
+def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores: list[dict], build_model_card):
+    output_dir = Path(config.output_dir)
+    trainer.model.save_pretrained(output_dir)
+    processor.save_pretrained(output_dir)
+    hyperparameters = {key: config.training[key] for key in sorted(config.training)
+                       if key in ("learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size",
+                                  "warmup_steps", "label_smoothing_factor", "lr_scheduler_type")}
+    card = build_model_card(
+        trainer.model.config,
+        model_id=output_dir.name,
+        source_lang=config.source_lang,
+        target_lang=config.target_lang,
+        dataset_name=Path(str(config.data)).name or str(config.data),
+        train_size=len(corpus["train"]),
+        hyperparameters=hyperparameters,
+        results=results["scores"],
+        parser=processor.parser.resolved_name,
+    )
+    card.save(output_dir / "README.md")
+    for row in scores:
+        (output_dir / f"{row['split']}.hyp.{config.target_lang}").write_text("\n".join(row["predictions"]) + "\n")
+    (output_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+def translate_examples(output_dir: str | Path, sentences: list[str], num_beams: int = 4) -> list[str]:
+    """Translate `sentences` with the saved model folder through the translation pipeline."""
+    from transformers import pipeline
+
+    translator = pipeline("translation", model=str(output_dir), device="cpu")
+    return [row["translation_text"] for row in translator(list(sentences), num_beams=num_beams, max_new_tokens=64)]
+
+
+def add_train_arguments(parser) -> None:
+    parser.add_argument("config", nargs="?", default=None,
+                        help="YAML/JSON training config (default: the packaged Multi30k CPU config)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="overrides such as model.encoder_type=rhe training.max_steps=2000 output_dir=runs/rhe")
+
+
+def run_train(args) -> dict:
+    """Entry point of `mgsa-hf train` and `scripts/train.py`: train, report the scores, translate the examples."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    config_path = args.config
+    overrides = list(args.overrides)
+    if config_path is not None and "=" in config_path and not Path(config_path).exists():
+        overrides.insert(0, config_path)
+        config_path = None
+    config = load_train_config(config_path, overrides)
+    if config.resume_from_checkpoint is True:
+        config.resume_from_checkpoint = get_last_checkpoint(str(Path(config.output_dir) / "checkpoints"))
+    results = train(config)
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:
+        for row in results["scores"]:
+            print(f"{row['split']}: BLEU {row['bleu']:.2f}  chrF {row['chrf']:.2f}  ({row['bleu_signature']})")
+        if config.examples:
+            for source, translation in zip(config.examples, translate_examples(config.output_dir, config.examples)):
+                print(f"  {source}  →  {translation}")
+        print(f"model, processor and model card saved to {config.output_dir}")
+    return results
