@@ -1,0 +1,290 @@
+"""Redundant-head enlivening (encoder_type="rhe"): DEA and LPEA masks and biases on real parses at subword level,
+the redundant-head labels, the three modes, the paper-row configs (training, padding invariance, beam search) and
+the redundant-head rate analysis."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
+from mgsa_hf.modeling_layers import MgsaAttention, MgsaSyntaxInputs
+from mgsa_hf.rhe import RheAttention, redundant_head_rate
+from mgsa_hf.syntax_fields import SOURCE_SYNTAX_PAD_VALUES
+
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "rhe"
+ROWS = sorted(path.stem for path in CONFIG_DIR.glob("*.json"))
+TINY = dict(
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=1,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=256,
+    init_std=0.2,
+    dropout=0.0,
+    attention_dropout=0.0,
+    vocab_size=600,
+    pad_token_id=2,
+    decoder_start_token_id=2,
+    eos_token_id=0,
+)
+NEW_MODULES = ("relative_embeddings", "relative_proj", "relative_score")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest, and steadiest on a shared machine, on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def rhe_config(row: str | None = None, **kwargs) -> MgsaConfig:
+    fields = json.loads((CONFIG_DIR / f"{row}.json").read_text()) if row else {"encoder_type": "rhe"}
+    return MgsaConfig(**{**TINY, **fields, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def real_batches(multi30k_processor, multi30k_val):
+    """A padded batch of 6 Multi30k val sentence pairs, and each of its sources alone."""
+    sources, targets = (sentences[:6] for sentences in multi30k_val)
+    batch = multi30k_processor(sources, text_target=targets, return_tensors="pt")
+    return batch, [multi30k_processor([text], return_tensors="pt") for text in sources]
+
+
+def source_inputs(batch):
+    return {name: value for name, value in batch.items() if name != "labels"}
+
+
+def syntax_of(batch) -> MgsaSyntaxInputs:
+    fields = {name: batch[name] for name in SOURCE_SYNTAX_PAD_VALUES if name in batch}
+    return MgsaSyntaxInputs(padding_mask=batch["attention_mask"].bool(), **fields)
+
+
+def layer_weights(config, batch, seed=0):
+    """The attention weights (B, H, L, L) of an RHE layer on random states, with the syntax of `batch`."""
+    torch.manual_seed(seed)
+    attention = RheAttention(config, 4, layer_idx=0).eval()
+    hidden = torch.randn(*batch["input_ids"].shape, 32)
+    syntax = syntax_of(batch)
+    with torch.no_grad():
+        _, weights = attention(hidden, syntax=syntax)
+    return attention, hidden, syntax, weights
+
+
+def test_dea_is_zero_off_dependencies_on_real_parses(multi30k_processor, multi30k_val, real_batches):
+    """Eq. 5 at subword level, checked against the parser's words and heads."""
+    batch = real_batches[0]
+    _, _, _, weights = layer_weights(rhe_config(rhe_attention="dea", rhe_mode="sea_all"), batch)
+    subword_words = 0
+    for row, text in enumerate(multi30k_val[0][:6]):
+        heads = multi30k_processor.syntax(text).heads
+        words = batch["word_ids"][row].tolist()
+        length = int(batch["attention_mask"][row].sum())
+        subword_words += length - len(set(words[:length]))
+        head = lambda w: heads[w] if w < len(heads) else w  # noqa: E731  (EOS is its own word and head)
+        for i in range(length):
+            for j in range(batch["input_ids"].shape[1]):
+                related = j < length and (words[i] == words[j] or head(words[i]) == words[j] or head(words[j]) == words[i])
+                assert (weights[row, :, i, j] > 0).all() if related or i == j else (weights[row, :, i, j] == 0).all()
+    assert subword_words > 5  # not vacuous: many words span several subwords
+
+
+def test_lpea_masks_and_bias_on_real_parses(multi30k_processor, real_batches):
+    batch = real_batches[0]
+    k = multi30k_processor.max_relative_position
+    attention, hidden, syntax, weights = layer_weights(rhe_config(rhe_mode="sea_all", rhe_max_relative_position=k), batch)
+    positions, in_phrase = multi30k_processor.relative_local_positions(batch)
+    real_rows = batch["attention_mask"].bool()[:, :, None].expand_as(in_phrase)
+    assert (weights.permute(1, 0, 2, 3)[:, real_rows & ~in_phrase] == 0).all()
+    assert (weights.permute(1, 0, 2, 3)[:, in_phrase] > 0).all()
+    assert (real_rows & ~in_phrase).any() and (positions[in_phrase] != 0).any()  # not vacuous
+
+    # the bias is Eq. 8 on the label's vector: compare with M materialised as (B, L, L, d_h)
+    with torch.no_grad():
+        bias = attention.syntax_bias(syntax, torch.float32)[:, 0]
+        vectors = attention.relative_embeddings.weight[positions + k]  # M
+        expected = -attention.relative_score(torch.tanh(attention.relative_proj(vectors))).squeeze(-1).abs()
+    torch.testing.assert_close(bias[in_phrase], expected[in_phrase])
+    assert bias[in_phrase].unique().numel() > 1
+
+
+def test_lpea_bias_depends_only_on_the_clipped_label():
+    """Depth differences -5..5 with k = 2: labels clip at ±k, and equal labels get equal biases."""
+    config = rhe_config(rhe_mode="sea_all", rhe_max_relative_position=2)
+    torch.manual_seed(0)
+    attention = RheAttention(config, 4)
+    depth = torch.tensor([[0, 1, 2, 3, 4, 5, 0]])
+    syntax = MgsaSyntaxInputs(
+        padding_mask=torch.ones(1, 7, dtype=torch.bool),
+        local_phrase_start=torch.tensor([[0] * 6 + [6]]),
+        local_phrase_end=torch.tensor([[6] * 6 + [7]]),
+        tree_depth=depth,
+    )
+    with torch.no_grad():
+        bias = attention.syntax_bias(syntax, torch.float32)[0, 0]
+        table = attention.relative_phrasal_bias()
+    assert table.shape == (5,) and (table < 0).all() and table.unique().numel() == 5
+    relative = depth[0, None, :6] - depth[0, :6, None]
+    torch.testing.assert_close(bias[:6, :6], table[relative.clamp(-2, 2) + 2])
+    assert bias[0, 5] == bias[0, 2] == table[4] and bias[5, 0] == bias[3, 1] == table[0]  # RP 5, 2 → k; -5, -2 → -k
+    assert bias[0, 1] != bias[0, 2]
+    assert (bias[6, :6] == torch.finfo(torch.float32).min).all()  # EOS is in no other local phrase
+
+
+def crafted_syntax():
+    """One sentence of 5 words + EOS: tokens 0-1 form word 0, heads 0→1, 1→1 (root), 2→1, 3→4, 4→1."""
+    word_ids = torch.tensor([[0, 0, 1, 2, 3, 4, 5]])
+    heads = torch.tensor([[1, 1, 1, 1, 4, 1, 5]])
+    return MgsaSyntaxInputs(padding_mask=torch.ones(1, 7, dtype=torch.bool), word_ids=word_ids, head_word_ids=heads)
+
+
+@pytest.mark.parametrize("fixed_gate, mixed_label", [(None, False), (0.5, True)])
+def test_head_labels_on_crafted_attention(fixed_gate, mixed_label):
+    from mgsa_hf.rhe import dependency_relation
+
+    attention = RheAttention(rhe_config(rhe_fixed_gate=fixed_gate), 4)
+    syntax = crafted_syntax()
+    dependency = dependency_relation(syntax)
+    on_dependencies = dependency[0].float() / dependency[0].sum(-1, keepdim=True)  # mass on related tokens
+    on_last = torch.zeros(7, 7)
+    on_last[:, -1] = 1.0  # every token attends to EOS
+    diffuse = torch.full((7, 7), 1 / 7)
+    weights = torch.stack([on_dependencies, on_last, diffuse, 0.5 * on_dependencies + 0.5 * on_last])[None]
+    labels = attention.identify_important_heads(weights, dependency, syntax.padding_mask)
+    # Syn_attn: 1, 1/7, the mean related share (< 0.5) and 0.5 + 1/14; the last head is important against a fixed
+    # gate of 0.5 but not against the dynamic σ(h_conf), h_conf being its mean row maximum (> 0.5)
+    assert labels.tolist() == [[True, False, False, mixed_label]]
+    h_conf = weights[0, 3].amax(-1).mean()
+    assert 0.5 + 1 / 14 < torch.sigmoid(h_conf)
+
+
+def test_modes_replace_prune_or_keep_heads(real_batches):
+    batch = real_batches[0]
+    syntax_attention = layer_weights(rhe_config(rhe_mode="sea_all"), batch)[3]
+    # at initialisation every head falls below the dynamic gate σ(h_conf) ≥ 0.5; a fixed gate of 0.3 gives both labels
+    attention, hidden, syntax, mixed = layer_weights(rhe_config(rhe_mode="rhe", rhe_fixed_gate=0.3), batch)
+    plain = MgsaAttention(rhe_config(attn_implementation="eager"), 4, layer_idx=0)
+    plain.load_state_dict(attention.state_dict(), strict=False)
+    additive = torch.zeros(batch["input_ids"].shape[0], 1, 1, batch["input_ids"].shape[1]).masked_fill(
+        ~syntax.padding_mask[:, None, None], torch.finfo(torch.float32).min
+    )
+    with torch.no_grad():
+        plain_weights = plain(hidden, attention_mask=additive)[1]
+    labels = syntax.records["head_labels"][0]
+    assert labels.shape == (6, 4) and labels.dtype == torch.long and 0 < labels.sum() < labels.numel()
+    important = labels.bool()[:, :, None, None].expand_as(mixed)
+    real = syntax.padding_mask[:, None, :, None].expand_as(mixed)
+    torch.testing.assert_close(mixed[important & real], plain_weights[important & real])
+    torch.testing.assert_close(mixed[~important & real], syntax_attention[~important & real])
+
+    # fixed gates 0 / 1: every head important (plain attention) / redundant (SEA, or zero when pruned)
+    for gate, expected in [(0.0, plain_weights), (1.0, syntax_attention)]:
+        weights = layer_weights(rhe_config(rhe_fixed_gate=gate), batch)[3]
+        torch.testing.assert_close(weights[real], expected[real])
+    pruned_attention, _, pruned_syntax, pruned = layer_weights(rhe_config(rhe_mode="rhe_prune", rhe_fixed_gate=1.0), batch)
+    assert (pruned == 0).all() and (pruned_syntax.records["head_labels"][0] == 0).all()
+    output, _ = pruned_attention(hidden, syntax=syntax_of(batch))
+    torch.testing.assert_close(output, pruned_attention.out_proj.bias.expand_as(output))
+
+
+def test_no_n_by_n_by_head_dim_tensor(real_batches):
+    """LPEA gathers the bias per label: no tensor of B·L·L·d_h elements is ever made (here d_h = 8 > H = 4)."""
+    batch = real_batches[0]
+    batch_size, length = batch["input_ids"].shape
+
+    class LargestOutput(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(tensor, torch.Tensor):
+                    LargestOutput.largest = max(LargestOutput.largest, tensor.numel())
+            return out
+
+    torch.manual_seed(0)
+    attention = RheAttention(rhe_config(), 4, layer_idx=0)
+    hidden = torch.randn(batch_size, length, 32, requires_grad=True)
+    with LargestOutput():
+        output, _ = attention(hidden, syntax=syntax_of(batch))
+        output.sum().backward()
+    assert batch_size * 4 * length * length <= LargestOutput.largest < batch_size * length * length * 8
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_config_rows_train(row, real_batches):
+    """Every config trains on a real Multi30k batch: finite loss, gradients on every new parameter."""
+    torch.manual_seed(0)
+    model = MgsaForConditionalGeneration(rhe_config(row, encoder_layers=6)).train()
+    output = model(**real_batches[0])
+    assert torch.isfinite(output.loss)
+    output.loss.backward()
+    layers = [i for i, layer in enumerate(model.get_encoder().layers) if isinstance(layer.self_attn, RheAttention)]
+    assert layers == model.config.variant_layers
+    new = {name: p for name, p in model.named_parameters() if any(m in name.split(".") for m in NEW_MODULES)}
+    uses_lpea = bool(layers) and model.config.rhe_attention == "lpea" and model.config.rhe_mode != "rhe_prune"
+    assert bool(new) == uses_lpea
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in new.values())
+
+
+@pytest.mark.parametrize("row", ["dea", "dea_rhe", "lpea", "lpea_rhe", "rhe_prune"])
+def test_padding_invariance(row, real_batches):
+    torch.manual_seed(0)
+    model = MgsaForConditionalGeneration(rhe_config(row)).eval()
+    encoder = model.get_encoder()
+    batch, singles = real_batches
+    with torch.no_grad():
+        batched = encoder(**source_inputs(batch))
+        for index, single in enumerate(singles):
+            alone = encoder(**single)
+            length = alone.last_hidden_state.shape[1]
+            torch.testing.assert_close(
+                batched.last_hidden_state[index, :length], alone.last_hidden_state[0], atol=1e-4, rtol=1e-4
+            )
+            if alone.head_labels is not None:
+                assert torch.equal(batched.head_labels[0][index], alone.head_labels[0][0])
+    assert batch["attention_mask"].eq(0).any()  # not vacuous: the batch is padded
+
+
+@pytest.mark.parametrize("row", ["lpea_rhe", "dea"])
+def test_generate_with_beams(row, real_batches):
+    torch.manual_seed(0)
+    model = MgsaForConditionalGeneration(rhe_config(row)).eval()
+    batch, singles = real_batches
+    generated = model.generate(**source_inputs(batch), num_beams=4, max_new_tokens=6, do_sample=False)
+    assert generated.shape[0] == 6 and generated.shape[1] > 1
+    for index in (0, 5):
+        alone = model.generate(**singles[index], num_beams=4, max_new_tokens=6, do_sample=False)
+        assert generated[index, : alone.shape[1]].tolist() == alone[0].tolist()
+
+
+def test_missing_syntax_is_a_clear_error():
+    model = MgsaForConditionalGeneration(rhe_config("lpea_rhe"))
+    input_ids = torch.tensor([[5, 6, 0]])
+    with pytest.raises(ValueError, match=r"word_ids.*MgsaProcessor"):
+        model(input_ids=input_ids, decoder_input_ids=torch.tensor([[2]]))
+    with pytest.raises(ValueError, match="local_phrase_start"):
+        model(input_ids=input_ids, word_ids=input_ids, head_word_ids=input_ids, decoder_input_ids=torch.tensor([[2]]))
+
+
+def test_redundant_head_rate(multi30k_processor, multi30k_val, real_batches):
+    torch.manual_seed(0)
+    model = MgsaForConditionalGeneration(rhe_config("lpea_rhe", rhe_layers=[0, 1], rhe_fixed_gate=0.3)).eval()
+    result = redundant_head_rate(model, multi30k_processor, multi30k_val[0][:6], batch_size=4)
+    assert result.layers == [0, 1] and result.sentences == 6 and result.rate.shape == (2, 4)
+    batch = source_inputs(real_batches[0])
+    labels = model(**batch, decoder_input_ids=torch.full((6, 1), 2), output_head_labels=True).encoder_head_labels
+    expected = torch.stack([(layer_labels == 0).float().mean(0) for layer_labels in labels])
+    torch.testing.assert_close(result.rate, expected)
+    assert 0 < result.rate.mean() < 1
+    assert "layer" in result.format() and len(result.format().splitlines()) == 3
+    with pytest.raises(ValueError, match="rhe_mode"):
+        redundant_head_rate(MgsaForConditionalGeneration(rhe_config("lpea")), multi30k_processor, [])
