@@ -86,6 +86,14 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] = ())
     return TrainConfig(**raw)
 
 
+def _accelerator_available() -> bool:
+    import torch
+
+    if hasattr(torch, "accelerator"):
+        return torch.accelerator.is_available()
+    return torch.cuda.is_available()
+
+
 def _training_arguments(config: TrainConfig):
     """`Seq2SeqTrainingArguments` from the config's `training` section, with best-checkpoint selection on BLEU."""
     import inspect
@@ -98,6 +106,8 @@ def _training_arguments(config: TrainConfig):
         raise ValueError(f"unknown `training` key(s) {unknown}: they must be Seq2SeqTrainingArguments fields.")
     fields = {
         "output_dir": str(Path(config.output_dir) / "checkpoints"),
+        # without an accelerator, train on CPU: processes started by `accelerate launch` then join over gloo
+        "use_cpu": not _accelerator_available(),
         "predict_with_generate": True,
         "load_best_model_at_end": config.training.get("eval_strategy", "no") != "no",
         "metric_for_best_model": "bleu",
@@ -195,11 +205,20 @@ def prepare(config: TrainConfig, training_args):
 
 
 def _score_split(trainer, processed, corpus, split: str, config: TrainConfig, tokenizer) -> dict:
-    """Generate for a whole split and score the detokenized output against the raw references."""
+    """Translate a whole split in corpus order and score the detokenized output against the raw references."""
+    import torch
+
     from .evaluation import decode_token_ids, translation_scores
 
-    output = trainer.predict(processed[split], metric_key_prefix=split)
-    predictions = decode_token_ids(tokenizer, output.predictions)
+    model, args = trainer.model.eval(), trainer.args
+    data = processed[split].remove_columns([c for c in ("labels", "decoder_attention_mask") if c in processed[split].column_names])
+    generation = {"num_beams": args.generation_num_beams or 1, "max_length": args.generation_max_length}
+    predictions = []
+    with torch.no_grad():
+        for start in range(0, len(data), args.per_device_eval_batch_size):
+            rows = data.select(range(start, min(start + args.per_device_eval_batch_size, len(data))))
+            batch = trainer.data_collator(list(rows)).to(model.device)
+            predictions.extend(decode_token_ids(tokenizer, model.generate(**batch, **generation).cpu()))
     scores = translation_scores(predictions, _references(corpus[split], config.target_lang))
     return {"split": split, **scores, "predictions": predictions}
 
@@ -222,8 +241,9 @@ def _maybe_average(trainer, config: TrainConfig, processed, corpus, tokenizer) -
             "averaged_bleu": averaged["bleu"], "kept_average": kept}
 
 
-def train(config: TrainConfig) -> dict:
-    """Run the whole recipe; returns the results written to `output_dir/results.json`."""
+def train(config: TrainConfig):
+    """Run the whole recipe; returns `(results, model)`: the results written to `output_dir/results.json` and the
+    trained model (on every process)."""
     from transformers import Seq2SeqTrainer
 
     from .data_collator import MgsaDataCollator
@@ -250,14 +270,16 @@ def train(config: TrainConfig) -> dict:
     train_output = trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     results = {"encoder_type": model.config.encoder_type, "global_step": train_output.global_step,
                "train_loss": train_output.training_loss}
-    if config.average_last_checkpoints and trainer.is_world_process_zero():
-        results["averaging"] = _maybe_average(trainer, config, processed, corpus, tokenizer)
-    scores = [_score_split(trainer, processed, corpus, split, config, tokenizer)
-              for split in ("validation", "test") if split in processed]
-    results["scores"] = [{k: v for k, v in row.items() if k != "predictions"} for row in scores]
     if trainer.is_world_process_zero():
+        # the main process translates validation and test in corpus order and saves; the others are done
+        if config.average_last_checkpoints:
+            results["averaging"] = _maybe_average(trainer, config, processed, corpus, tokenizer)
+        scores = [_score_split(trainer, processed, corpus, split, config, tokenizer)
+                  for split in ("validation", "test") if split in processed]
+        results["scores"] = [{k: v for k, v in row.items() if k != "predictions"} for row in scores]
         _save(config, trainer, processor, corpus, results, scores, build_model_card)
-    return results
+    trainer.accelerator.wait_for_everyone()
+    return results, trainer.model
 
 
 def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores: list[dict], build_model_card):
@@ -311,7 +333,7 @@ def run_train(args) -> dict:
     config = load_train_config(config_path, overrides)
     if config.resume_from_checkpoint is True:
         config.resume_from_checkpoint = get_last_checkpoint(str(Path(config.output_dir) / "checkpoints"))
-    results = train(config)
+    results, _ = train(config)
     from accelerate import PartialState
 
     if PartialState().is_main_process:

@@ -1,0 +1,120 @@
+"""End to end: the training recipe on a slice of Multi30k for every encoder type, the saved folder through the Auto
+classes and the translation pipeline, resuming, and two CPU processes under `accelerate launch`."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoProcessor, pipeline
+
+from mgsa_hf import MgsaForConditionalGeneration, MgsaProcessor
+from mgsa_hf.training import TrainConfig, load_train_config, train
+
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data" / "multi30k"
+TINY = REPO / "configs" / "train" / "tiny.yaml"
+SOURCES = ["A man rides a bike down the street.", "Two dogs are playing in the snow."]
+
+
+def tiny_config(output_dir, *overrides) -> TrainConfig:
+    return load_train_config(TINY, [f"data={DATA}", f"output_dir={output_dir}", *overrides])
+
+
+@pytest.mark.parametrize("encoder_type", ["transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe"])
+def test_train_save_load_and_translate(tmp_path, encoder_type):
+    results, _ = train(tiny_config(tmp_path, f"model.encoder_type={encoder_type}"))
+    assert results["global_step"] == 4
+    assert {row["split"] for row in results["scores"]} == {"validation", "test"}
+    assert all(0.0 <= row["bleu"] <= 100.0 and row["chrf"] > 0.0 for row in results["scores"])
+    assert json.loads((tmp_path / "results.json").read_text())["encoder_type"] == encoder_type
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    processor = AutoProcessor.from_pretrained(tmp_path)
+    assert isinstance(model, MgsaForConditionalGeneration) and model.config.encoder_type == encoder_type
+    assert isinstance(processor, MgsaProcessor)
+
+    generate_kwargs = dict(num_beams=2, max_new_tokens=8)
+    with torch.no_grad():
+        output_ids = model.generate(**processor(SOURCES, return_tensors="pt"), **generate_kwargs)
+    expected = [text.strip() for text in processor.tokenizer.batch_decode(output_ids, skip_special_tokens=True)]
+    translator = pipeline("translation", model=str(tmp_path), device="cpu")
+    assert [row["translation_text"] for row in translator(SOURCES, **generate_kwargs)] == expected
+    assert translator(SOURCES[0], **generate_kwargs) == [{"translation_text": expected[0]}]
+
+
+def test_model_card_carries_scores(tmp_path):
+    from huggingface_hub import ModelCard
+
+    results, _ = train(tiny_config(tmp_path, "training.max_steps=2", "training.eval_steps=2"))
+    card = ModelCard.load(tmp_path / "README.md")
+    measured = {(r.dataset_split, r.metric_type): r.metric_value for r in card.data.eval_results}
+    for row in results["scores"]:
+        assert measured[(row["split"], "bleu")] == pytest.approx(row["bleu"], abs=0.01)
+        assert measured[(row["split"], "chrf")] == pytest.approx(row["chrf"], abs=0.01)
+    assert "transformer" in card.data.tags and card.data.pipeline_tag == "translation"
+
+
+def test_resume_from_checkpoint_reaches_the_same_step(tmp_path):
+    train(tiny_config(tmp_path, "training.max_steps=4"))
+    checkpoints = tmp_path / "checkpoints"
+    shutil.rmtree(checkpoints / "checkpoint-4")
+    assert (checkpoints / "checkpoint-2").is_dir()
+    results, _ = train(tiny_config(tmp_path, "training.max_steps=4", f"resume_from_checkpoint={checkpoints / 'checkpoint-2'}"))
+    assert results["global_step"] == 4
+    assert (checkpoints / "checkpoint-4").is_dir()
+    state = json.loads((checkpoints / "checkpoint-4" / "trainer_state.json").read_text())
+    assert state["global_step"] == 4
+    AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "overrides, error, message",
+    [
+        (["no_such_key=1"], ValueError, "no_such_key"),
+        (["training.no_such_argument=1"], ValueError, "no_such_argument"),
+        (["model.encoder_type=lstm"], ValueError, "encoder_type"),
+        (["data=/nonexistent/corpus"], FileNotFoundError, "nonexistent"),
+    ],
+)
+def test_bad_configuration_fails_before_training(tmp_path, overrides, error, message):
+    with pytest.raises(error, match=message):
+        train(tiny_config(tmp_path / "run", *overrides))
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_mismatched_and_empty_corpora(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.en").write_text("a\nb\n")
+    (corpus / "train.de").write_text("a\n")
+    with pytest.raises(ValueError, match="aligned"):
+        train(tiny_config(tmp_path / "run", f"data={corpus}", "splits={train: train}"))
+    (corpus / "train.de").write_text("")
+    (corpus / "train.en").write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        train(tiny_config(tmp_path / "run", f"data={corpus}", "splits={train: train}"))
+
+
+def test_two_cpu_processes_with_accelerate(tmp_path):
+    """`accelerate launch` with the 2-CPU-process config: both ranks finish with identical parameters."""
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(REPO / "configs" / "accelerate" / "cpu_2proc.yaml"),
+        "--main_process_port", "29561",
+        str(REPO / "tests" / "scripts" / "train_and_digest.py"), str(TINY),
+        f"data={DATA}", f"output_dir={tmp_path}", "training.max_steps=3", "training.eval_steps=1", "training.save_steps=1",
+        "training.per_device_train_batch_size=8",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert all(rank["world_size"] == 2 and rank["global_step"] == 3 for rank in ranks)
+    assert ranks[0]["digest"] == ranks[1]["digest"]
+    AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
