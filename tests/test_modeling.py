@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -188,3 +189,22 @@ def test_package_registers_auto_classes():
     assert AutoConfig.for_model("mgsa").__class__ is MgsaConfig
     model = AutoModelForSeq2SeqLM.from_config(MgsaConfig(**TINY))
     assert isinstance(model, mgsa_hf.MgsaForConditionalGeneration)
+
+
+def test_convert_marian_script(tmp_path, marian_dir, batch):
+    """scripts/convert_marian.py keeps every Marian weight and reports the variant's new modules."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "convert_marian.py"
+    result = subprocess.run(
+        [sys.executable, str(script), str(marian_dir), str(tmp_path / "out"), "--encoder-type", "rhe",
+         "--set", "rhe_mode=\"sea_all\""],
+        capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout[result.stdout.index("{"):])
+    assert report["new_modules"] and all(".layers.0.self_attn." in name for name in report["new_modules"])
+    converted = MgsaForConditionalGeneration.from_pretrained(tmp_path / "out")
+    assert (converted.config.encoder_type, converted.config.rhe_mode) == ("rhe", "sea_all")
+    marian = MarianMTModel.from_pretrained(marian_dir)
+    converted_state = converted.state_dict()
+    for name, tensor in marian.state_dict().items():
+        assert torch.equal(converted_state[name], tensor), name

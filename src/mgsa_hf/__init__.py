@@ -20,6 +20,7 @@ AutoModelForSeq2SeqLM.register(MgsaConfig, MgsaForConditionalGeneration, exist_o
 # where this package is not installed.
 MgsaConfig.register_for_auto_class()
 MgsaForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+MgsaProcessor.register_for_auto_class()
 register_translation_pipeline()
 
 __version__ = "0.1.0"

@@ -12,7 +12,7 @@ def new_module_names(missing_keys: list[str]) -> list[str]:
 
 def load_marian_as_mgsa(marian_path: str, encoder_type: str = "transformer", **config_overrides):
     """
-    Load a Marian checkpoint (folder or Hub id) as [`MgsaForConditionalGeneration`] with the given encoder.
+    Load a Marian (or MGSA) checkpoint, folder or Hub id, as [`MgsaForConditionalGeneration`] with the given encoder.
 
     Returns:
         `(model, new_modules)`: the model, and the names of the modules the checkpoint did not have (the variant's),
@@ -29,22 +29,27 @@ def load_marian_as_mgsa(marian_path: str, encoder_type: str = "transformer", **c
 
 
 def convert_marian_checkpoint(marian_path: str, output_dir: str, encoder_type: str = "transformer", **overrides):
-    """Write `output_dir` with the MGSA model (and the Marian tokenizer, when the source has one); return a report."""
+    """Write `output_dir` with the MGSA model and, when the source has a tokenizer, an [`MgsaProcessor`] around it
+    (tokenizer + default parser); return a report."""
     from transformers import AutoTokenizer
 
+    from .pipeline_translation import add_remote_pipeline
+    from .processing_mgsa import MgsaProcessor
+
     model, new_modules = load_marian_as_mgsa(marian_path, encoder_type, **overrides)
+    add_remote_pipeline(model, output_dir)
     model.save_pretrained(output_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(marian_path)
-    except (OSError, ValueError):
+    except (OSError, ValueError, TypeError):  # the source has no tokenizer files
         tokenizer = None
     if tokenizer is not None:
-        tokenizer.save_pretrained(output_dir)
+        MgsaProcessor(tokenizer).save_pretrained(output_dir)
     return {
         "source": str(marian_path),
         "output_dir": str(output_dir),
         "encoder_type": encoder_type,
         "parameters": model.num_parameters(),
         "new_modules": new_modules,
-        "tokenizer_saved": tokenizer is not None,
+        "processor_saved": tokenizer is not None,
     }

@@ -1,8 +1,13 @@
 """`pipeline("translation", model=...)` for MGSA models (Transformers 5 has no built-in translation task).
 
 The pipeline runs the model's processor (tokenizer and syntax parser) over a batch of sentences at once, so the
-parser works in batches too, then `generate`, then decodes.
+parser works in batches too, then `generate`, then decodes. After `import mgsa_hf` it serves the `translation` task;
+a folder saved with [`add_remote_pipeline`] also carries it as the custom task `mgsa-translation`, so that
+`pipeline(model=folder, trust_remote_code=True)` works where the package is not installed.
 """
+
+import shutil
+from pathlib import Path
 
 from transformers import AutoModelForSeq2SeqLM, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
@@ -76,6 +81,24 @@ class MgsaTranslationPipeline(Pipeline):
     def postprocess(self, output_ids):
         texts = self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)
         return [{"translation_text": text.strip()} for text in texts]
+
+
+REMOTE_TASK = "mgsa-translation"
+
+
+def add_remote_pipeline(model, save_directory: str | Path) -> None:
+    """Record this pipeline in `model.config.custom_pipelines` (under `mgsa-translation`) and copy its code into
+    `save_directory`; call before `model.save_pretrained(save_directory)`. A task name of its own keeps
+    `pipeline("translation", model=folder)` on the registered pipeline where the package is installed."""
+    model.config.custom_pipelines = {
+        REMOTE_TASK: {
+            "impl": f"{Path(__file__).stem}.{MgsaTranslationPipeline.__name__}",
+            "pt": ("AutoModelForSeq2SeqLM",),
+            "type": "text",
+        }
+    }
+    Path(save_directory).mkdir(parents=True, exist_ok=True)
+    shutil.copy(__file__, Path(save_directory) / Path(__file__).name)
 
 
 def register_translation_pipeline() -> None:

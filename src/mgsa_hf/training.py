@@ -157,24 +157,32 @@ def _checkpoints(folder: Path) -> list[Path]:
     return sorted(found, key=lambda path: int(path.name.split("-")[-1]))
 
 
-def _train_tokenizer(config: TrainConfig, train_split, folder: Path):
-    """Train a joint subword vocabulary on the training split (its sentences are written to `folder` first)."""
+def _load_or_train_tokenizer(config: TrainConfig, train_split):
+    """`config.tokenizer` if given; else the joint vocabulary in `output_dir/tokenizer`, trained on the training split
+    the first time (other processes and resumed runs load it)."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
     from .tokenization_utils import train_joint_tokenizer
 
-    folder.mkdir(parents=True, exist_ok=True)
-    files = {}
-    for lang in (config.source_lang, config.target_lang):
-        files[lang] = folder / f"train.{lang}"
-        files[lang].write_text("\n".join(_references(train_split, lang)) + "\n", encoding="utf-8")
-    return train_joint_tokenizer(
-        files[config.source_lang], files[config.target_lang], folder, vocab_size=config.vocab_size
-    )
+    if config.tokenizer:
+        return AutoTokenizer.from_pretrained(config.tokenizer)
+    folder = Path(config.output_dir) / "tokenizer"
+    if (folder / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(folder)
+    with tempfile.TemporaryDirectory() as text_dir:
+        files = {}
+        for lang in (config.source_lang, config.target_lang):
+            files[lang] = Path(text_dir) / f"train.{lang}"
+            files[lang].write_text("\n".join(_references(train_split, lang)) + "\n", encoding="utf-8")
+        return train_joint_tokenizer(
+            files[config.source_lang], files[config.target_lang], folder, vocab_size=config.vocab_size
+        )
 
 
 def prepare(config: TrainConfig, training_args):
     """Corpus, processor and processed splits; the main process works first so the others read its caches."""
-    from transformers import AutoTokenizer
-
     from .data import load_parallel_corpus
     from .processing_mgsa import MgsaProcessor
 
@@ -186,10 +194,7 @@ def prepare(config: TrainConfig, training_args):
               "test": config.max_test_samples}
     corpus = corpus.__class__({split: _limit(data, limits.get(split)) for split, data in corpus.items()})
     with training_args.main_process_first(desc="tokenizer"):
-        if config.tokenizer:
-            tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)
-        else:
-            tokenizer = _train_tokenizer(config, corpus["train"], Path(config.output_dir) / "tokenizer")
+        tokenizer = _load_or_train_tokenizer(config, corpus["train"])
     processor = MgsaProcessor(tokenizer, **config.processor)
     flat = corpus.flatten()
     with training_args.main_process_first(desc="parsing"):
@@ -283,7 +288,10 @@ def train(config: TrainConfig):
 
 
 def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores: list[dict], build_model_card):
+    from .pipeline_translation import add_remote_pipeline
+
     output_dir = Path(config.output_dir)
+    add_remote_pipeline(trainer.model, output_dir)
     trainer.model.save_pretrained(output_dir)
     processor.save_pretrained(output_dir)
     hyperparameters = {key: config.training[key] for key in sorted(config.training)
