@@ -48,16 +48,56 @@ def test_train_save_load_and_translate(tmp_path, encoder_type):
     assert translator(SOURCES[0], **generate_kwargs) == [{"translation_text": expected[0]}]
 
 
-def test_model_card_carries_scores(tmp_path):
+@pytest.fixture(scope="module")
+def trained_tiny(tmp_path_factory):
+    """A transformer trained for two steps: (results, output folder)."""
+    folder = tmp_path_factory.mktemp("tiny")
+    results, _ = train(tiny_config(folder, "training.max_steps=2"))
+    return results, folder
+
+
+def test_model_card_carries_scores(trained_tiny):
     from huggingface_hub import ModelCard
 
-    results, _ = train(tiny_config(tmp_path, "training.max_steps=2", "training.eval_steps=2"))
-    card = ModelCard.load(tmp_path / "README.md")
+    results, folder = trained_tiny
+    card = ModelCard.load(folder / "README.md")
     measured = {(r.dataset_split, r.metric_type): r.metric_value for r in card.data.eval_results}
     for row in results["scores"]:
         assert measured[(row["split"], "bleu")] == pytest.approx(row["bleu"], abs=0.01)
         assert measured[(row["split"], "chrf")] == pytest.approx(row["chrf"], abs=0.01)
     assert "transformer" in card.data.tags and card.data.pipeline_tag == "translation"
+
+
+def test_translate_script_matches_pipeline(trained_tiny, tmp_path):
+    _, folder = trained_tiny
+    (tmp_path / "src.en").write_text("\n".join(SOURCES) + "\n")
+    script = REPO / "scripts" / "translate.py"
+    command = [sys.executable, str(script), str(folder), "--input", str(tmp_path / "src.en"),
+               "--output", str(tmp_path / "hyp.de"), "--num-beams", "2", "--max-new-tokens", "8", "--batch-size", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    translator = pipeline("translation", model=str(folder), device="cpu")
+    expected = [row["translation_text"] for row in translator(SOURCES, num_beams=2, max_new_tokens=8)]
+    assert (tmp_path / "hyp.de").read_text().splitlines() == expected
+
+
+def test_remote_pipeline_without_the_package(trained_tiny, tmp_path):
+    """The saved folder carries the pipeline and processor code: `pipeline(model=folder, trust_remote_code=True)`
+    translates in a process where `mgsa_hf` cannot be imported, as the registered pipeline does."""
+    _, folder = trained_tiny
+    script = (
+        "import sys, json\n"
+        "sys.modules['mgsa_hf'] = None\n"
+        "from transformers import pipeline\n"
+        f"translator = pipeline(model={str(folder)!r}, trust_remote_code=True, device='cpu')\n"
+        f"rows = translator({SOURCES!r}, num_beams=2, max_new_tokens=8)\n"
+        "print(json.dumps([row['translation_text'] for row in rows]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    translator = pipeline("translation", model=str(folder), device="cpu")
+    expected = [row["translation_text"] for row in translator(SOURCES, num_beams=2, max_new_tokens=8)]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == expected
 
 
 def test_resume_from_checkpoint_reaches_the_same_step(tmp_path):
