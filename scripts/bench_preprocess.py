@@ -74,7 +74,7 @@ def main():
         best = {clock: {"spacy_nlp_pipe": [], "mgsa_processor": []} for clock in seconds}
         for _ in range(args.repeats):
             for name, function in [("spacy_nlp_pipe", bare), ("mgsa_processor", processor)]:
-                for clock, value in zip(("wall", "cpu"), timed(function, chunk)):
+                for clock, value in zip(("wall", "cpu"), timed(function, chunk), strict=True):
                     best[clock][name].append(value)
         for clock, chunk_runs in best.items():
             for name, values in chunk_runs.items():

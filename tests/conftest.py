@@ -29,3 +29,27 @@ def multi30k_processor(tmp_path_factory):
 def multi30k_val():
     """The first 16 (English, German) sentence pairs of Multi30k val."""
     return list(read_lines(f"{MULTI30K}/val.en.gz", 16)), list(read_lines(f"{MULTI30K}/val.de.gz", 16))
+
+
+@pytest.fixture(scope="session")
+def multi30k_train_sources():
+    """The first 500 English sentences of Multi30k train."""
+    return list(read_lines(f"{MULTI30K}/train.en.gz", 500))
+
+
+@pytest.fixture(scope="session")
+def marian_processor(tmp_path_factory):
+    """An `MgsaProcessor` around a `MarianTokenizer` (SentencePiece, returns no offsets), trained like the
+    `multi30k_processor` one."""
+    from mgsa_hf.processing_mgsa import MgsaProcessor
+    from mgsa_hf.tokenization_utils import train_joint_tokenizer
+
+    tokenizer = train_joint_tokenizer(
+        f"{MULTI30K}/train.en.gz",
+        f"{MULTI30K}/train.de.gz",
+        tmp_path_factory.mktemp("marian_tokenizer"),
+        vocab_size=600,
+        max_sentences=1000,
+        tokenizer_type="marian",
+    )
+    return MgsaProcessor(tokenizer)

@@ -7,6 +7,7 @@ from transformers import BatchEncoding
 
 from .syntax_fields import LEVELLED_SYNTAX_FIELDS, SOURCE_SYNTAX_PAD_VALUES
 
+
 LABEL_PAD_TOKEN_ID = -100
 # fields padded to the target length instead of the source length
 TARGET_FIELDS = ("labels", "decoder_attention_mask")

@@ -20,6 +20,7 @@ from .syntax import (
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 from .tokenization_utils import piece_offsets
 
+
 RETURN_TENSORS = (None, "pt", "np")
 
 
@@ -44,7 +45,7 @@ class MgsaProcessor(ProcessorMixin):
     | `labels` | (B, T) | target token ids (only with `text_target`) | | -100 |
     | `word_ids` | (B, L) | index of the token's word | `num_words`, `num_words + 1`, ... | -1 |
     | `head_word_ids` | (B, L) | word index of its word's dependency head (the root: itself) | its own word id | -1 |
-    | `phrase_ids` | (B, K, L) | phrase index at granularity level k+1, 0, 1, ... from left to right | after the last phrase | -1 |
+    | `phrase_ids` | (B, K, L) | phrase index at level k+1, 0, 1, ... from left to right | after the last phrase | -1 |
     | `phrase_tags` | (B, K, L) | id in `phrase_tags` of that phrase's label | -100 | -100 |
     | `pr_phrase_ids` | (B, L) | phrase index from the PR paper's Algorithm 1 | after the last phrase | -1 |
     | `local_phrase_start` | (B, L) | first token position of its local phrase (RHE Rule 1) | its position | 0 |
@@ -205,7 +206,9 @@ class MgsaProcessor(ProcessorMixin):
             )["input_ids"]
         if padding and padding != "do_not_pad":
             length = max_length if padding == "max_length" else None
-            encoding = pad_batch(encoding, self.tokenizer.pad_token_id, length=length, pad_to_multiple_of=pad_to_multiple_of)
+            encoding = pad_batch(
+                encoding, self.tokenizer.pad_token_id, length=length, pad_to_multiple_of=pad_to_multiple_of
+            )
         if not is_batched and return_tensors is None:
             encoding = {name: values[0] for name, values in encoding.items()}
         return BatchEncoding(encoding, tensor_type=return_tensors)
@@ -223,12 +226,13 @@ class MgsaProcessor(ProcessorMixin):
             return_offsets_mapping=fast,
         )
         fields = {name: [] for name in SOURCE_SYNTAX_PAD_VALUES}
-        for i, (text, syntax) in enumerate(zip(texts, syntaxes)):
+        for i, (text, syntax) in enumerate(zip(texts, syntaxes, strict=True)):
             special = encoding["special_tokens_mask"][i]
             offsets = encoding["offset_mapping"][i] if fast else self._piece_offsets(text, special)
             token_words = _token_words(offsets, special, syntax.spans)
-            words = syntax.word_fields(self.phrase_levels, self.tag_vocab, self.pr_phrase_words(len(syntax.words)))
-            for name, values in _token_fields(words, token_words, len(syntax.words)).items():
+            num_words = len(syntax.spans)
+            words = syntax.word_fields(self.phrase_levels, self.tag_vocab, self.pr_phrase_words(num_words))
+            for name, values in _token_fields(words, token_words, num_words).items():
                 fields[name].append(values)
         return {"input_ids": encoding["input_ids"], "attention_mask": encoding["attention_mask"], **fields}
 
@@ -391,7 +395,7 @@ def _token_words(offsets, special_tokens_mask, word_spans) -> list[int]:
     (the last word at the end of the text); -1 too when there are no words."""
     last = len(word_spans) - 1
     word, token_words = 0, []
-    for (start, _), special in zip(offsets, special_tokens_mask):
+    for (start, _), special in zip(offsets, special_tokens_mask, strict=True):
         if special:
             token_words.append(-1)
             continue
@@ -437,7 +441,7 @@ def _insert_special_tokens(fields, positions, num_words):
             ("tree_depth", 0),
         ]:
             fields[name].insert(position, value)
-        for ids, tags, count in zip(fields["phrase_ids"], fields["phrase_tags"], phrase_counts):
+        for ids, tags, count in zip(fields["phrase_ids"], fields["phrase_tags"], phrase_counts, strict=True):
             ids.insert(position, count + rank)
             tags.insert(position, -100)
 

@@ -12,6 +12,7 @@ import functools
 import re
 from dataclasses import dataclass
 
+
 # Tag vocabulary of `phrase_tags`: PTB constituent labels, PTB part-of-speech tags (a leaf standing as a phrase is
 # tagged with its POS), one entry for all punctuation and symbol tags, and UNK for anything else. The order is part
 # of the saved processor and of trained checkpoints: append, never reorder.
@@ -188,18 +189,22 @@ class SentenceSyntax:
 
     Attributes:
         text (`str`): the sentence.
-        words (`list[str]`): the words (spaCy tokens, or the leaves of a user tree), as they appear in `text`.
-        spans (`list[tuple[int, int]]`): character span of each word in `text`.
+        spans (`list[tuple[int, int]]`): character span of each word in `text` (end exclusive).
         heads (`list[int]`): dependency head of each word; the root points to itself. When spaCy splits the text into
             several sentences, the roots of the later ones point to the first root, so the heads form one tree.
         tree ([`ConstituencyTree`]): the constituency tree over the words.
     """
 
     text: str
-    words: list[str]
     spans: list[tuple[int, int]]
     heads: list[int]
     tree: ConstituencyTree
+
+    @property
+    def words(self) -> list[str]:
+        """The words (spaCy tokens without whitespace tokens, or the leaves of a user tree) as they appear in
+        `text`."""
+        return [self.text[start:end] for start, end in self.spans]
 
     def phrases(self, level: int) -> list[tuple[int, int, str]]:
         """`(start, end, tag)` word spans (end exclusive) of the phrases at granularity `level` (1 = just below the
@@ -525,7 +530,7 @@ class SyntaxParser:
             inputs[i] = Doc(self.nlp.vocab, words=words, spaces=spaces)
             given[i] = (parsed, spans)
         docs = self.nlp.pipe(inputs, batch_size=batch_size, n_process=n_process)
-        return [self._sentence(text, doc, given.get(i)) for i, (text, doc) in enumerate(zip(texts, docs))]
+        return [self._sentence(text, doc, given.get(i)) for i, (text, doc) in enumerate(zip(texts, docs, strict=True))]
 
     @staticmethod
     def _sentence(text, doc, given) -> SentenceSyntax:
@@ -534,8 +539,7 @@ class SyntaxParser:
             tree = derive_constituency_tree(heads, tags, deps)
         else:
             tree, spans = given
-        words = [text[start:end] for start, end in spans]
-        return SentenceSyntax(text, words, spans, _join_roots(heads), tree)
+        return SentenceSyntax(text, spans, _join_roots(heads), tree)
 
 
 _UINT64_MASK = (1 << 64) - 1
@@ -554,7 +558,7 @@ def _word_arrays(doc):
     except KeyError:
         _SPACY_STRINGS.update((key, doc.vocab.strings[key]) for key in tags + deps)
         tags, deps = [_SPACY_STRINGS[key] for key in tags], [_SPACY_STRINGS[key] for key in deps]
-    spans = [(start, start + length) for start, length in zip(starts, lengths)]
+    spans = [(start, start + length) for start, length in zip(starts, lengths, strict=True)]
     if any(spaces):
         words = [i for i, space in enumerate(spaces) if not space]
         word_of = {token: word for word, token in enumerate(words)}

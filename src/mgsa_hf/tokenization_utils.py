@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from itertools import chain, islice
 from pathlib import Path
 
+
 SPECIAL_TOKENS = ("</s>", "<unk>", "<pad>")  # ids 0, 1, 2
 TOKENIZER_TYPES = ("fast", "marian")
 SPIECE_UNDERLINE = "\u2581"
@@ -109,7 +110,11 @@ def _train_fast_tokenizer(sentences, vocab_size, model_max_length):
         single=f"$A {eos}", pair=f"$A $B {eos}", special_tokens=[(eos, backend.token_to_id(eos))]
     )
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token=eos, unk_token="<unk>", pad_token="<pad>", model_max_length=model_max_length
+        tokenizer_object=backend,
+        eos_token=eos,
+        unk_token="<unk>",
+        pad_token="<pad>",
+        model_max_length=model_max_length,
     )
 
 
@@ -138,9 +143,9 @@ def _train_marian_tokenizer(sentences, vocab_size, model_max_length, output_dir)
         (output_dir / name).write_bytes(model.getvalue())
     (output_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     return MarianTokenizer(
-        output_dir / "source.spm",
-        output_dir / "target.spm",
-        output_dir / "vocab.json",
+        str(output_dir / "source.spm"),
+        str(output_dir / "target.spm"),
+        str(output_dir / "vocab.json"),
         eos_token=SPECIAL_TOKENS[0],
         unk_token="<unk>",
         pad_token="<pad>",

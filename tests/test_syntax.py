@@ -1,0 +1,213 @@
+"""Word-level syntax: PTB trees, derived trees, granularity levels, Algorithm 1, local phrases, the spaCy parser."""
+
+import pytest
+
+from mgsa_hf.syntax import (
+    PHRASE_TAGS,
+    PhraseTagVocab,
+    SyntaxParser,
+    derive_constituency_tree,
+    load_spacy_pipeline,
+    match_words,
+    parse_ptb,
+)
+
+
+FIGURE_1 = "(S (NP (NNP Bush)) (VP (VBD held) (NP (DT a) (NN talk)) (PP (IN with) (NP (NNP Sharon)))))"
+FIGURE_1_TEXT = "Bush held a talk with Sharon"
+
+
+def words_of(phrases, words):
+    return [" ".join(words[start:end]) for start, end, *_ in phrases]
+
+
+def test_figure_1_levels_and_tags():
+    tree, words = parse_ptb(FIGURE_1)
+    assert words == FIGURE_1_TEXT.split()
+    assert words_of(tree.phrases(1), words) == ["Bush", "held a talk with Sharon"]
+    assert words_of(tree.phrases(2), words) == ["Bush", "held", "a talk", "with Sharon"]
+    assert tree.phrases(2)[2] == (2, 4, "NP")
+    # a leaf stands for itself below its depth; "Sharon" is still inside its NP at level 3
+    assert tree.phrases(3) == [(0, 1, "NNP"), (1, 2, "VBD"), (2, 3, "DT"), (3, 4, "NN"), (4, 5, "IN"), (5, 6, "NP")]
+    assert [label for *_, label in tree.phrases(4)] == ["NNP", "VBD", "DT", "NN", "IN", "NNP"]
+    with pytest.raises(ValueError):
+        tree.phrases(0)
+
+
+def test_figure_1_depths_local_phrases_and_algorithm_1():
+    tree, words = parse_ptb(FIGURE_1)
+    depth = dict(zip(words, (len(path) for path in tree.paths), strict=True))
+    assert depth["held"] == 3 and depth["talk"] == 4 and depth["Sharon"] == 5
+    local = [(tree.start[node], tree.end[node]) for node in tree.local_phrases()]
+    # Bush: S; held: VP; a, talk: NP; with, Sharon: PP (the NP over Sharon covers one word only)
+    assert local == [(0, 6), (1, 6), (2, 4), (2, 4), (4, 6), (4, 6)]
+    # from the right: the PP fits 3 words, then the (cut) VP "held a talk", then "Bush"
+    assert tree.algorithm1_phrases(3) == [(0, 1), (1, 4), (4, 6)]
+    # with room for 2 more words after "with Sharon", the same-depth neighbour NP "a talk" is prepended
+    assert tree.algorithm1_phrases(4) == [(0, 2), (2, 6)]
+    assert tree.algorithm1_phrases(8) == [(0, 6)]
+    assert tree.algorithm1_phrases(1) == [(i, i + 1) for i in range(6)]
+
+
+def test_ptb_reading():
+    tree, words = parse_ptb("(ROOT (S (NP-SBJ-1 (-NONE- *T*) (PRP It)) (VP (VBZ rains)) (. .)))")
+    assert words == ["It", "rains", "."]
+    assert tree.phrases(1) == [(0, 1, "NP-SBJ-1"), (1, 2, "VP"), (2, 3, ".")]
+    assert parse_ptb("( (NP (NN dog)))")[0].phrases(1) == [(0, 1, "NN")]
+    single, _ = parse_ptb("(NN dog)")
+    assert single.paths == [[0]] and single.phrases(1) == [(0, 1, "NN")]
+    assert tree.to_ptb(words) == "(S (NP-SBJ-1 (PRP It)) (VP (VBZ rains)) (. .))"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "(S (NP (NN dog))",
+        "(S (NP (NN dog))))",
+        "(S (NP dog cat))",
+        "(S (NN dog) cat)",
+        "(S)",
+        "(NP (NN a)) (NP (NN b))",
+        "dog",
+    ],
+)
+def test_unreadable_trees_raise_value_error(bad):
+    with pytest.raises(ValueError):
+        parse_ptb(bad)
+
+
+def test_ptb_needs_a_string():
+    with pytest.raises(TypeError):
+        parse_ptb(None)
+
+
+def test_to_ptb_round_trip():
+    tree, words = parse_ptb(FIGURE_1)
+    assert tree.to_ptb(words) == FIGURE_1
+    again, again_words = parse_ptb(tree.to_ptb(words))
+    assert again_words == words and all(again.phrases(k) == tree.phrases(k) for k in (1, 2, 3))
+
+
+def test_match_words():
+    text = 'He said "hi" (twice)…'
+    leaves = ["He", "said", "``", "hi", "''", "-LRB-", "twice", "-RRB-"]
+    spans = match_words(text, leaves)
+    assert [text[start:end] for start, end in spans] == ["He", "said", '"', "hi", '"', "(", "twice", ")"]
+    assert match_words("“Hi”", ["``", "Hi", "''"]) == [(0, 1), (1, 3), (3, 4)]
+    with pytest.raises(ValueError, match="leaf 1"):
+        match_words("a dog", ["a", "cat"])
+
+
+def test_phrase_tag_vocab():
+    assert len(PHRASE_TAGS) <= 64 and len(set(PHRASE_TAGS)) == len(PHRASE_TAGS)
+    vocab = PhraseTagVocab(PHRASE_TAGS)
+    assert vocab["NP"] == PHRASE_TAGS.index("NP") == vocab["NP-SBJ-1"] == vocab["NP=2"]
+    assert vocab["."] == vocab["-LRB-"] == vocab["HYPH"] == PHRASE_TAGS.index("PUNCT")
+    assert vocab["_SP"] == vocab["WEIRD"] == vocab[""] == PHRASE_TAGS.index("UNK")
+    with pytest.raises(ValueError):
+        PhraseTagVocab(["NP"] * 2)
+    with pytest.raises(ValueError):
+        PhraseTagVocab([f"T{i}" for i in range(65)])
+
+
+def test_derived_clause_tree():
+    # "The dog that barks chased a cat ." with spaCy-style labels
+    words = ["The", "dog", "that", "barks", "chased", "a", "cat", "."]
+    heads = [1, 4, 3, 1, 4, 6, 4, 4]
+    tags = ["DT", "NN", "WDT", "VBZ", "VBD", "DT", "NN", "."]
+    deps = ["det", "nsubj", "nsubj", "relcl", "ROOT", "det", "dobj", "punct"]
+    tree = derive_constituency_tree(heads, tags, deps)
+    assert tree.to_ptb(words) == (
+        "(S (NP (DT The) (NN dog) (S (WHNP (WDT that)) (VP (VBZ barks)))) (VP (VBD chased) (NP (DT a) (NN cat)))"
+        " (. .))"
+    )
+
+
+def test_derived_tree_with_marker_and_several_sentences():
+    words = ["Hi", ".", "I", "left", "because", "it", "rained"]
+    heads = [0, 0, 3, 3, 6, 6, 3]
+    tags = ["UH", ".", "PRP", "VBD", "IN", "PRP", "VBD"]
+    deps = ["ROOT", "punct", "nsubj", "ROOT", "mark", "nsubj", "advcl"]
+    tree = derive_constituency_tree(heads, tags, deps)
+    assert tree.to_ptb(words) == (
+        "(S (INTJ (UH Hi) (. .)) (S (NP (PRP I)) (VP (VBD left) (SBAR (IN because) (S (NP (PRP it))"
+        " (VP (VBD rained)))))))"
+    )
+
+
+def test_non_projective_parse_gives_contiguous_constituents():
+    # "c" depends on "e" across "d", which depends on the root "b": lifted to "b"
+    heads = [1, 1, 4, 1, 1]
+    tags = ["DT", "VBD", "NN", "RB", "NN"]
+    deps = ["det", "ROOT", "amod", "advmod", "dobj"]
+    tree = derive_constituency_tree(heads, tags, deps)
+    assert_contiguous_partitions(tree, levels=4)
+    assert tree.to_ptb(list("abcde")) == "(VP (DT a) (VBD b) (NN c) (ADVP (RB d)) (NP (NN e)))"
+
+
+def assert_contiguous_partitions(tree, levels):
+    n = tree.num_words
+    previous = [(0, n)]
+    for level in range(1, levels + 1):
+        spans = [(start, end) for start, end, _ in tree.phrases(level)]
+        assert [start for start, _ in spans] == [0] + [end for _, end in spans[:-1]] and spans[-1][1] == n
+        assert all(start < end for start, end in spans)
+        # refinement: every phrase lies inside one phrase of the level above
+        assert all(any(a <= start and end <= b for a, b in previous) for start, end in spans)
+        previous = spans
+    for node in range(len(tree.label)):  # every node is a contiguous span: its words are exactly start..end-1
+        covered = [w for w, path in enumerate(tree.paths) if node in path]
+        assert covered == list(range(tree.start[node], tree.end[node]))
+
+
+def assert_single_tree(heads):
+    roots = [w for w, h in enumerate(heads) if h == w]
+    assert len(roots) == 1
+    for word in range(len(heads)):
+        seen = set()
+        while heads[word] != word:
+            assert word not in seen
+            seen.add(word)
+            word = heads[word]
+
+
+def test_spacy_trees_on_multi30k(multi30k_train_sources):
+    analyses = SyntaxParser()(multi30k_train_sources)
+    assert len(analyses) == 500
+    for text, syntax in zip(multi30k_train_sources, analyses, strict=True):
+        tree = syntax.tree
+        assert tree.num_words == len(syntax.words) == len(syntax.heads) > 0
+        assert [text[start:end] for start, end in syntax.spans] == syntax.words
+        assert_contiguous_partitions(tree, levels=4)
+        assert_single_tree(syntax.heads)
+        phrases = tree.algorithm1_phrases(3)
+        assert phrases[0][0] == 0 and phrases[-1][1] == tree.num_words
+        assert all(0 < end - start <= 3 for start, end in phrases)
+        assert all(a[1] == b[0] for a, b in zip(phrases[:-1], phrases[1:], strict=True))
+        reread, words = parse_ptb(syntax.to_ptb())
+        assert words == syntax.words and reread.phrases(2) == tree.phrases(2)
+
+
+def test_parser_handles_whitespace_several_sentences_and_user_trees():
+    parser = SyntaxParser()
+    spaced, empty, blank, given = parser(
+        ["  Two dogs  run.\n\nThey play.", "", " \t\n", FIGURE_1_TEXT + "."], [None, None, None, FIGURE_1]
+    )
+    assert spaced.words == ["Two", "dogs", "run", ".", "They", "play", "."]
+    assert_single_tree(spaced.heads)
+    assert [label for *_, label in spaced.phrases(1)] == ["S", "S"]
+    assert empty.words == blank.words == [] and empty.phrases(1) == []
+    assert given.words == FIGURE_1_TEXT.split() and given.phrases(2)[2] == (2, 4, "NP")
+    assert_single_tree(given.heads)
+    with pytest.raises(ValueError, match=r"trees\[0\]"):
+        parser(["a dog"], ["(NP (DT a) (NN cat))"])
+
+
+def test_missing_parser_names_the_install_command():
+    with pytest.raises(OSError, match="pip install en_core_web_xx_missing"):
+        load_spacy_pipeline("en_core_web_xx_missing")
+
+
+def test_parser_loads_only_needed_components():
+    assert load_spacy_pipeline().pipe_names == ["tok2vec", "tagger", "parser"]
