@@ -104,12 +104,13 @@ def test_fixed_segmentation_follows_the_paper_rule():
     assert fixed_phrase_ids(mask).tolist() == [[0, -1, -1], [-1, 0, 1]]
 
 
-def test_segmentation_sizes_and_mask():
+def test_segmentation_mask_and_pooling_weights():
     segmentation = segment_phrases(torch.tensor([[0, 0, 1, 2, -1], [0, 1, 1, -1, -1]]))
     assert segmentation.num_phrases == 3
-    assert segmentation.index.tolist() == [[0, 0, 1, 2, 3], [0, 1, 1, 3, 3]]
-    assert segmentation.sizes[:, :3].tolist() == [[2, 1, 1], [1, 2, 0]]
+    assert segmentation.scatter_index.tolist() == [[0, 0, 1, 2, 3], [0, 1, 1, 3, 3]]
     assert segmentation.mask.tolist() == [[True, True, True], [True, True, False]]
+    assert segmentation.mean_weights[1].tolist() == [[1, 0, 0, 0, 0], [0, 0.5, 0.5, 0, 0], [0, 0, 0, 0, 0]]
+    assert (segmentation.logit_bias[0, 0] == 0).tolist() == [True, True, False, False, False]
 
 
 @pytest.mark.parametrize("glance,attentive", [("max", False), ("mean", False), ("max", True), ("mean", True)])
@@ -124,8 +125,8 @@ def test_pooling_matches_a_per_phrase_reference(glance, attentive):
     for row in range(2):
         for phrase in range(4):
             tokens = hidden[row, phrase_ids[row] == phrase]
-            if len(tokens) == 0:
-                assert actual[row, phrase].abs().max() == 0  # padded phrase
+            if len(tokens) == 0:  # padded phrase: finite, masked downstream
+                assert torch.isfinite(actual[row, phrase]).all()
                 continue
             summary = tokens.max(0).values if glance == "max" else tokens.mean(0)  # Eq. 2
             expected = summary
@@ -146,10 +147,24 @@ def test_every_table2_row_has_a_config():
         assert f"`{row}.json`" in readme
 
 
+@pytest.fixture(scope="module")
+def multi30k_batch(multi30k_processor, multi30k_val):
+    """A real processor batch: 8 Multi30k val pairs, with the parser's `pr_phrase_ids`."""
+    sources, targets = multi30k_val
+    return dict(multi30k_processor(sources[:8], text_target=targets[:8], return_tensors="pt"))
+
+
+def multi30k_model(row: str, processor) -> MgsaForConditionalGeneration:
+    tokenizer = processor.tokenizer
+    ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+               decoder_start_token_id=tokenizer.pad_token_id, forced_eos_token_id=tokenizer.eos_token_id)
+    return pr_model(row, **ids)
+
+
 @pytest.mark.parametrize("row", ROWS)
-def test_config_trains_and_every_new_parameter_gets_a_gradient(row):
-    model = pr_model(row).train()
-    output = model(**make_batch([9, 23, 14, 4]))
+def test_config_trains_and_every_new_parameter_gets_a_gradient(row, multi30k_processor, multi30k_batch):
+    model = multi30k_model(row, multi30k_processor).train()
+    output = model(**multi30k_batch)
     assert torch.isfinite(output.loss)
     output.loss.backward()
     new = {name: p for name, p in model.named_parameters() if any(m in name for m in PR_MODULES)}
@@ -160,6 +175,25 @@ def test_config_trains_and_every_new_parameter_gets_a_gradient(row):
     assert without_gradient == []
 
 
+def test_parse_phrases_come_from_the_processor(multi30k_processor, multi30k_batch):
+    """With pr_segmentation="parse" the encoder's phrases are the processor's `pr_phrase_ids` (EOS its own phrase)."""
+    model = multi30k_model("max_attn_ta_parse", multi30k_processor)
+    keys = ("input_ids", "attention_mask", "pr_phrase_ids")
+    with torch.no_grad():
+        output = model.get_encoder()(**{key: multi30k_batch[key] for key in keys})
+    phrase_ids = multi30k_batch["pr_phrase_ids"]
+    assert output.phrase_mask.sum(-1).tolist() == (phrase_ids.max(-1).values + 1).tolist()
+    # the parse gives phrases of varying sizes, unlike the fixed rule
+    sizes = torch.stack([(phrase_ids == p).sum(-1) for p in range(int(phrase_ids.max()) + 1)], -1)
+    assert len(set(sizes[sizes > 1].tolist())) > 2
+    for row in range(len(phrase_ids)):
+        alone = model.get_encoder()(**select(multi30k_batch, row, keys))
+        torch.testing.assert_close(
+            output.last_hidden_state[row, : alone.last_hidden_state.shape[1]], alone.last_hidden_state[0],
+            atol=1e-4, rtol=1e-4,
+        )
+
+
 def test_encoder_returns_phrases_of_every_level():
     model = pr_model()
     batch = make_batch([20, 5])
@@ -167,6 +201,16 @@ def test_encoder_returns_phrases_of_every_level():
     # levels 0..d (d = 2 encoder layers); P = 8 = 7 phrases of 3 tokens (seql 19) + EOS
     assert encoder_output.phrase_states.shape == (2, 3, 8, TINY["d_model"])
     assert encoder_output.phrase_mask.tolist() == [[True] * 8, [True] * 3 + [False] * 5]  # seql 4: 3 + 1, EOS
+
+
+def test_combination_dim():
+    config = row_config("max_attn_ta", pr_combination_dim=24)
+    layer = PhraseRepresentationDecoderLayer(config, 0)
+    assert layer.phrase_combination.combine_out.in_features == 24
+    assert layer.phrase_combination.attn.out_proj.out_features == 24
+    assert PhraseRepresentationDecoderLayer(row_config("max_attn_ta"), 0).phrase_combination.combine_token.out_features == 16
+    with pytest.raises(ValueError, match="pr_combination_dim"):
+        row_config("max_attn_ta", pr_combination_dim=0)
 
 
 def test_parse_segmentation_needs_its_field():

@@ -65,6 +65,9 @@ class MgsaConfig(MarianConfig):
             PR: attentive phrase representation (else the glance vector itself is the phrase vector).
         pr_transparent_attention (`bool`, defaults to `True`):
             PR: decoder layers attend to a learned mix of all encoder layers' phrases (else to the last layer's).
+        pr_combination_dim (`int`, *optional*):
+            PR: hidden size of the attentive combination's 2-layer network (W3, W4 of the paper's Eq. 8, which leaves it
+            open); defaults to `d_model // 2`, which keeps a training step within 1.35x of the Transformer's.
         hybrid_layers (`list[int]`, *optional*, defaults to `[0, 1]`):
             Hybrid: encoder layers with local/global hybrid attention.
         hybrid_window (`int`, defaults to 1):
@@ -110,6 +113,7 @@ class MgsaConfig(MarianConfig):
     pr_glance: str = "max"
     pr_attentive: bool = True
     pr_transparent_attention: bool = True
+    pr_combination_dim: int | None = None
     # hybrid
     hybrid_layers: list[int] | None = None
     hybrid_window: int = 1
@@ -211,6 +215,8 @@ class MgsaConfig(MarianConfig):
                 f"`pr_min_phrase_tokens` ({self.pr_min_phrase_tokens}) must not exceed `pr_max_phrase_tokens` "
                 f"({self.pr_max_phrase_tokens})."
             )
+        if self.pr_combination_dim is not None and self.pr_combination_dim < 1:
+            raise ValueError(f"`pr_combination_dim` must be a positive integer or None, got {self.pr_combination_dim!r}.")
         if not self.phrase_ngram_sizes or any(size < 1 for size in self.phrase_ngram_sizes):
             raise ValueError(f"`phrase_ngram_sizes` must be a non-empty list of sizes >= 1, got {self.phrase_ngram_sizes!r}.")
         if self.rhe_max_relative_position < 0:

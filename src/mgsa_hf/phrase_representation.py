@@ -23,27 +23,29 @@ from .modeling_layers import MgsaAttention, MgsaDecoderLayer, MgsaEncoderLayer, 
 @dataclass
 class PhraseSegmentation:
     """
-    A batch of source sentences cut into phrases (contiguous or not: only the token → phrase map matters).
+    A batch of source sentences cut into phrases (any token → phrase map; phrases need not be contiguous).
 
     Attributes:
-        index (`torch.LongTensor` of shape `(batch_size, seq_len)`):
-            The phrase of each token; tokens in no phrase (padding) point to the extra slot `num_phrases`, which pooling
-            computes and drops.
         num_phrases (`int`):
             P, the largest number of phrases of a sentence in the batch.
-        sizes (`torch.Tensor` of shape `(batch_size, num_phrases + 1)`):
-            Tokens per phrase slot (0 for the padded phrases of shorter sentences).
+        scatter_index (`torch.LongTensor` of shape `(batch_size, seq_len)`):
+            The phrase of each token, padding pointing to an extra slot P that pooling drops.
+        gather_index (`torch.LongTensor` of shape `(batch_size, seq_len)`):
+            The phrase of each token, padding pointing to phrase 0 (its values are never used).
+        mask (`torch.BoolTensor` of shape `(batch_size, num_phrases)`):
+            `True` for real phrases, `False` for the padded phrases of sentences with fewer than P.
+        logit_bias (`torch.Tensor` of shape `(batch_size, num_phrases, seq_len)`):
+            0 where the token belongs to the phrase, the dtype's minimum elsewhere: softmax over it stays in the phrase.
+        mean_weights (`torch.Tensor` of shape `(batch_size, num_phrases, seq_len)`):
+            1 / phrase size where the token belongs to the phrase, 0 elsewhere.
     """
 
-    index: torch.LongTensor
     num_phrases: int
-    sizes: torch.Tensor
-
-    @property
-    def mask(self) -> torch.BoolTensor:
-        """(B, P), `True` for real phrases."""
-        return self.sizes[:, : self.num_phrases] > 0
-
+    scatter_index: torch.LongTensor
+    gather_index: torch.LongTensor
+    mask: torch.BoolTensor
+    logit_bias: torch.Tensor
+    mean_weights: torch.Tensor
 
 def fixed_phrase_ids(
     padding_mask: torch.BoolTensor, max_tokens: int = 8, min_tokens: int = 3, length_ratio: int = 6
@@ -70,17 +72,25 @@ def fixed_phrase_ids(
     return phrase_ids.masked_fill(~padding_mask, -1)
 
 
-def segment_phrases(phrase_ids: torch.LongTensor) -> PhraseSegmentation:
-    """(B, L) phrase index per token (-1 = none) → [`PhraseSegmentation`]. Reads P back from the device once."""
-    valid = phrase_ids >= 0
+def segment_phrases(phrase_ids: torch.LongTensor, dtype: torch.dtype = torch.float32) -> PhraseSegmentation:
+    """(B, L) phrase index per token (-1 = none) → [`PhraseSegmentation`] for `dtype` hidden states. Reads P back from
+    the device once."""
     num_phrases = max(int(phrase_ids.max()) + 1, 1)
-    index = phrase_ids.masked_fill(~valid, num_phrases)
-    sizes = torch.zeros(index.shape[0], num_phrases + 1, device=index.device)
-    sizes.scatter_add_(1, index, valid.float())
-    return PhraseSegmentation(index=index, num_phrases=num_phrases, sizes=sizes)
+    members = phrase_ids.unsqueeze(1) == torch.arange(num_phrases, device=phrase_ids.device).unsqueeze(-1)
+    sizes = members.sum(-1, keepdim=True)
+    return PhraseSegmentation(
+        num_phrases=num_phrases,
+        scatter_index=phrase_ids.masked_fill(phrase_ids < 0, num_phrases),
+        gather_index=phrase_ids.clamp(min=0),
+        mask=sizes.squeeze(-1) > 0,
+        logit_bias=torch.zeros(members.shape, dtype=dtype, device=phrase_ids.device).masked_fill(
+            ~members, torch.finfo(dtype).min
+        ),
+        mean_weights=members.to(dtype) / sizes.clamp(min=1).to(dtype),
+    )
 
 
-def source_phrase_segmentation(syntax: MgsaSyntaxInputs, config) -> PhraseSegmentation:
+def source_phrase_segmentation(syntax: MgsaSyntaxInputs, config, dtype: torch.dtype) -> PhraseSegmentation:
     """The segmentation of the forward's source, computed by the first layer that asks and shared by all."""
 
     def compute() -> PhraseSegmentation:
@@ -91,28 +101,16 @@ def source_phrase_segmentation(syntax: MgsaSyntaxInputs, config) -> PhraseSegmen
             phrase_ids = fixed_phrase_ids(
                 syntax.padding_mask, config.pr_max_phrase_tokens, config.pr_min_phrase_tokens, config.pr_length_ratio
             )
-        segmentation = segment_phrases(phrase_ids)
+        segmentation = segment_phrases(phrase_ids, dtype)
         syntax.record("phrase_mask", segmentation.mask)
         return segmentation
 
     return syntax.cached("pr_segmentation", compute)
 
 
-def _slot_index(segmentation: PhraseSegmentation, width: int) -> torch.LongTensor:
-    """The (B, L) token → phrase index expanded to (B, L, width) for scatter/gather along the token axis."""
-    return segmentation.index.unsqueeze(-1).expand(-1, -1, width)
-
-
-def _per_slot(values: torch.Tensor, segmentation: PhraseSegmentation, reduce: str) -> torch.Tensor:
-    """Reduce (B, L, D) token values into (B, P + 1, D) phrase slots ("sum" or "amax"); empty slots are 0."""
-    batch_size, _, width = values.shape
-    slots = values.new_zeros(batch_size, segmentation.num_phrases + 1, width)
-    return slots.scatter_reduce(1, _slot_index(segmentation, width), values, reduce, include_self=False)
-
-
-def _per_token(slots: torch.Tensor, segmentation: PhraseSegmentation) -> torch.Tensor:
-    """Broadcast (B, P + 1, D) phrase slots back to their (B, L, D) tokens."""
-    return slots.gather(1, _slot_index(segmentation, slots.shape[-1]))
+def _token_index(index: torch.LongTensor, width: int) -> torch.LongTensor:
+    """A (B, L) token → phrase index expanded to (B, L, width) for scatter/gather along the token axis."""
+    return index.unsqueeze(-1).expand(-1, -1, width)
 
 
 class AttentivePhrasePooling(nn.Module):
@@ -121,7 +119,7 @@ class AttentivePhrasePooling(nn.Module):
     the phrase; with `pr_attentive` each token is scored against it, s_i = W2 σ(W1 [R_ti | R_all] + b1) (Eq. 3), the
     scores are normalised inside the phrase (Eq. 4) and the phrase is the weighted sum of its tokens (Eq. 5); otherwise
     the glance is the phrase vector (the "+Mean" / "+Max" rows of Table 2). Eq. 3's output bias b2 is left out: a
-    softmax inside the phrase is invariant to it.
+    softmax inside the phrase is invariant to it. Padded phrases get finite values that every attention masks.
     """
 
     def __init__(self, config):
@@ -134,26 +132,27 @@ class AttentivePhrasePooling(nn.Module):
             self.score_out = nn.Linear(self.embed_dim, 1, bias=False)  # W2
 
     def forward(self, hidden_states: torch.Tensor, segmentation: PhraseSegmentation) -> torch.Tensor:
-        """hidden_states (B, L, D) → phrase vectors (B, P, D); padded phrases are 0."""
-        if self.glance == "max":
-            glance = _per_slot(hidden_states, segmentation, "amax")
-        else:
-            glance = _per_slot(hidden_states, segmentation, "sum") / segmentation.sizes.clamp(min=1).unsqueeze(-1)
+        """hidden_states (B, L, D) → phrase vectors (B, P, D)."""
+        batch_size, _, embed_dim = hidden_states.shape
+        num_phrases = segmentation.num_phrases
+        if self.glance == "max":  # Eq. 2, max-over-time: a segment max along the token axis
+            slots = hidden_states.new_zeros(batch_size, num_phrases + 1, embed_dim)
+            index = _token_index(segmentation.scatter_index, embed_dim)
+            glance = slots.scatter_reduce(1, index, hidden_states, "amax", include_self=False)[:, :num_phrases]
+        else:  # Eq. 2, mean
+            glance = torch.bmm(segmentation.mean_weights, hidden_states)
         if not self.attentive:
-            return glance[:, : segmentation.num_phrases]
+            return glance
 
         # Eq. 3, with W1 [R_ti | R_all] split so that the glance half is computed once per phrase
-        token_weight, glance_weight = self.score_hidden.weight.split(self.embed_dim, dim=1)
+        token_weight, glance_weight = self.score_hidden.weight.split(embed_dim, dim=1)
         glance_features = nn.functional.linear(glance, glance_weight, self.score_hidden.bias)
-        features = nn.functional.linear(hidden_states, token_weight) + _per_token(glance_features, segmentation)
-        scores = self.score_out(torch.sigmoid(features))  # (B, L, 1)
-
-        # Eq. 4: softmax inside each phrase (the per-phrase maximum only keeps exp() in range)
-        maxima = _per_slot(scores.detach(), segmentation, "amax")
-        exp_scores = torch.exp(scores - _per_token(maxima, segmentation))
-        weights = exp_scores / _per_token(_per_slot(exp_scores, segmentation, "sum"), segmentation)
-        # Eq. 5
-        return _per_slot(weights * hidden_states, segmentation, "sum")[:, : segmentation.num_phrases]
+        features = nn.functional.linear(hidden_states, token_weight) + glance_features.gather(
+            1, _token_index(segmentation.gather_index, embed_dim)
+        )
+        scores = self.score_out(torch.sigmoid(features)).transpose(1, 2)  # (B, 1, L)
+        weights = torch.softmax(scores + segmentation.logit_bias, dim=-1)  # Eq. 4, (B, P, L)
+        return torch.bmm(weights, hidden_states)  # Eq. 5
 
 
 class AttentivePhraseCombination(nn.Module):
@@ -161,6 +160,10 @@ class AttentivePhraseCombination(nn.Module):
     The attentive combination network (Section 3.2): multi-head cross-attention from the tokens (queries) to the phrases
     (keys and values), out_phrase = Attn_MH(x, R_phrase) (Eq. 7), then out = W4 σ(W3 [x | out_phrase] + b3) + b4 (Eq. 8).
     The residual connection and LayerNorm around it belong to the layer.
+
+    W3 [x | out_phrase] = W3_x x + W3_p W_O context: the attention's output projection W_O and the half of W3 that reads
+    its output are two linear maps in a row, so they are learnt as their product, `attn.out_proj` (holding W3_p W_O and
+    b3; D → `pr_combination_dim`). The layer computes the same family of functions with one D×D product per token less.
     """
 
     def __init__(self, config, num_heads: int, is_decoder: bool = False, layer_idx: int | None = None):
@@ -169,8 +172,10 @@ class AttentivePhraseCombination(nn.Module):
         self.attn = MgsaAttention(config, num_heads, is_decoder=is_decoder, layer_idx=layer_idx)
         # a key bias adds the same logit to every phrase of a query, which the softmax ignores
         self.attn.k_proj = nn.Linear(embed_dim, embed_dim, bias=False)
-        self.combine_hidden = nn.Linear(2 * embed_dim, embed_dim)  # W3, b3
-        self.combine_out = nn.Linear(embed_dim, embed_dim)  # W4, b4
+        hidden_dim = config.pr_combination_dim or embed_dim // 2
+        self.attn.out_proj = nn.Linear(embed_dim, hidden_dim)  # W3_p W_O, b3
+        self.combine_token = nn.Linear(embed_dim, hidden_dim, bias=False)  # W3_x
+        self.combine_out = nn.Linear(hidden_dim, embed_dim)  # W4, b4
 
     def forward(
         self,
@@ -180,11 +185,11 @@ class AttentivePhraseCombination(nn.Module):
         past_key_values: Cache | None = None,
     ) -> torch.Tensor:
         """hidden_states (B, T, D), phrase_states (B, P, D), attention_mask for (B, 1, T, P) → (B, T, D)."""
-        phrase_output, _ = self.attn(
+        # W3_p out_phrase + b3 (Eq. 7 with W3_p folded into the output projection)
+        phrase_part, _ = self.attn(
             hidden_states, key_value_states=phrase_states, attention_mask=attention_mask, past_key_values=past_key_values
         )
-        combined = torch.sigmoid(self.combine_hidden(torch.cat([hidden_states, phrase_output], dim=-1)))
-        return self.combine_out(combined)
+        return self.combine_out(torch.sigmoid(self.combine_token(hidden_states) + phrase_part))  # Eq. 8
 
 
 class PhraseRepresentationEncoderLayer(MgsaEncoderLayer):
@@ -219,7 +224,7 @@ class PhraseRepresentationEncoderLayer(MgsaEncoderLayer):
                 'encoder_type="phrase_representation" needs the source padding mask: call the layer with '
                 "`syntax=MgsaSyntaxInputs(padding_mask=...)` (the encoder does this)."
             )
-        segmentation = source_phrase_segmentation(syntax, self.config)
+        segmentation = source_phrase_segmentation(syntax, self.config, hidden_states.dtype)
         phrase_states = self.phrase_pooling(hidden_states, segmentation)
         syntax.record("phrase_states", phrase_states)
         phrase_mask = syntax.cached(
