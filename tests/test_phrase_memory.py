@@ -81,6 +81,27 @@ def make_batch(trees: list, seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
+def real_config(processor, row: str | None = None, **kwargs) -> MgsaConfig:
+    """A tiny config for the Multi30k processor's vocabulary (`num_phrase_tags` covers its tag vocabulary)."""
+    tokenizer = processor.tokenizer
+    special = {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "decoder_start_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "forced_eos_token_id": tokenizer.eos_token_id,
+        "num_phrase_tags": len(processor.phrase_tags),
+    }
+    return mgsa_config(row, **{**special, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def multi30k_batch(multi30k_processor, multi30k_val):
+    """A real processor batch: the first 6 Multi30k val pairs, padded, with every syntax field."""
+    sources, targets = (sentences[:6] for sentences in multi30k_val)
+    return dict(multi30k_processor(sources, text_target=targets, return_tensors="pt"))
+
+
 def sentence(batch: dict, row: int) -> dict[str, torch.Tensor]:
     """Sentence `row` of a batch alone, without padding."""
     length = int(batch["attention_mask"][row].sum())
@@ -149,19 +170,20 @@ def test_on_lstm_matches_reference():
 
 
 @pytest.mark.parametrize("row", ROWS)
-def test_config_rows_train(row):
-    """Every Table 1-3 config builds (6-layer encoder, as Transformer-Base), runs forward + backward with a finite
-    loss, and every MG-SA parameter gets a gradient."""
+def test_config_rows_train(row, multi30k_processor, multi30k_batch):
+    """Every Table 1-3 config builds (6-layer encoder, as Transformer-Base), runs forward + backward on a real
+    Multi30k processor batch with a finite loss, and every MG-SA parameter gets a non-zero gradient."""
     torch.manual_seed(0)
-    model = MgsaForConditionalGeneration(mgsa_config(row, encoder_layers=6)).train()
-    output = model(**make_batch(TREES))
+    model = MgsaForConditionalGeneration(real_config(multi30k_processor, row, encoder_layers=6)).train()
+    output = model(**multi30k_batch)
     assert torch.isfinite(output.loss)
     output.loss.backward()
     new = {name: p for name, p in model.named_parameters() if any(m in name.split(".") for m in NEW_MODULES)}
     config = model.config
     expected_layers = config.phrase_memory_layers if config.encoder_type == "phrase_memory" else []
     layers = model.get_encoder().layers
-    assert [i for i, layer in enumerate(layers) if isinstance(layer.self_attn, PhraseMemoryAttention)] == expected_layers
+    mgsa_layers = [i for i, layer in enumerate(layers) if isinstance(layer.self_attn, PhraseMemoryAttention)]
+    assert mgsa_layers == expected_layers
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in new.values()), [
         name for name, p in new.items() if p.grad is None or p.grad.abs().sum() == 0
     ]
@@ -212,14 +234,16 @@ def test_phrase_size_one_is_word_attention(sizes, word_heads):
         {"phrase_partition": "syntactic", "phrase_composition": "max", "phrase_interaction": "lstm"},
     ],
 )
-def test_padding_invariance(fields):
+def test_padding_invariance(fields, multi30k_processor, multi30k_batch):
+    """Each Multi30k sentence alone and inside the padded batch: same encoder output (and tag loss)."""
     torch.manual_seed(0)
-    model = MgsaForConditionalGeneration(mgsa_config(**fields)).eval()
-    batch = make_batch(TREES)
+    model = MgsaForConditionalGeneration(real_config(multi30k_processor, **fields)).eval()
+    batch = multi30k_batch
+    assert batch["attention_mask"].sum(-1).unique().numel() > 3  # really padded
     encoder = model.get_encoder()
     with torch.no_grad():
         batched = encoder(**{k: v for k, v in batch.items() if k != "labels"})
-        for row in range(len(TREES)):
+        for row in range(len(batch["input_ids"])):
             alone = encoder(**sentence(batch, row))
             length = alone.last_hidden_state.shape[1]
             torch.testing.assert_close(
@@ -276,17 +300,18 @@ def test_tag_loss_matches_per_phrase_cross_entropy():
     torch.testing.assert_close(tag_loss, torch.stack(expected))
 
 
-def test_generate_with_beams_matches_single_sentences():
+def test_generate_with_beams_matches_single_sentences(multi30k_processor, multi30k_batch):
     torch.manual_seed(0)
-    model = MgsaForConditionalGeneration(mgsa_config("syntactic_tag_on_lstm", decoder_layers=2)).eval()
-    batch = make_batch(TREES)
+    config = real_config(multi30k_processor, "syntactic_tag_on_lstm", decoder_layers=2)
+    model = MgsaForConditionalGeneration(config).eval()
+    batch = {k: v[:4] for k, v in multi30k_batch.items()}
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     kwargs = dict(num_beams=4, max_new_tokens=8, do_sample=False)
     batched = model.generate(**inputs, **kwargs)
-    for row in range(len(TREES)):
+    for row in range(len(batched)):
         alone = model.generate(**sentence(batch, row), **kwargs)[0]
         assert batched[row, : alone.shape[0]].tolist() == alone.tolist()
-        assert (batched[row, alone.shape[0] :] == PAD).all()
+        assert (batched[row, alone.shape[0] :] == config.pad_token_id).all()
     assert len({tuple(row) for row in batched.tolist()}) > 1
 
 

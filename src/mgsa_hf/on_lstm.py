@@ -18,7 +18,7 @@ class OnLstm(nn.Module):
     f̃ = cumax(·) and ĩ = 1 − cumax(·) order the neurons; each master-gate unit controls a chunk of `chunk_size`
     neurons (Shen et al., 2018, §4.2):
 
-        ω = f̃ ∘ ĩ,   f̂ = f ∘ ω + (f̃ − ω),   î = i ∘ ω + (ĩ − ω),   c_t = f̂ ∘ c_{t−1} + î ∘ ĉ,   h_t = o ∘ tanh(c_t)
+        ω = f̃ ∘ ĩ,  f̂ = f ∘ ω + (f̃ − ω),  î = i ∘ ω + (ĩ − ω),  c_t = f̂ ∘ c_{t−1} + î ∘ ĉ,  h_t = o ∘ tanh(c_t)
 
     All gates are fused: one `Linear` projects the inputs of every time step before the loop, one `Linear` projects
     the previous hidden state inside it. Like [`torch.nn.LSTM`], [`forward`] returns `(outputs, (h_T, c_T))`.
@@ -27,7 +27,9 @@ class OnLstm(nn.Module):
     def __init__(self, input_size: int, hidden_size: int, chunk_size: int):
         super().__init__()
         if hidden_size % chunk_size:
-            raise ValueError(f"ON-LSTM hidden size ({hidden_size}) must be divisible by `on_lstm_chunk_size` ({chunk_size}).")
+            raise ValueError(
+                f"ON-LSTM hidden size ({hidden_size}) must be divisible by `on_lstm_chunk_size` ({chunk_size})."
+            )
         self.hidden_size = hidden_size
         self.chunk_size = chunk_size
         self.num_chunks = hidden_size // chunk_size

@@ -259,7 +259,7 @@ class PhraseMemoryAttention(MgsaAttention):
             indexes phrases (slots past the last phrase are 0).
         """
         if syntax is None:
-            raise ValueError("PhraseMemoryAttention needs `syntax` (an `MgsaSyntaxInputs`, which `MgsaEncoder` passes).")
+            raise ValueError("PhraseMemoryAttention needs `syntax`: the `MgsaSyntaxInputs` that `MgsaEncoder` passes.")
         partition = syntax.cached("phrase_memory.partition", lambda: phrase_partition(self.config, syntax))
         phrases = self.composition(hidden_states, partition)
         if self.tag_classifier is not None and syntax.phrase_tags is not None:
@@ -318,7 +318,7 @@ class PhraseMemoryAttention(MgsaAttention):
         return self.split_heads(nn.functional.linear(states, projection.weight[rows], projection.bias[rows]))
 
     def key_mask(self, padding_mask: torch.BoolTensor, partition: PhrasePartition, dtype: torch.dtype) -> torch.Tensor:
-        """Additive (B, H, 1, L) mask: padding tokens (word heads) and padded phrases (phrase heads) get the dtype min."""
+        """Additive (B, H, 1, L) key mask: the dtype's min on padding tokens (word heads) and padded phrases."""
         length = padding_mask.shape[-1]
         word_mask = padding_mask.unsqueeze(1).expand(-1, self.word_heads, -1)
         phrase_mask = partition.phrase_mask[:, self.head_granularity]
@@ -326,7 +326,9 @@ class PhraseMemoryAttention(MgsaAttention):
         valid = torch.cat([word_mask, phrase_mask], 1).unsqueeze(2)
         return torch.zeros(valid.shape, dtype=dtype, device=valid.device).masked_fill(~valid, torch.finfo(dtype).min)
 
-    def tag_loss(self, phrases: torch.Tensor, partition: PhrasePartition, phrase_tags: torch.LongTensor) -> torch.Tensor:
+    def tag_loss(
+        self, phrases: torch.Tensor, partition: PhrasePartition, phrase_tags: torch.LongTensor
+    ) -> torch.Tensor:
         """
         Eq. 9-10: cross-entropy of each phrase's tag predicted from its composed vector, averaged per sentence over the
         real, tagged phrases of all levels (EOS and padding carry -100 and are ignored). Returns (B,).
