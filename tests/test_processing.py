@@ -190,6 +190,8 @@ def test_long_input_is_truncated_consistently(processor, multi30k_train_sources)
         (lambda p: p(["a", "b"], text_target=["x"]), ValueError),
         (lambda p: p("a", return_tensors="tf"), ValueError),
         (lambda p: p("a", padding="sideways"), ValueError),
+        (lambda p: p(["a", "b c"], padding=False, return_tensors="pt"), ValueError),
+        (lambda p: p([]), ValueError),
         (lambda p: p.syntax(None), TypeError),
         (lambda p: p.syntax(["a"]), TypeError),
         (lambda p: p.syntax("a", tree="(("), ValueError),
@@ -214,6 +216,13 @@ def test_bad_input_raises_clear_errors(multi30k_processor, call, error):
 def test_bad_settings_raise_value_error(multi30k_processor, settings):
     with pytest.raises(ValueError):
         MgsaProcessor(multi30k_processor.tokenizer, **settings)
+
+
+def test_parser_processes_give_the_same_fields(multi30k_processor):
+    texts = ["A dog runs.", FIGURE_1_TEXT, "Two men sit on a bench.", ""] * 2
+    trees = [None, FIGURE_1, None, None] * 2
+    parallel = MgsaProcessor(multi30k_processor.tokenizer, n_process=2, parser_batch_size=2)
+    assert dict(parallel(texts, trees=trees)) == dict(multi30k_processor(texts, trees=trees))
 
 
 def test_tensors_are_padded_with_the_documented_values(processor, multi30k_val):

@@ -5,6 +5,7 @@ import importlib.metadata
 from itertools import groupby
 from pathlib import Path
 
+import torch
 from transformers import AutoProcessor, BatchEncoding
 from transformers.processing_utils import ProcessorMixin
 
@@ -194,8 +195,10 @@ class MgsaProcessor(ProcessorMixin):
             raise ValueError(f"return_tensors must be one of {RETURN_TENSORS}, got {return_tensors!r}.")
         if padding is None:
             padding = return_tensors is not None
-        if padding not in (False, True, "longest", "max_length", "do_not_pad"):
+        if padding not in (False, True, "longest", "max_length"):
             raise ValueError(f"padding must be True, False, 'longest' or 'max_length', got {padding!r}.")
+        if return_tensors is not None and not padding:
+            raise ValueError("return_tensors needs padding: sentences differ in length.")
 
         syntaxes = self._analyse(texts, tree_list)
         encoding = self._encode_source(texts, syntaxes, max_length, truncation)
@@ -204,7 +207,7 @@ class MgsaProcessor(ProcessorMixin):
             encoding["labels"] = self.tokenizer(
                 text_target=targets, max_length=target_length, truncation=truncation
             )["input_ids"]
-        if padding and padding != "do_not_pad":
+        if padding:
             length = max_length if padding == "max_length" else None
             encoding = pad_batch(
                 encoding, self.tokenizer.pad_token_id, length=length, pad_to_multiple_of=pad_to_multiple_of
@@ -230,9 +233,8 @@ class MgsaProcessor(ProcessorMixin):
             special = encoding["special_tokens_mask"][i]
             offsets = encoding["offset_mapping"][i] if fast else self._piece_offsets(text, special)
             token_words = _token_words(offsets, special, syntax.spans)
-            num_words = len(syntax.spans)
-            words = syntax.word_fields(self.phrase_levels, self.tag_vocab, self.pr_phrase_words(num_words))
-            for name, values in _token_fields(words, token_words, num_words).items():
+            sentence = _token_fields(syntax, token_words, self.phrase_levels, self.tag_vocab, self.pr_phrase_words)
+            for name, values in sentence.items():
                 fields[name].append(values)
         return {"input_ids": encoding["input_ids"], "attention_mask": encoding["attention_mask"], **fields}
 
@@ -243,7 +245,7 @@ class MgsaProcessor(ProcessorMixin):
         end = (len(text), len(text))
         return [(0, 0) if special else next(spans, end) for special in special_tokens_mask]
 
-    def relative_local_positions(self, encoding) -> tuple:
+    def relative_local_positions(self, encoding) -> tuple[torch.Tensor, torch.Tensor]:
         """Dense RHE relative local-phrasal positions of a batch returned with `return_tensors="pt"`, for analysis
         and tests (the model builds them on the fly).
 
@@ -252,8 +254,6 @@ class MgsaProcessor(ProcessorMixin):
             ±`max_relative_position` (the paper's RP_ij); `mask` (B, L, L) `torch.bool` marks pairs in one local
             phrase (j in i's local phrase or i in j's: Rules 1 and 2). Padding rows and columns are masked out.
         """
-        import torch
-
         positions = torch.arange(encoding["input_ids"].shape[-1], device=encoding["input_ids"].device)
         start, end, depth = encoding["local_phrase_start"], encoding["local_phrase_end"], encoding["tree_depth"]
         in_own = (positions[None, None, :] >= start[:, :, None]) & (positions[None, None, :] < end[:, :, None])
@@ -282,7 +282,7 @@ class MgsaProcessor(ProcessorMixin):
 
         The result is cached under a fingerprint of the data, the processor's settings, its tokenizer, the parser
         package's version, this code and the arguments, so a second run over the same (file-backed) data loads the
-        cache instead of parsing again. Each of `num_proc` worker processes loads its own spaCy pipeline.
+        cache instead of parsing again. `num_proc` worker processes each use their own copy of the spaCy pipeline.
 
         Args:
             dataset (`datasets.Dataset` or `datasets.DatasetDict`): the data.
@@ -297,23 +297,10 @@ class MgsaProcessor(ProcessorMixin):
         from datasets.fingerprint import Hasher
 
         if isinstance(dataset, DatasetDict):
-            return DatasetDict(
-                {
-                    split: self.map_dataset(
-                        data,
-                        source_column,
-                        target_column,
-                        tree_column,
-                        batch_size=batch_size,
-                        num_proc=num_proc,
-                        remove_columns=remove_columns,
-                        load_from_cache_file=load_from_cache_file,
-                        desc=desc,
-                        **processor_kwargs,
-                    )
-                    for split, data in dataset.items()
-                }
-            )
+            options = dict(batch_size=batch_size, num_proc=num_proc, remove_columns=remove_columns, desc=desc)
+            options.update(load_from_cache_file=load_from_cache_file, **processor_kwargs)
+            columns = (source_column, target_column, tree_column)
+            return DatasetDict({split: self.map_dataset(data, *columns, **options) for split, data in dataset.items()})
         unknown = set(processor_kwargs) - {"max_length", "max_target_length", "truncation"}
         if unknown:
             raise TypeError(f"map_dataset() got unexpected arguments {sorted(unknown)}.")
@@ -350,7 +337,8 @@ class MgsaProcessor(ProcessorMixin):
         from datasets.fingerprint import Hasher
 
         parser = self.parser.resolved_name
-        code = b"".join(Path(__file__).with_name(name).read_bytes() for name in ("processing_mgsa.py", "syntax.py"))
+        modules = ("processing_mgsa.py", "syntax.py", "tokenization_utils.py")
+        code = b"".join(Path(__file__).with_name(name).read_bytes() for name in modules)
         return Hasher.hash(
             [
                 self.to_json_string(),
@@ -369,6 +357,8 @@ def _as_batch(text, name) -> tuple[list[str], bool]:
         return [text], False
     if not isinstance(text, (list, tuple)):
         raise TypeError(f"`{name}` must be a string or a list of strings, got {type(text).__name__}.")
+    if not text:
+        raise ValueError(f"`{name}` is an empty list.")
     for i, item in enumerate(text):
         if not isinstance(item, str):
             raise TypeError(f"`{name}[{i}]` must be a string, got {type(item).__name__}.")
@@ -405,21 +395,36 @@ def _token_words(offsets, special_tokens_mask, word_spans) -> list[int]:
     return token_words
 
 
-def _token_fields(words: dict, token_words: list[int], num_words: int) -> dict[str, list]:
-    """The syntax fields of one sentence's tokens from the per-word values of `SentenceSyntax.word_fields`."""
+def _token_fields(syntax, token_words, levels, tag_vocab, pr_phrase_words) -> dict[str, list]:
+    """The syntax fields of one sentence's tokens, given the word of each token (-1: special token).
+
+    Phrase ids number the runs of equal tree nodes over the tokens, so phrases without tokens take no id.
+    `pr_phrase_words(num_words)` is Algorithm 1's maximum phrase size."""
+    tree, num_words = syntax.tree, len(syntax.spans)
     specials = [position for position, word in enumerate(token_words) if word < 0]
-    content = [word for word in token_words if word >= 0] if specials else token_words
-    first_token = _first_tokens(token_words, num_words)
-    heads, depth, local_start, local_end = words["heads"], words["depth"], words["local_start"], words["local_end"]
+    if not specials or specials[0] == len(token_words) - len(specials):  # usually: EOS last
+        content = token_words[: len(token_words) - len(specials)]
+    else:
+        content = [word for word in token_words if word >= 0]
+    paths = [tree.paths[word] for word in content]
+    # a word's phrase at level k: its ancestor k steps below the root, or its leaf when that is higher up
+    phrase_nodes = [[path[k] if len(path) > k else path[-1] for path in paths] for k in range(1, levels + 1)]
+    pr_phrases = [
+        index
+        for index, (start, end) in enumerate(tree.algorithm1_phrases(pr_phrase_words(num_words)))
+        for _ in range(start, end)
+    ]
+    local_phrases, first_token = tree.local_phrases(), _first_tokens(token_words, num_words)
+    heads, labels, start, end = syntax.heads, tree.label, tree.start, tree.end
     fields = {
-        "word_ids": list(content),
+        "word_ids": content,
         "head_word_ids": [heads[word] for word in content],
-        "phrase_ids": [_run_ids([nodes[word] for word in content]) for nodes in words["phrase_nodes"]],
-        "phrase_tags": [[tags[word] for word in content] for tags in words["phrase_tags"]],
-        "pr_phrase_ids": _run_ids([words["pr_phrases"][word] for word in content]),
-        "local_phrase_start": [first_token[local_start[word]] for word in content],
-        "local_phrase_end": [first_token[local_end[word]] for word in content],
-        "tree_depth": [depth[word] for word in content],
+        "phrase_ids": [_run_ids(nodes) for nodes in phrase_nodes],
+        "phrase_tags": [[tag_vocab[labels[node]] for node in nodes] for nodes in phrase_nodes],
+        "pr_phrase_ids": _run_ids([pr_phrases[word] for word in content]),
+        "local_phrase_start": [first_token[start[local_phrases[word]]] for word in content],
+        "local_phrase_end": [first_token[end[local_phrases[word]]] for word in content],
+        "tree_depth": [len(path) for path in paths],
     }
     if specials:
         _insert_special_tokens(fields, specials, num_words)

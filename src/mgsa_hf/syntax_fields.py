@@ -16,6 +16,11 @@ The processor makes these tensors, the collator pads them and the model consumes
 
 Two tokens i, j are dependency-related when they belong to the same word or one's word is the other's head;
 they share a local phrase (RHE Rules 1 and 2) when j lies in i's local phrase span or i in j's.
+
+Phrase ids are dense per sentence and level: phrases with no token left (a word without subwords, or words cut by
+truncation) are skipped, so content tokens use 0 .. P-1 and EOS gets P. Any other special token (and, in a text
+without words, every token) is treated like EOS: its own word id (after the last, in order), head, phrase and local
+phrase. After truncation `head_word_ids` may name a word that lost its tokens; it is always below the EOS word id.
 """
 
 # field name -> padding value used by the collator
