@@ -1,11 +1,14 @@
 """Shared fixtures."""
 
+from pathlib import Path
+
 import pytest
 
 from mgsa_hf.tokenization_utils import read_lines
 
 
-MULTI30K = "/work/shared/data/multi30k"
+# the project's shared data, beside the repository checkout
+MULTI30K = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k")
 
 
 @pytest.fixture(scope="session")
