@@ -5,7 +5,8 @@ the processor adds tokenization, the constituency tree, the granularity levels, 
 subword alignment. The corpus is cut into chunks of `--call-batch-size` sentences; each chunk is run `--repeats`
 times alternately (bare, processor, bare, ...) so that load from other processes hits both alike, and the fastest
 run of each is kept. Throughput = sentences / summed chunk times, by wall-clock time and by the process's CPU time
-(all threads; the steadier figure on a shared machine).
+(all threads; the steadier figure on a shared machine). spaCy parses on one thread; the fast tokenizer uses a thread
+pool unless `TOKENIZERS_PARALLELISM=false` (recorded in the output).
 
     python scripts/bench_preprocess.py --source /path/to/multi30k/train.en.gz --target /path/to/multi30k/train.de.gz \
         --output benchmarks/preprocess-cpu.json
@@ -100,6 +101,7 @@ def main():
             "n_process": args.n_process,
             "tokenizer": type(tokenizer).__name__,
             "phrase_levels": processor.phrase_levels,
+            "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "unset (threads on)"),
         },
         "environment": {
             "cpu_count": os.cpu_count(),

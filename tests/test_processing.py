@@ -118,6 +118,18 @@ def test_offsets_cover_the_words(multi30k_processor, marian_processor, multi30k_
             assert rebuilt == "".join(syntax.words)
 
 
+def test_trained_tokenizers_use_marian_special_ids(processor, tmp_path):
+    from mgsa_hf.tokenization_utils import train_joint_tokenizer
+
+    tokenizer = processor.tokenizer
+    assert (tokenizer.eos_token_id, tokenizer.unk_token_id, tokenizer.pad_token_id) == (0, 1, 2)
+    assert len(tokenizer) == 600 and tokenizer("A dog.")["input_ids"][-1] == 0
+    with pytest.raises(ValueError):
+        train_joint_tokenizer("a.txt", "b.txt", tmp_path, tokenizer_type="bpe")
+    with pytest.raises(ValueError):
+        train_joint_tokenizer("a.txt", "b.txt", tmp_path, vocab_size=3)
+
+
 def test_piece_offsets():
     text = "A  dog (big)\x07 runs"
     pieces = ["\u2581A", "\u2581", "dog", "\u2581(", "big", ")", "<unk>", "\u2581runs"]

