@@ -5,8 +5,9 @@ Every encoder layer pools phrase vectors from its input with attentive pooling (
 self-attention (attentive combination, Eq. 7-8); every decoder layer attends to the source phrases before the source
 tokens, the phrases being a learned mix over the encoder levels 0..d (Transparent Attention, Eq. 6).
 
-Phrases are vectorised as segments of the (batch, seq_len) token axis: each token carries the index of its phrase and
-pooling is done with scatter/gather over that index, so no loop runs over sentences or phrases.
+Phrases are vectorised over the batch: the in-phrase mean and softmax are (B, P, L) masked weights applied with one
+batched matmul, the max glance is a max over (B, P, M) slots gathered from the tokens, so no loop runs over sentences
+or phrases.
 """
 
 from dataclasses import dataclass
@@ -23,38 +24,43 @@ from .modeling_layers import MgsaAttention, MgsaDecoderLayer, MgsaEncoderLayer, 
 @dataclass
 class PhraseSegmentation:
     """
-    A batch of source sentences cut into phrases (any token → phrase map; phrases need not be contiguous).
+    A batch of source sentences cut into phrases (any token → phrase map: phrases need not be contiguous). P is the
+    largest number of phrases of a sentence in the batch, M the largest phrase.
 
     Attributes:
-        num_phrases (`int`):
-            P, the largest number of phrases of a sentence in the batch.
-        scatter_index (`torch.LongTensor` of shape `(batch_size, seq_len)`):
-            The phrase of each token, padding pointing to an extra slot P that pooling drops.
-        gather_index (`torch.LongTensor` of shape `(batch_size, seq_len)`):
-            The phrase of each token, padding pointing to phrase 0 (its values are never used).
-        mask (`torch.BoolTensor` of shape `(batch_size, num_phrases)`):
+        mask (`torch.BoolTensor` of shape `(batch_size, P)`):
             `True` for real phrases, `False` for the padded phrases of sentences with fewer than P.
-        logit_bias (`torch.Tensor` of shape `(batch_size, num_phrases, seq_len)`):
-            0 where the token belongs to the phrase, the dtype's minimum elsewhere: softmax over it stays in the phrase.
-        mean_weights (`torch.Tensor` of shape `(batch_size, num_phrases, seq_len)`):
+        membership (`torch.Tensor` of shape `(batch_size, P, seq_len)`):
+            1 where the token belongs to the phrase, 0 elsewhere.
+        mean_weights (`torch.Tensor` of shape `(batch_size, P, seq_len)`):
             1 / phrase size where the token belongs to the phrase, 0 elsewhere.
+        logit_bias (`torch.Tensor` of shape `(batch_size, P, seq_len)`):
+            0 where the token belongs to the phrase, the dtype's minimum elsewhere (a softmax over it stays inside the
+            phrase).
+        member_index (`torch.LongTensor` of shape `(batch_size * P * M,)`):
+            Row of each phrase's tokens in the (batch_size * seq_len) flattened states; a phrase's unused slots repeat
+            its first token (a padded phrase's: the sentence's first token), which leaves a max over them unchanged.
     """
 
-    num_phrases: int
-    scatter_index: torch.LongTensor
-    gather_index: torch.LongTensor
     mask: torch.BoolTensor
-    logit_bias: torch.Tensor
+    membership: torch.Tensor
     mean_weights: torch.Tensor
+    logit_bias: torch.Tensor
+    member_index: torch.LongTensor
+
+    @property
+    def num_phrases(self) -> int:
+        return self.mask.shape[1]
+
 
 def fixed_phrase_ids(
     padding_mask: torch.BoolTensor, max_tokens: int = 8, min_tokens: int = 3, length_ratio: int = 6
 ) -> torch.LongTensor:
     """
-    The paper's fixed segmentation (Section 3, footnote 2): phrases of ntok = max(min(8, seql / 6), 3) tokens, the last
-    one shorter. seql counts the sentence's tokens before its last real token; that last token (EOS in processor output)
-    is a phrase of its own, as in the parse-based `pr_phrase_ids`. Positions are counted over real tokens only, so the
-    segmentation of a sentence does not depend on padding (left or right).
+    The paper's fixed segmentation (Section 3, footnote 2): phrases of ntok = max(min(8, seql / 6), 3) tokens, the
+    last one shorter. seql counts the sentence's tokens before its last real token; that last token (EOS in processor
+    output) is a phrase of its own, as in the parse-based `pr_phrase_ids`. Positions are counted over real tokens only,
+    so the segmentation of a sentence does not depend on padding (left or right).
 
     Args:
         padding_mask: (B, L) bool, `True` on real tokens.
@@ -73,20 +79,30 @@ def fixed_phrase_ids(
 
 
 def segment_phrases(phrase_ids: torch.LongTensor, dtype: torch.dtype = torch.float32) -> PhraseSegmentation:
-    """(B, L) phrase index per token (-1 = none) → [`PhraseSegmentation`] for `dtype` hidden states. Reads P back from
-    the device once."""
-    num_phrases = max(int(phrase_ids.max()) + 1, 1)
-    members = phrase_ids.unsqueeze(1) == torch.arange(num_phrases, device=phrase_ids.device).unsqueeze(-1)
-    sizes = members.sum(-1, keepdim=True)
+    """
+    (B, L) phrase index per token (-1 = none) → [`PhraseSegmentation`] for hidden states of `dtype`. Reads P and M back
+    from the device, once.
+    """
+    batch_size, seq_len = phrase_ids.shape
+    device = phrase_ids.device
+    sizes = torch.zeros(batch_size, seq_len + 1, dtype=torch.long, device=device)
+    sizes.scatter_add_(1, phrase_ids + 1, torch.ones_like(phrase_ids))  # column 0 counts padding
+    num_phrases, max_size = torch.stack([phrase_ids.max() + 1, sizes[:, 1:].max()]).clamp(min=1).tolist()
+
+    members = phrase_ids.unsqueeze(1) == torch.arange(num_phrases, device=device).unsqueeze(-1)  # (B, P, L)
+    sizes = sizes[:, 1 : num_phrases + 1].unsqueeze(-1)
+    # member_index: the k-th token of a phrase goes to slot k, non-members to a dropped extra slot M
+    slots = members.int().argmax(-1, keepdim=True).repeat(1, 1, max_size + 1)
+    rank = (members.cumsum(-1) - 1).masked_fill(~members, max_size)
+    slots.scatter_(-1, rank, torch.arange(seq_len, device=device).expand_as(rank))
+    offsets = seq_len * torch.arange(batch_size, device=device).view(-1, 1, 1)
+    membership = members.to(dtype)
     return PhraseSegmentation(
-        num_phrases=num_phrases,
-        scatter_index=phrase_ids.masked_fill(phrase_ids < 0, num_phrases),
-        gather_index=phrase_ids.clamp(min=0),
         mask=sizes.squeeze(-1) > 0,
-        logit_bias=torch.zeros(members.shape, dtype=dtype, device=phrase_ids.device).masked_fill(
-            ~members, torch.finfo(dtype).min
-        ),
-        mean_weights=members.to(dtype) / sizes.clamp(min=1).to(dtype),
+        membership=membership,
+        mean_weights=membership / sizes.clamp(min=1).to(dtype),
+        logit_bias=torch.zeros_like(membership).masked_fill(~members, torch.finfo(dtype).min),
+        member_index=(slots[..., :max_size] + offsets).flatten(),
     )
 
 
@@ -95,7 +111,8 @@ def source_phrase_segmentation(syntax: MgsaSyntaxInputs, config, dtype: torch.dt
 
     def compute() -> PhraseSegmentation:
         if config.pr_segmentation == "parse":
-            syntax.require("pr_phrase_ids", needed_by='encoder_type="phrase_representation" with pr_segmentation="parse"')
+            needed_by = 'encoder_type="phrase_representation" with pr_segmentation="parse"'
+            syntax.require("pr_phrase_ids", needed_by=needed_by)
             phrase_ids = syntax.pr_phrase_ids.long().masked_fill(~syntax.padding_mask, -1)
         else:
             phrase_ids = fixed_phrase_ids(
@@ -108,18 +125,13 @@ def source_phrase_segmentation(syntax: MgsaSyntaxInputs, config, dtype: torch.dt
     return syntax.cached("pr_segmentation", compute)
 
 
-def _token_index(index: torch.LongTensor, width: int) -> torch.LongTensor:
-    """A (B, L) token → phrase index expanded to (B, L, width) for scatter/gather along the token axis."""
-    return index.unsqueeze(-1).expand(-1, -1, width)
-
-
 class AttentivePhrasePooling(nn.Module):
     """
-    Phrase vectors from token vectors (Section 3.1). The glance F_glance (Eq. 2) is max-over-time or mean pooling inside
-    the phrase; with `pr_attentive` each token is scored against it, s_i = W2 σ(W1 [R_ti | R_all] + b1) (Eq. 3), the
-    scores are normalised inside the phrase (Eq. 4) and the phrase is the weighted sum of its tokens (Eq. 5); otherwise
-    the glance is the phrase vector (the "+Mean" / "+Max" rows of Table 2). Eq. 3's output bias b2 is left out: a
-    softmax inside the phrase is invariant to it. Padded phrases get finite values that every attention masks.
+    Phrase vectors from token vectors (Section 3.1). The glance F_glance (Eq. 2) is max-over-time or mean pooling
+    inside the phrase; with `pr_attentive` each token is scored against it, s_i = W2 σ(W1 [R_ti | R_all] + b1) (Eq. 3),
+    the scores are normalised inside the phrase (Eq. 4) and the phrase is the weighted sum of its tokens (Eq. 5);
+    otherwise the glance is the phrase vector (the "+Mean" / "+Max" rows of Table 2). Eq. 3's output bias b2 is left
+    out: a softmax inside the phrase is invariant to it. Padded phrases get finite values that every attention masks.
     """
 
     def __init__(self, config):
@@ -134,21 +146,19 @@ class AttentivePhrasePooling(nn.Module):
     def forward(self, hidden_states: torch.Tensor, segmentation: PhraseSegmentation) -> torch.Tensor:
         """hidden_states (B, L, D) → phrase vectors (B, P, D)."""
         batch_size, _, embed_dim = hidden_states.shape
-        num_phrases = segmentation.num_phrases
-        if self.glance == "max":  # Eq. 2, max-over-time: a segment max along the token axis
-            slots = hidden_states.new_zeros(batch_size, num_phrases + 1, embed_dim)
-            index = _token_index(segmentation.scatter_index, embed_dim)
-            glance = slots.scatter_reduce(1, index, hidden_states, "amax", include_self=False)[:, :num_phrases]
+        if self.glance == "max":  # Eq. 2, max-over-time over each phrase's (B, P, M) token slots
+            members = hidden_states.reshape(-1, embed_dim).index_select(0, segmentation.member_index)
+            glance = members.view(batch_size, segmentation.num_phrases, -1, embed_dim).max(dim=2).values
         else:  # Eq. 2, mean
             glance = torch.bmm(segmentation.mean_weights, hidden_states)
         if not self.attentive:
             return glance
 
-        # Eq. 3, with W1 [R_ti | R_all] split so that the glance half is computed once per phrase
+        # Eq. 3, W1 [R_ti | R_all] split so that the glance half is computed once per phrase and sent to its tokens
         token_weight, glance_weight = self.score_hidden.weight.split(embed_dim, dim=1)
         glance_features = nn.functional.linear(glance, glance_weight, self.score_hidden.bias)
-        features = nn.functional.linear(hidden_states, token_weight) + glance_features.gather(
-            1, _token_index(segmentation.gather_index, embed_dim)
+        features = nn.functional.linear(hidden_states, token_weight) + torch.bmm(
+            segmentation.membership.transpose(1, 2), glance_features
         )
         scores = self.score_out(torch.sigmoid(features)).transpose(1, 2)  # (B, 1, L)
         weights = torch.softmax(scores + segmentation.logit_bias, dim=-1)  # Eq. 4, (B, P, L)
@@ -157,13 +167,15 @@ class AttentivePhrasePooling(nn.Module):
 
 class AttentivePhraseCombination(nn.Module):
     """
-    The attentive combination network (Section 3.2): multi-head cross-attention from the tokens (queries) to the phrases
-    (keys and values), out_phrase = Attn_MH(x, R_phrase) (Eq. 7), then out = W4 σ(W3 [x | out_phrase] + b3) + b4 (Eq. 8).
-    The residual connection and LayerNorm around it belong to the layer.
+    The attentive combination network (Section 3.2): multi-head cross-attention from the tokens (queries) to the
+    phrases (keys and values), out_phrase = Attn_MH(x, R_phrase) (Eq. 7), then
+    out = W4 σ(W3 [x | out_phrase] + b3) + b4 (Eq. 8). The residual connection and LayerNorm around it belong to the
+    layer.
 
-    W3 [x | out_phrase] = W3_x x + W3_p W_O context: the attention's output projection W_O and the half of W3 that reads
-    its output are two linear maps in a row, so they are learnt as their product, `attn.out_proj` (holding W3_p W_O and
-    b3; D → `pr_combination_dim`). The layer computes the same family of functions with one D×D product per token less.
+    W3 [x | out_phrase] = W3_x x + W3_p W_O context: the attention's output projection W_O and the half of W3 that
+    reads its output are two linear maps in a row, so they are learnt as their product, `attn.out_proj` (holding
+    W3_p W_O and b3; D → `pr_combination_dim`). The layer computes the same family of functions with one D×D product
+    per token less.
     """
 
     def __init__(self, config, num_heads: int, is_decoder: bool = False, layer_idx: int | None = None):
@@ -187,7 +199,10 @@ class AttentivePhraseCombination(nn.Module):
         """hidden_states (B, T, D), phrase_states (B, P, D), attention_mask for (B, 1, T, P) → (B, T, D)."""
         # W3_p out_phrase + b3 (Eq. 7 with W3_p folded into the output projection)
         phrase_part, _ = self.attn(
-            hidden_states, key_value_states=phrase_states, attention_mask=attention_mask, past_key_values=past_key_values
+            hidden_states,
+            key_value_states=phrase_states,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
         )
         return self.combine_out(torch.sigmoid(self.combine_token(hidden_states) + phrase_part))  # Eq. 8
 
@@ -198,15 +213,17 @@ class PhraseRepresentationEncoderLayer(MgsaEncoderLayer):
     (Eq. 7-8; residual and LayerNorm) → Marian's self-attention → feed-forward.
 
     Each layer records its input's phrases as `phrase_states` (level k for layer k, level 0 being the embeddings); the
-    last layer also pools its output (level d), so the encoder returns the d + 1 levels that Transparent Attention mixes
-    (Eq. 6, "0 corresponds to the embedding layer"; footnote 4's 7 × 6 weights for 6 encoder layers).
+    last layer also pools its output (level d), so the encoder returns the d + 1 levels that Transparent Attention
+    mixes (Eq. 6, "0 corresponds to the embedding layer"; footnote 4's 7 × 6 weights for 6 encoder layers).
     """
 
     def __init__(self, config, self_attn: MgsaAttention, layer_idx: int):
         super().__init__(config, self_attn, layer_idx)
         self.config = config
         self.phrase_pooling = AttentivePhrasePooling(config)
-        self.phrase_combination = AttentivePhraseCombination(config, config.encoder_attention_heads, layer_idx=layer_idx)
+        self.phrase_combination = AttentivePhraseCombination(
+            config, config.encoder_attention_heads, layer_idx=layer_idx
+        )
         self.phrase_combination_layer_norm = nn.LayerNorm(self.embed_dim)
         self.is_last = layer_idx == config.encoder_layers - 1
         self.output_phrase_pooling = AttentivePhrasePooling(config) if self.is_last else None
@@ -227,7 +244,7 @@ class PhraseRepresentationEncoderLayer(MgsaEncoderLayer):
         segmentation = source_phrase_segmentation(syntax, self.config, hidden_states.dtype)
         phrase_states = self.phrase_pooling(hidden_states, segmentation)
         syntax.record("phrase_states", phrase_states)
-        phrase_mask = syntax.cached(
+        phrase_attention_mask = syntax.cached(
             "pr_phrase_attention_mask",
             lambda: create_bidirectional_mask(
                 config=self.config,
@@ -236,7 +253,7 @@ class PhraseRepresentationEncoderLayer(MgsaEncoderLayer):
                 encoder_hidden_states=phrase_states,
             ),
         )
-        update = self.phrase_combination(hidden_states, phrase_states, phrase_mask)
+        update = self.phrase_combination(hidden_states, phrase_states, phrase_attention_mask)
         hidden_states = self.residual_block(hidden_states, update, self.phrase_combination_layer_norm)
         hidden_states = super().forward(hidden_states, attention_mask, syntax=syntax, **kwargs)
         if self.is_last:
@@ -322,18 +339,19 @@ class PhraseRepresentationDecoderLayer(MgsaDecoderLayer):
         """
         if encoder_phrase_states is None or encoder_phrase_mask is None:
             raise ValueError(
-                'The encoder_type="phrase_representation" decoder needs `encoder_phrase_states` and `encoder_phrase_mask`: '
-                "pass `encoder_outputs` as returned by the PR encoder (an `MgsaEncoderOutput` with `phrase_states`)."
+                'The encoder_type="phrase_representation" decoder needs `encoder_phrase_states` and '
+                "`encoder_phrase_mask`: pass `encoder_outputs` as returned by the PR encoder (an `MgsaEncoderOutput` "
+                "with `phrase_states`)."
             )
         phrase_states = self.source_phrases(encoder_phrase_states)
-        phrase_mask = create_bidirectional_mask(
+        phrase_attention_mask = create_bidirectional_mask(
             config=self.config,
             inputs_embeds=hidden_states,
             attention_mask=encoder_phrase_mask,
             encoder_hidden_states=phrase_states,
         )
         update = self.phrase_combination(
-            hidden_states, phrase_states, phrase_mask, past_key_values=self.phrase_cache(past_key_values)
+            hidden_states, phrase_states, phrase_attention_mask, past_key_values=self.phrase_cache(past_key_values)
         )
         hidden_states = self.residual_block(hidden_states, update, self.phrase_combination_layer_norm)
         return super().cross_attention(hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values)
