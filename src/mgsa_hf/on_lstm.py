@@ -3,6 +3,7 @@
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence
 
 
 def cumax(logits: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -21,7 +22,9 @@ class OnLstm(nn.Module):
         ω = f̃ ∘ ĩ,  f̂ = f ∘ ω + (f̃ − ω),  î = i ∘ ω + (ĩ − ω),  c_t = f̂ ∘ c_{t−1} + î ∘ ĉ,  h_t = o ∘ tanh(c_t)
 
     All gates are fused: one `Linear` projects the inputs of every time step before the loop, one `Linear` projects
-    the previous hidden state inside it. Like [`torch.nn.LSTM`], [`forward`] returns `(outputs, (h_T, c_T))`.
+    the previous hidden state inside it. Like [`torch.nn.LSTM`], [`forward`] takes a padded batch or a
+    [`~torch.nn.utils.rnn.PackedSequence`] (then each step only computes the sequences still running) and returns
+    `(outputs, (h_T, c_T))`.
     """
 
     def __init__(self, input_size: int, hidden_size: int, chunk_size: int):
@@ -37,23 +40,46 @@ class OnLstm(nn.Module):
         self.input_gates = nn.Linear(input_size, num_gates)
         self.hidden_gates = nn.Linear(hidden_size, num_gates, bias=False)
 
-    def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def forward(
+        self, inputs: torch.Tensor | PackedSequence
+    ) -> tuple[torch.Tensor | PackedSequence, tuple[torch.Tensor, torch.Tensor]]:
         """
         Args:
-            inputs: (N, T, input_size).
+            inputs: (N, T, input_size), or a `PackedSequence` of N sequences.
 
         Returns:
-            `(outputs (N, T, hidden_size), (h_T (N, hidden_size), c_T (N, hidden_size)))`.
+            `(outputs, (h_T (N, hidden_size), c_T (N, hidden_size)))`; outputs are (N, T, hidden_size), or a
+            `PackedSequence` for packed inputs, and h_T / c_T the states after each sequence's last step.
         """
+        if isinstance(inputs, PackedSequence):
+            outputs, (hidden, cell) = self.run(inputs.data, inputs.batch_sizes.tolist())
+            if inputs.unsorted_indices is not None:
+                hidden, cell = hidden[inputs.unsorted_indices], cell[inputs.unsorted_indices]
+            return inputs._replace(data=outputs), (hidden, cell)
         batch_size, num_steps, _ = inputs.shape
-        input_gates = self.input_gates(inputs)
-        hidden = inputs.new_zeros(batch_size, self.hidden_size)
-        cell = inputs.new_zeros(batch_size, self.num_chunks, self.chunk_size)
-        outputs = []
-        for step in range(num_steps):
-            hidden, cell = self.step(input_gates[:, step], hidden, cell)
+        outputs, states = self.run(inputs.transpose(0, 1).reshape(-1, inputs.shape[-1]), [batch_size] * num_steps)
+        return outputs.view(num_steps, batch_size, -1).transpose(0, 1), states
+
+    def run(self, inputs: torch.Tensor, batch_sizes: list[int]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """
+        The time loop over time-major packed inputs (sum(batch_sizes), input_size): step t reads the next
+        `batch_sizes[t]` rows (non-increasing, the sequences still running). Returns the outputs in the same layout
+        and the final (h, c) of each sequence.
+        """
+        hidden = inputs.new_zeros(batch_sizes[0], self.hidden_size)
+        cell = inputs.new_zeros(batch_sizes[0], self.num_chunks, self.chunk_size)
+        outputs, final_hidden, final_cell = [], [], []
+        for input_gates in self.input_gates(inputs).split(batch_sizes):
+            running = input_gates.shape[0]
+            if running < hidden.shape[0]:
+                final_hidden.append(hidden[running:])
+                final_cell.append(cell[running:])
+                hidden, cell = hidden[:running], cell[:running]
+            hidden, cell = self.step(input_gates, hidden, cell)
             outputs.append(hidden)
-        return torch.stack(outputs, dim=1), (hidden, cell.flatten(1))
+        final_hidden.append(hidden)
+        final_cell.append(cell)
+        return torch.cat(outputs), (torch.cat(final_hidden[::-1]), torch.cat(final_cell[::-1]).flatten(1))
 
     def step(
         self, input_gates: torch.Tensor, hidden: torch.Tensor, cell: torch.Tensor

@@ -26,6 +26,7 @@ from functools import cached_property
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence
 from transformers import initialization as init
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -55,19 +56,33 @@ class PhrasePartition:
     @cached_property
     def phrase_mask(self) -> torch.BoolTensor:
         """(B, G, P): `True` for real (non-empty) phrases."""
-        return self.membership.any(-1)
+        return self.segment_lengths[..., : self.num_phrases] > 0
 
     @cached_property
     def scatter_index(self) -> torch.LongTensor:
         """(B, G, L) phrase index with padding sent to an extra slot P, for scatter operations into P + 1 slots."""
         return self.phrase_ids.masked_fill(self.phrase_ids < 0, self.num_phrases)
 
-    def pool_tokens(self, values: torch.Tensor, reduce: str, fill: float) -> torch.Tensor:
-        """Reduce (B, G, L, ...) token values over each phrase → (B, G, P, ...); empty phrases hold `fill`."""
-        batch_size, num_granularities = self.phrase_ids.shape[:2]
-        index = self.scatter_index.view(*self.scatter_index.shape, *([1] * (values.dim() - 3))).expand_as(values)
-        pooled = values.new_full((batch_size, num_granularities, self.num_phrases + 1, *values.shape[3:]), fill)
-        return pooled.scatter_reduce(2, index, values, reduce, include_self=False)[:, :, : self.num_phrases]
+    @cached_property
+    def segment_lengths(self) -> torch.LongTensor:
+        """(B, G, P + 1): number of tokens of each phrase, then of padding tokens."""
+        counts = torch.zeros(*self.phrase_ids.shape[:2], self.num_phrases + 1, dtype=torch.long, device=self.phrase_ids.device)
+        return counts.scatter_add_(2, self.scatter_index, torch.ones_like(self.scatter_index))
+
+    @cached_property
+    def token_order(self) -> torch.LongTensor:
+        """(B, G, L): token positions sorted by phrase (stable), padding last — the segments of `segment_lengths`."""
+        return self.scatter_index.argsort(dim=-1, stable=True)
+
+    def max_pool(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Element-wise max over each phrase's word vectors: (B, L, D) → (B, G, P, D); empty phrases hold 0."""
+        batch_size, num_granularities, length = self.phrase_ids.shape
+        dim = hidden_states.shape[-1]
+        index = self.token_order.view(batch_size, num_granularities * length, 1).expand(-1, -1, dim)
+        segments = hidden_states.gather(1, index).view(-1, dim)
+        pooled = torch.segment_reduce(segments, "max", lengths=self.segment_lengths.flatten(), unsafe=True)
+        pooled = pooled.view(batch_size, num_granularities, self.num_phrases + 1, dim)[:, :, : self.num_phrases]
+        return pooled.masked_fill(~self.phrase_mask.unsqueeze(-1), 0.0)
 
 
 def ngram_phrase_ids(padding_mask: torch.BoolTensor, sizes: list[int]) -> torch.LongTensor:
@@ -117,18 +132,11 @@ def phrase_partition(config, syntax: MgsaSyntaxInputs) -> PhrasePartition:
     return PhrasePartition(phrase_ids, max(num_phrases, 1))
 
 
-def max_pool(hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
-    """Element-wise max over each phrase's word vectors: (B, L, D) → (B, G, P, D) (empty phrases: 0)."""
-    num_granularities = partition.phrase_ids.shape[1]
-    words = hidden_states.unsqueeze(1).expand(-1, num_granularities, -1, -1)
-    return partition.pool_tokens(words, "amax", 0.0)
-
-
 class MaxComposition(nn.Module):
     """COM = max pooling (the paper's CNN composition, Eq. 8)."""
 
     def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
-        return max_pool(hidden_states, partition)
+        return partition.max_pool(hidden_states)
 
 
 class MeanComposition(nn.Module):
@@ -160,7 +168,7 @@ class SansComposition(nn.Module):
         init.normal_(self.key_weight, std=config.init_std)
 
     def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
-        query = torch.einsum("bgpd,gdc->bgpc", max_pool(hidden_states, partition), self.query_weight)
+        query = torch.einsum("bgpd,gdc->bgpc", partition.max_pool(hidden_states), self.query_weight)
         key = torch.einsum("bld,gdc->bglc", hidden_states, self.key_weight)
         scores = (query @ key.transpose(-1, -2)) * self.composition_dim**-0.5
         scores = scores.masked_fill(~partition.membership, torch.finfo(scores.dtype).min)
@@ -196,6 +204,22 @@ class LstmComposition(nn.Module):
         phrases = hidden_states.new_zeros(lengths.shape[0], hidden_states.shape[-1])
         phrases = phrases.index_put((real,), last_hidden[-1])
         return phrases.view(batch_size, num_granularities, num_phrases, -1)
+
+
+def packing_index(lengths: torch.LongTensor, num_steps: int) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """
+    How to pack N padded sequences (N, T, ...) flattened to (N * T, ...) into a `PackedSequence`, longest first.
+
+    Returns:
+        `(index, batch_sizes)`: the rows of the flattened sequences in packed (time-major) order, and the number of
+        sequences still running at each step (on CPU, as `PackedSequence` wants).
+    """
+    order = lengths.argsort(descending=True, stable=True)
+    steps = torch.arange(num_steps, device=lengths.device).unsqueeze(1)
+    running = lengths[order].unsqueeze(0) > steps
+    index = (order.unsqueeze(0) * num_steps + steps)[running]
+    batch_sizes = running.sum(1).cpu()
+    return index, batch_sizes[batch_sizes > 0]
 
 
 PHRASE_COMPOSITIONS: dict[str, Callable[..., nn.Module]] = {
@@ -266,7 +290,7 @@ class PhraseMemoryAttention(MgsaAttention):
             syntax.require("phrase_tags", needed_by="MG-SA phrase tag supervision")
             syntax.record("tag_loss", self.tag_loss(phrases, partition, syntax.phrase_tags))
         if self.interaction is not None:
-            phrases = self.interact(phrases)
+            phrases = self.interact(phrases, partition)
 
         query_states = self.split_heads(self.q_proj(hidden_states))
         key_states, value_states = self.memory_keys_values(hidden_states, phrases)
@@ -288,10 +312,16 @@ class PhraseMemoryAttention(MgsaAttention):
         attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
         return self.out_proj(attn_output), attn_weights
 
-    def interact(self, phrases: torch.Tensor) -> torch.Tensor:
-        """REC over each phrase sequence (Eq. 11), granularities stacked into the batch: (B, G, P, D) → same."""
-        outputs, _ = self.interaction(phrases.flatten(0, 1))
-        return outputs.view_as(phrases)
+    def interact(self, phrases: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
+        """
+        REC over each phrase sequence (Eq. 11): (B, G, P, D) → same. The granularities are stacked into the batch
+        and the sequences packed, so the recurrence runs once and only over real phrases (padded slots become 0).
+        """
+        num_phrases, dim = phrases.shape[2:]
+        index, batch_sizes = packing_index((partition.phrase_ids.amax(-1) + 1).flatten(), num_phrases)
+        flat = phrases.reshape(-1, dim)
+        outputs, _ = self.interaction(PackedSequence(flat.index_select(0, index), batch_sizes))
+        return torch.zeros_like(flat).index_copy(0, index, outputs.data).view_as(phrases)
 
     def memory_keys_values(self, hidden_states: torch.Tensor, phrases: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """
@@ -303,10 +333,10 @@ class PhraseMemoryAttention(MgsaAttention):
         values = [self.project(self.v_proj, hidden_states, word_rows)]
         start = word_rows.stop
         phrase_keys, phrase_values = [], []
-        for granularity, heads in enumerate(self.heads_per_granularity):
+        for memory, heads in zip(phrases.unbind(1), self.heads_per_granularity):
             rows = slice(start, start + heads * self.head_dim)
-            phrase_keys.append(self.project(self.k_proj, phrases[:, granularity], rows))
-            phrase_values.append(self.project(self.v_proj, phrases[:, granularity], rows))
+            phrase_keys.append(self.project(self.k_proj, memory, rows))
+            phrase_values.append(self.project(self.v_proj, memory, rows))
             start = rows.stop
         padding = (0, 0, 0, hidden_states.shape[1] - phrases.shape[2])
         keys.append(nn.functional.pad(torch.cat(phrase_keys, 1), padding))
@@ -345,7 +375,8 @@ class PhraseMemoryAttention(MgsaAttention):
                 f"`phrase_tags` holds tag id {int(token_tags.max())} but `num_phrase_tags` is "
                 f"{self.config.num_phrase_tags}."
             )
-        tags = partition.pool_tokens(token_tags, "amax", -100)
+        tags = token_tags.new_full(partition.segment_lengths.shape, -100)
+        tags = tags.scatter_reduce(2, partition.scatter_index, token_tags, "amax")[:, :, : partition.num_phrases]
         logits = self.tag_classifier(phrases)
         losses = nn.functional.cross_entropy(logits.flatten(0, 2), tags.flatten(), ignore_index=-100, reduction="none")
         losses = losses.view(tags.shape[0], -1).sum(-1)
