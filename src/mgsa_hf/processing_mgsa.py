@@ -146,7 +146,8 @@ class MgsaProcessor(ProcessorMixin):
         words of `text`, replaces the derived constituency tree."""
         if not isinstance(text, str):
             raise TypeError(f"syntax() analyses one sentence: `text` must be a string, got {type(text).__name__}.")
-        return self._analyse([text], _check_trees(tree, [text], is_batched=False))[0]
+        trees = _check_trees(tree, [text], is_batched=False)
+        return next(self.parser.pipe([text], trees, self.parser_batch_size, self.n_process))
 
     def __call__(
         self,
@@ -200,8 +201,7 @@ class MgsaProcessor(ProcessorMixin):
         if return_tensors is not None and not padding:
             raise ValueError("return_tensors needs padding: sentences differ in length.")
 
-        syntaxes = self._analyse(texts, tree_list)
-        encoding = self._encode_source(texts, syntaxes, max_length, truncation)
+        encoding = self._encode_source(texts, tree_list, max_length, truncation)
         if targets is not None:
             target_length = max_target_length if max_target_length is not None else max_length
             encoding["labels"] = self.tokenizer(
@@ -216,10 +216,9 @@ class MgsaProcessor(ProcessorMixin):
             encoding = {name: values[0] for name, values in encoding.items()}
         return BatchEncoding(encoding, tensor_type=return_tensors)
 
-    def _analyse(self, texts, trees) -> list[SentenceSyntax]:
-        return self.parser(texts, trees, batch_size=self.parser_batch_size, n_process=self.n_process)
-
-    def _encode_source(self, texts, syntaxes, max_length, truncation) -> dict[str, list]:
+    def _encode_source(self, texts, trees, max_length, truncation) -> dict[str, list]:
+        """Tokenizes and parses the sources; each analysis is turned into token fields (and dropped) as the parse
+        goes, which keeps few objects alive for the garbage collector."""
         fast = self.tokenizer.is_fast
         encoding = self.tokenizer(
             texts,
@@ -228,6 +227,7 @@ class MgsaProcessor(ProcessorMixin):
             return_special_tokens_mask=True,
             return_offsets_mapping=fast,
         )
+        syntaxes = self.parser.pipe(texts, trees, self.parser_batch_size, self.n_process)
         fields = {name: [] for name in SOURCE_SYNTAX_PAD_VALUES}
         for i, (text, syntax) in enumerate(zip(texts, syntaxes, strict=True)):
             special = encoding["special_tokens_mask"][i]

@@ -10,6 +10,7 @@
 
 import functools
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -486,12 +487,18 @@ class SyntaxParser:
     def __call__(
         self, texts: list[str], trees: list[str | None] | None = None, batch_size: int = 256, n_process: int = 1
     ) -> list[SentenceSyntax]:
-        """Analyses `texts` with `nlp.pipe(..., batch_size, n_process)`. `trees[i]`, when given, is a PTB bracketed
-        string whose leaves are the words of `texts[i]` (see [`match_words`]); it replaces the derived constituency
-        tree, and spaCy parses its leaves for the heads.
+        """Analyses `texts`; see [`SyntaxParser.pipe`]."""
+        return list(self.pipe(texts, trees, batch_size, n_process))
+
+    def pipe(
+        self, texts: list[str], trees: list[str | None] | None = None, batch_size: int = 256, n_process: int = 1
+    ) -> Iterator[SentenceSyntax]:
+        """Analyses `texts` with `nlp.pipe(..., batch_size, n_process)`, yielding one analysis per text as the parse
+        goes. `trees[i]`, when given, is a PTB bracketed string whose leaves are the words of `texts[i]` (see
+        [`match_words`]); it replaces the derived constituency tree, and spaCy parses its leaves for the heads.
 
         Raises:
-            `ValueError` naming the sentence when a tree cannot be read or its leaves are not in the text.
+            `ValueError` naming the sentence, at once, when a tree cannot be read or its leaves are not in the text.
         """
         from spacy.tokens import Doc
 
@@ -509,7 +516,7 @@ class SyntaxParser:
             inputs[i] = Doc(self.nlp.vocab, words=words, spaces=spaces)
             given[i] = (parsed, spans)
         docs = self.nlp.pipe(inputs, batch_size=batch_size, n_process=n_process)
-        return [self._sentence(text, doc, given.get(i)) for i, (text, doc) in enumerate(zip(texts, docs, strict=True))]
+        return (self._sentence(text, doc, given.get(i)) for i, (text, doc) in enumerate(zip(texts, docs, strict=True)))
 
     @staticmethod
     def _sentence(text, doc, given) -> SentenceSyntax:
