@@ -283,7 +283,8 @@ class TransparentAttention(nn.Module):
                 "must come from an encoder with the same `encoder_layers`."
             )
         weights = torch.softmax(self.level_weights, dim=0).to(phrase_states.dtype)
-        return torch.einsum("blpd,l->bpd", phrase_states, weights)
+        mixed = torch.matmul(weights, phrase_states.flatten(2))  # (d + 1) @ (B, d + 1, P * D), without a copy
+        return mixed.view(phrase_states.shape[0], *phrase_states.shape[2:])
 
 
 class PhraseRepresentationDecoderLayer(MgsaDecoderLayer):
@@ -343,7 +344,12 @@ class PhraseRepresentationDecoderLayer(MgsaDecoderLayer):
                 "`encoder_phrase_mask`: pass `encoder_outputs` as returned by the PR encoder (an `MgsaEncoderOutput` "
                 "with `phrase_states`)."
             )
-        phrase_states = self.source_phrases(encoder_phrase_states)
+        phrase_cache = self.phrase_cache(past_key_values)
+        if phrase_cache is not None and phrase_cache.is_updated.get(self.phrase_cache_idx):
+            # the phrase keys and values are cached: attention and mask only read the phrases' shape
+            phrase_states = encoder_phrase_states[:, -1]
+        else:
+            phrase_states = self.source_phrases(encoder_phrase_states)
         phrase_attention_mask = create_bidirectional_mask(
             config=self.config,
             inputs_embeds=hidden_states,
@@ -351,7 +357,7 @@ class PhraseRepresentationDecoderLayer(MgsaDecoderLayer):
             encoder_hidden_states=phrase_states,
         )
         update = self.phrase_combination(
-            hidden_states, phrase_states, phrase_attention_mask, past_key_values=self.phrase_cache(past_key_values)
+            hidden_states, phrase_states, phrase_attention_mask, past_key_values=phrase_cache
         )
         hidden_states = self.residual_block(hidden_states, update, self.phrase_combination_layer_norm)
         return super().cross_attention(hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values)
