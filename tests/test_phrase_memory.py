@@ -168,6 +168,17 @@ def test_on_lstm_matches_reference():
     changed[:, 3:] = torch.randn(3, 2, 6)
     torch.testing.assert_close(on_lstm(changed)[0][:, :3], outputs[:, :3])
 
+    # packed sequences of different lengths: each runs as if alone, h_T / c_T are those of its own last step
+    lengths = torch.tensor([2, 5, 3])
+    packed = torch.nn.utils.rnn.pack_padded_sequence(inputs, lengths, batch_first=True, enforce_sorted=False)
+    packed_outputs, (packed_hidden, packed_cell) = on_lstm(packed)
+    padded, _ = torch.nn.utils.rnn.pad_packed_sequence(packed_outputs, batch_first=True)
+    for row, length in enumerate(lengths.tolist()):
+        alone, (alone_hidden, alone_cell) = on_lstm(inputs[row : row + 1, :length])
+        torch.testing.assert_close(padded[row, :length], alone[0])
+        torch.testing.assert_close(packed_hidden[row], alone_hidden[0])
+        torch.testing.assert_close(packed_cell[row], alone_cell[0])
+
 
 @pytest.mark.parametrize("row", ROWS)
 def test_config_rows_train(row, multi30k_processor, multi30k_batch):

@@ -66,7 +66,7 @@ class PhrasePartition:
     @cached_property
     def segment_lengths(self) -> torch.LongTensor:
         """(B, G, P + 1): number of tokens of each phrase, then of padding tokens."""
-        counts = torch.zeros(*self.phrase_ids.shape[:2], self.num_phrases + 1, dtype=torch.long, device=self.phrase_ids.device)
+        counts = self.phrase_ids.new_zeros(*self.phrase_ids.shape[:2], self.num_phrases + 1)
         return counts.scatter_add_(2, self.scatter_index, torch.ones_like(self.scatter_index))
 
     @cached_property
