@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 
 # Tag vocabulary of `phrase_tags`: PTB constituent labels, PTB part-of-speech tags (a leaf standing as a phrase is
 # tagged with its POS), one entry for all punctuation and symbol tags, and UNK for anything else. The order is part
@@ -85,13 +87,15 @@ class ConstituencyTree:
     def __init__(self, paths: list[list[int]], label: list[str]):
         self.paths, self.label = paths, label
         self.start, self.end = [-1] * len(label), [-1] * len(label)
+        start, end = self.start, self.end
         for word, path in enumerate(paths):
             for node in path:
-                if self.start[node] < 0:
-                    self.start[node] = word
-                elif self.end[node] != word:
+                if end[node] == word:  # the node goes on from the previous word
+                    end[node] = word + 1
+                elif start[node] < 0:
+                    start[node], end[node] = word, word + 1
+                else:
                     raise _NonContiguousSpan(f"Node {node} ({label[node]}) does not cover a contiguous span of words.")
-                self.end[node] = word + 1
 
     @classmethod
     def from_nested(cls, root):
@@ -529,20 +533,28 @@ class SyntaxParser:
 
 
 _UINT64_MASK = (1 << 64) - 1
-_SPACY_STRINGS = {}  # hash -> string of tags and dependency labels (spaCy hashes are the same in every vocab)
+# string of each (signed) spaCy hash of a tag or dependency label; hashes are the same in every vocab
+_SPACY_STRINGS = {}
+
+
+@functools.cache
+def _doc_attributes():
+    from spacy.attrs import DEP, HEAD, IDX, IS_SPACE, LENGTH, TAG
+
+    return [HEAD, TAG, DEP, IDX, LENGTH, IS_SPACE]
 
 
 def _word_arrays(doc):
     """Heads, tags, dependency labels and character spans of the words of a spaCy doc. Whitespace tokens are not
     words: their dependents are reattached to the nearest non-space ancestor (or become roots)."""
-    from spacy.attrs import DEP, HEAD, IDX, IS_SPACE, LENGTH, TAG
-
-    heads, tags, deps, starts, lengths, spaces = doc.to_array([HEAD, TAG, DEP, IDX, LENGTH, IS_SPACE]).T.tolist()
-    heads = [(word + offset) & _UINT64_MASK for word, offset in enumerate(heads)]  # HEAD: relative, as uint64
+    # uint64 columns read as int64: HEAD becomes the signed offset to the head, hashes stay unique keys
+    columns = doc.to_array(_doc_attributes()).view(np.int64).T.tolist()
+    heads, tags, deps, starts, lengths, spaces = columns
+    heads = [word + offset for word, offset in enumerate(heads)]
     try:
         tags, deps = [_SPACY_STRINGS[key] for key in tags], [_SPACY_STRINGS[key] for key in deps]
     except KeyError:
-        _SPACY_STRINGS.update((key, doc.vocab.strings[key]) for key in tags + deps)
+        _SPACY_STRINGS.update((key, doc.vocab.strings[key & _UINT64_MASK]) for key in tags + deps)
         tags, deps = [_SPACY_STRINGS[key] for key in tags], [_SPACY_STRINGS[key] for key in deps]
     spans = [(start, start + length) for start, length in zip(starts, lengths, strict=True)]
     if any(spaces):
