@@ -121,22 +121,27 @@ def test_pooling_matches_a_per_phrase_reference(glance, attentive):
     config = MgsaConfig(encoder_type="phrase_representation", pr_glance=glance, pr_attentive=attentive, **TINY)
     pooling = AttentivePhrasePooling(config)
     phrase_ids = torch.tensor([[0, 0, 0, 1, 2, 2, -1], [0, 1, 1, 1, 1, 2, 3]])
-    hidden = torch.randn(2, 7, config.d_model)
-    actual = pooling(hidden, segment_phrases(phrase_ids))
+    hidden = torch.randn(2, 7, config.d_model, requires_grad=True)
+    segmentation = segment_phrases(phrase_ids)
+    actual = pooling(hidden, segmentation)
     assert actual.shape == (2, 4, config.d_model)
-    for row in range(2):
-        for phrase in range(4):
-            tokens = hidden[row, phrase_ids[row] == phrase]
-            if len(tokens) == 0:  # padded phrase: finite, masked downstream
-                assert torch.isfinite(actual[row, phrase]).all()
-                continue
-            summary = tokens.max(0).values if glance == "max" else tokens.mean(0)  # Eq. 2
-            expected = summary
-            if attentive:  # Eq. 3-5
-                features = pooling.score_hidden(torch.cat([tokens, summary.expand_as(tokens)], dim=-1))
-                weights = torch.softmax(pooling.score_out(torch.sigmoid(features)).squeeze(-1), dim=0)
-                expected = weights @ tokens
-            torch.testing.assert_close(actual[row, phrase], expected, atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(actual[0, 3]).all()  # the padded phrase: finite, masked downstream
+
+    expected = []
+    for row, phrase in segmentation.mask.nonzero().tolist():  # the reference loops over phrases
+        tokens = hidden[row, phrase_ids[row] == phrase]
+        summary = tokens.max(0).values if glance == "max" else tokens.mean(0)  # Eq. 2
+        if attentive:  # Eq. 3-5
+            features = pooling.score_hidden(torch.cat([tokens, summary.expand_as(tokens)], dim=-1))
+            summary = torch.softmax(pooling.score_out(torch.sigmoid(features)).squeeze(-1), dim=0) @ tokens
+        expected.append(summary)
+    expected = torch.stack(expected)
+    torch.testing.assert_close(actual[segmentation.mask], expected, atol=1e-5, rtol=1e-5)
+    # and the same gradients
+    probe = torch.randn_like(expected)
+    (actual_grad,) = torch.autograd.grad((actual[segmentation.mask] * probe).sum(), hidden)
+    (expected_grad,) = torch.autograd.grad((expected * probe).sum(), hidden)
+    torch.testing.assert_close(actual_grad, expected_grad, atol=1e-5, rtol=1e-5)
 
 
 # --- the Table 2 configs ------------------------------------------------------------------------------------------
