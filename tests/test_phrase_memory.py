@@ -60,7 +60,7 @@ def make_batch(trees: list, seed: int = 0) -> dict[str, torch.Tensor]:
     input_ids = torch.full((len(trees), width), PAD)
     phrase_ids = torch.full((len(trees), 3, width), -1)
     phrase_tags = torch.full((len(trees), 3, width), -100)
-    for row, (levels, length) in enumerate(zip(trees, lengths)):
+    for row, (levels, length) in enumerate(zip(trees, lengths, strict=True)):
         input_ids[row, : length - 1] = torch.randint(1, PAD, (length - 1,), generator=generator)
         input_ids[row, length - 1] = EOS
         for level, sizes in enumerate(levels):
@@ -277,7 +277,7 @@ def test_padded_phrases_get_zero_attention(partition):
     for row in range(len(TREES)):
         word_weights = weights[row, 0]
         assert (word_weights[:, lengths[row] :] == 0).all() and (word_weights[:, : lengths[row]] > 0).all()
-        for head, granularity in zip(range(1, 4), range(3)):
+        for head, granularity in enumerate(range(3), start=1):
             count = real_phrases[row, granularity]
             assert (weights[row, head, :, count:] == 0).all()
             assert (weights[row, head, :, :count] > 0).all()

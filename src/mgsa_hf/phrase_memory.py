@@ -333,7 +333,7 @@ class PhraseMemoryAttention(MgsaAttention):
         values = [self.project(self.v_proj, hidden_states, word_rows)]
         start = word_rows.stop
         phrase_keys, phrase_values = [], []
-        for memory, heads in zip(phrases.unbind(1), self.heads_per_granularity):
+        for memory, heads in zip(phrases.unbind(1), self.heads_per_granularity, strict=True):
             rows = slice(start, start + heads * self.head_dim)
             phrase_keys.append(self.project(self.k_proj, memory, rows))
             phrase_values.append(self.project(self.v_proj, memory, rows))
