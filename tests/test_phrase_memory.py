@@ -180,6 +180,37 @@ def test_on_lstm_matches_reference():
         torch.testing.assert_close(packed_cell[row], alone_cell[0])
 
 
+@pytest.mark.parametrize("composition", ["max", "mean", "sans", "lstm"])
+def test_compositions_match_per_phrase_reference(composition):
+    """Eq. 8 computed for all phrases at once equals COM applied to each phrase's word vectors on its own."""
+    torch.manual_seed(0)
+    attention = PhraseMemoryAttention(mgsa_config("syntactic", phrase_composition=composition), 4, layer_idx=0)
+    module = attention.composition
+    batch = make_batch(TREES)
+    hidden = torch.randn(*batch["input_ids"].shape, 32)
+    partition = phrase_partition(attention.config, syntax_of(batch))
+    phrases = module(hidden, partition)
+
+    def reference(words, granularity):
+        if composition == "max":
+            return words.max(0).values
+        if composition == "mean":
+            return words.mean(0)
+        if composition == "lstm":
+            return module.lstm(words.unsqueeze(0))[1][0][-1, 0]
+        query = words.max(0).values @ module.query_weight[granularity]
+        scores = (words @ module.key_weight[granularity]) @ query / module.composition_dim**0.5
+        return torch.softmax(scores, 0) @ words
+
+    for row in range(len(TREES)):
+        for granularity in range(3):
+            ids = partition.phrase_ids[row, granularity]
+            for phrase in range(int(ids.max()) + 1):
+                expected = reference(hidden[row, ids == phrase], granularity)
+                torch.testing.assert_close(phrases[row, granularity, phrase], expected, atol=1e-5, rtol=1e-5)
+            assert (phrases[row, granularity, int(ids.max()) + 1 :] == 0).all()
+
+
 @pytest.mark.parametrize("row", ROWS)
 def test_config_rows_train(row, multi30k_processor, multi30k_batch):
     """Every Table 1-3 config builds (6-layer encoder, as Transformer-Base), runs forward + backward on a real

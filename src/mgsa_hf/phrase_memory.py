@@ -172,7 +172,8 @@ class SansComposition(nn.Module):
         key = torch.einsum("bld,gdc->bglc", hidden_states, self.key_weight)
         scores = (query @ key.transpose(-1, -2)) * self.composition_dim**-0.5
         scores = scores.masked_fill(~partition.membership, torch.finfo(scores.dtype).min)
-        return nn.functional.softmax(scores, dim=-1) @ hidden_states.unsqueeze(1)
+        weights = nn.functional.softmax(scores, dim=-1) * partition.phrase_mask.unsqueeze(-1)  # empty phrases: 0
+        return weights @ hidden_states.unsqueeze(1)
 
 
 class LstmComposition(nn.Module):
@@ -183,27 +184,23 @@ class LstmComposition(nn.Module):
         self.lstm = nn.LSTM(config.d_model, config.d_model, batch_first=True)
 
     def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
-        batch_size, num_granularities, num_phrases, length = partition.membership.shape
-        membership = partition.membership.long()
-        lengths = membership.sum(-1)
+        batch_size, num_granularities, length = partition.phrase_ids.shape
+        dim = hidden_states.shape[-1]
+        # the rows of hidden_states (flattened to (B * L, D)) grouped by phrase, and where each segment starts there
+        offsets = torch.arange(batch_size, device=hidden_states.device).view(-1, 1, 1) * length
+        tokens = (partition.token_order + offsets).flatten()
+        segment_lengths = partition.segment_lengths.flatten()
+        starts = (segment_lengths.cumsum(0) - segment_lengths).view(-1, partition.num_phrases + 1)[:, :-1].flatten()
+        lengths = partition.segment_lengths[..., :-1].flatten()
+        # pack every real phrase's words, longest first, and keep the LSTM's last state of each
         width = int(lengths.max())
-        # slot (phrase, rank inside the phrase) of every token; padding goes to the extra slot P * width
-        rank = ((membership.cumsum(-1) - 1) * membership).sum(2)
-        slots = torch.where(partition.phrase_ids >= 0, partition.phrase_ids * width + rank, num_phrases * width)
-        positions = torch.arange(length, device=slots.device).expand_as(slots)
-        token_at = slots.new_zeros(batch_size, num_granularities, num_phrases * width + 1).scatter(2, slots, positions)
-        token_at = token_at[:, :, :-1].reshape(batch_size, -1, 1).expand(-1, -1, hidden_states.shape[-1])
-        words = hidden_states.gather(1, token_at).view(-1, width, hidden_states.shape[-1])
-
-        lengths = lengths.flatten()
-        real = lengths > 0
-        packed = nn.utils.rnn.pack_padded_sequence(
-            words[real], lengths[real].cpu(), batch_first=True, enforce_sorted=False
-        )
-        _, (last_hidden, _) = self.lstm(packed)
-        phrases = hidden_states.new_zeros(lengths.shape[0], hidden_states.shape[-1])
-        phrases = phrases.index_put((real,), last_hidden[-1])
-        return phrases.view(batch_size, num_granularities, num_phrases, -1)
+        index, batch_sizes = packing_index(lengths, width)
+        phrase, step = index // width, index % width
+        words = hidden_states.reshape(-1, dim).index_select(0, tokens[starts[phrase] + step])
+        _, (last_hidden, _) = self.lstm(PackedSequence(words, batch_sizes))
+        phrases = hidden_states.new_zeros(lengths.shape[0], dim)
+        phrases = phrases.index_copy(0, phrase[: batch_sizes[0]], last_hidden[-1])
+        return phrases.view(batch_size, num_granularities, partition.num_phrases, dim)
 
 
 def packing_index(lengths: torch.LongTensor, num_steps: int) -> tuple[torch.LongTensor, torch.LongTensor]:
