@@ -13,7 +13,9 @@ H_g is made from the layer input H by
 4. optionally, an interaction REC over the phrase sequence (Eq. 11): an `lstm` or an `on_lstm` (ordered neurons).
 
 Every step works on all sentences, granularities and phrases at once: phrases are a padded `(B, G, P, D)` tensor
-built with scatter / masked-matmul segment operations, padded phrases are masked out of the attention.
+built with segment operations (a segment max over tokens sorted by phrase, membership-masked matmuls), recurrences
+run once over the real phrases of all granularities packed together, and padded phrases are masked out of the
+attention. The interaction's parameters are shared by the granularities, the SANs composition's are not.
 
 Partitions are `(B, G, L)` phrase indices, -1 on padding. N-gram phrases are taken over the real tokens (left to
 right, the last one shorter if needed) and the final EOS token is a phrase of its own, as in the syntactic
