@@ -132,7 +132,8 @@ def test_pooling_matches_a_per_phrase_reference(glance, attentive):
         tokens = hidden[row, phrase_ids[row] == phrase]
         summary = tokens.max(0).values if glance == "max" else tokens.mean(0)  # Eq. 2
         if attentive:  # Eq. 3-5
-            features = pooling.score_hidden(torch.cat([tokens, summary.expand_as(tokens)], dim=-1))
+            weight = torch.cat([pooling.score_token.weight, pooling.score_glance.weight], dim=1)  # W1
+            features = torch.cat([tokens, summary.expand_as(tokens)], dim=-1) @ weight.T + pooling.score_glance.bias
             summary = torch.softmax(pooling.score_out(torch.sigmoid(features)).squeeze(-1), dim=0) @ tokens
         expected.append(summary)
     expected = torch.stack(expected)
@@ -177,7 +178,7 @@ def test_config_trains_and_every_new_parameter_gets_a_gradient(row, multi30k_pro
     new = {name: p for name, p in model.named_parameters() if any(m in name for m in PR_MODULES)}
     assert new, "the PR modules are missing"
     assert any("transparent_attention" in name for name in new) == row_config(row).pr_transparent_attention
-    assert any("score_hidden" in name for name in new) == row_config(row).pr_attentive
+    assert any("score_token" in name for name in new) == row_config(row).pr_attentive
     without_gradient = [name for name, p in new.items() if p.grad is None or not p.grad.abs().max() > 0]
     assert without_gradient == []
 

@@ -140,7 +140,9 @@ class AttentivePhrasePooling(nn.Module):
         self.glance = config.pr_glance
         self.attentive = config.pr_attentive
         if self.attentive:
-            self.score_hidden = nn.Linear(2 * self.embed_dim, self.embed_dim)  # W1, b1 over [token | glance]
+            # W1 [R_ti | R_all] + b1 as W1_token R_ti + (W1_glance R_all + b1): the glance half once per phrase
+            self.score_token = nn.Linear(self.embed_dim, self.embed_dim, bias=False)
+            self.score_glance = nn.Linear(self.embed_dim, self.embed_dim)
             self.score_out = nn.Linear(self.embed_dim, 1, bias=False)  # W2
 
     def forward(self, hidden_states: torch.Tensor, segmentation: PhraseSegmentation) -> torch.Tensor:
@@ -154,14 +156,10 @@ class AttentivePhrasePooling(nn.Module):
         if not self.attentive:
             return glance
 
-        # Eq. 3, W1 [R_ti | R_all] split so that the glance half is computed once per phrase and sent to its tokens
-        token_weight, glance_weight = self.score_hidden.weight.split(embed_dim, dim=1)
-        glance_features = nn.functional.linear(glance, glance_weight, self.score_hidden.bias)
-        features = nn.functional.linear(hidden_states, token_weight) + torch.bmm(
-            segmentation.membership.transpose(1, 2), glance_features
-        )
-        scores = self.score_out(torch.sigmoid(features)).transpose(1, 2)  # (B, 1, L)
-        weights = torch.softmax(scores + segmentation.logit_bias, dim=-1)  # Eq. 4, (B, P, L)
+        # Eq. 3; each phrase's glance features are sent to its tokens with the (B, L, P) membership
+        glance_features = torch.bmm(segmentation.membership.transpose(1, 2), self.score_glance(glance))
+        scores = self.score_out(torch.sigmoid(self.score_token(hidden_states) + glance_features)).transpose(1, 2)
+        weights = torch.softmax(scores + segmentation.logit_bias, dim=-1)  # Eq. 4, (B, 1, L) + (B, P, L)
         return torch.bmm(weights, hidden_states)  # Eq. 5
 
 
