@@ -458,8 +458,8 @@ def _shortest_nonprojective_arc(heads):
 class SyntaxParser:
     """Batched spaCy analysis of sentences into [`SentenceSyntax`] objects.
 
-    The spaCy pipeline is loaded on first use, with only the components in [`PARSER_COMPONENTS`], and is not pickled
-    (worker processes load their own copy).
+    The spaCy pipeline is loaded on first use, with only the components in [`PARSER_COMPONENTS`], once per process
+    (processors share it); it is not pickled, so worker processes use their own copy.
 
     Args:
         name (`str`, *optional*):
