@@ -63,9 +63,13 @@ TARGETS = {  # issue targets: (train step, generation, memory)
 }
 
 
+def log(message: str) -> None:
+    print(f"[bench_speed {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def read_sentences(split: str, lang: str, limit: int) -> list[str]:
     with gzip.open(DATA / f"{split}.{lang}.gz", "rt", encoding="utf-8") as handle:
-        return [line.strip() for _, line in zip(range(limit), handle)]
+        return [line.strip() for _, line in zip(range(limit), handle, strict=False)]
 
 
 def build_processor(workdir: Path):
@@ -179,7 +183,8 @@ def peak_memory_cpu_child(args) -> None:
     from mgsa_hf import MgsaProcessor
 
     processor = MgsaProcessor.from_pretrained(processor_dir)
-    model = build_model(processor, args.memory_size, json.loads(args.memory_fields), torch.device("cpu"), torch.float32)
+    fields = json.loads(args.memory_fields)
+    model = build_model(processor, args.memory_size, fields, torch.device("cpu"), torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     # a first step on one sentence loads the kernels and allocates the optimizer state, which the peak should not
     # count; then the peak resident set over a full step, from the resident set before it
@@ -192,7 +197,7 @@ def peak_memory_cpu_child(args) -> None:
 
 def peak_memory_cpu(workdir: Path, size: str, fields: dict) -> float:
     command = [sys.executable, __file__, "--memory-child", "--memory-batch", str(workdir / "long_batch.pt"),
-               "--memory-size", size, "--memory-fields", json.dumps(fields)]
+               "--memory-size", size, "--memory-fields", json.dumps(fields), "--threads", str(torch.get_num_threads())]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])["peak_mib"]
 
@@ -207,8 +212,11 @@ def benchmark_size(args, processor, workdir: Path, size: str, device, dtype) -> 
     torch.save(long_batch, workdir / "long_batch.pt")
 
     models = {name: build_model(processor, size, fields, device, dtype) for name, fields in args.variants.items()}
+    log(f"{size}: training steps")
     train = time_training(models, train_batches, args.steps, args.warmup, device)
+    log(f"{size}: generation")
     generation = time_generation(models, gen_batches, args.gen_tokens, args.gen_rounds, device)
+    log(f"{size}: peak memory")
     if device.type == "cuda":
         memory = {name: peak_memory_cuda(model, long_batch, device) for name, model in models.items()}
     else:
@@ -250,7 +258,10 @@ def markdown_table(result: dict) -> str:
         marks = [""] * 3
         if target:
             values = (row["train_step_ratio"], row["generation_ratio"], row["peak_memory_ratio"])
-            marks = [" ✓" if value <= limit else f" ✗ (target ≤ {limit})" for value, limit in zip(values, target)]
+            marks = [
+                " ✓" if value <= limit else f" ✗ (target ≤ {limit})"
+                for value, limit in zip(values, target, strict=True)
+            ]
         lines.append(
             f"| {name} | {row['parameters'] / 1e6:.1f}M | {row['train_step_s']:.3f} | "
             f"{row['train_step_ratio']:.3f}{marks[0]} | {row['generation_sent_per_s']:.1f} | "
@@ -287,6 +298,7 @@ def parse_args(argv=None):
     parser.add_argument("--gen-tokens", type=int, default=20)
     parser.add_argument("--gen-rounds", type=int, default=3)
     parser.add_argument("--memory-batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--memory-batch", help=argparse.SUPPRESS)
     parser.add_argument("--memory-size", help=argparse.SUPPRESS)
@@ -295,12 +307,15 @@ def parse_args(argv=None):
     unknown = [name for name in args.variants if name not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
-    args.variants = {name: VARIANTS[name] for name in ["transformer"] + [v for v in args.variants if v != "transformer"]}
+    others = [name for name in args.variants if name != "transformer"]
+    args.variants = {name: VARIANTS[name] for name in ["transformer", *others]}
     return args
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.memory_child:
         peak_memory_cpu_child(args)
         return
@@ -310,8 +325,10 @@ def main(argv=None) -> None:
         workdir = Path(folder)
         processor = build_processor(workdir)
         processor.save_pretrained(workdir / "processor")
-        results = [benchmark_size(args, processor, workdir, size, device, dtype) for size in args.sizes]
-    write_results(args, results)
+        results = []
+        for size in args.sizes:  # written after each size, so a long run keeps what it has measured
+            results.append(benchmark_size(args, processor, workdir, size, device, dtype))
+            write_results(args, results)
 
 
 if __name__ == "__main__":

@@ -109,6 +109,7 @@ def test_dry_run_trains_scores_tests_and_reports(tmp_path, capsys):
         row = report["summary"][name]
         assert row["seeds"] == 1 and row["steps"] == 4 and not row["failed"]
         assert 0.0 <= row["test_bleu"]["mean"] <= 100.0 and row["test_chrf"]["mean"] > 0.0
+        assert 1 <= row["distinct_test_outputs"]["mean"] <= 8
         run_dir = tmp_path / "runs" / "dry-run" / name / "seed-1"
         assert len((run_dir / "test.hyp.de").read_text().splitlines()) == 8
         assert (tmp_path / "quality" / f"{name}.seed-1.test.hyp.de").is_file()
