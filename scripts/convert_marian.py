@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""Write an MGSA model folder from a Marian (opus-mt style) folder or Hub id.
+"""Write an MGSA model folder from a Marian (opus-mt style) or T5 folder or Hub id.
 
-Every Marian weight is kept; the chosen encoder variant's new modules are freshly initialised. The tokenizer (and the
-MGSA processor, when a parser is available) are saved beside the model so the folder is ready for fine-tuning:
+Every Marian (T5) weight is kept; the chosen encoder variant's new modules are freshly initialised. The tokenizer
+(and the MGSA processor, when a parser is available) are saved beside the model so the folder is ready for fine-tuning:
 
     python scripts/convert_marian.py path/to/opus-mt-en-de out/opus-mt-en-de-rhe --encoder-type rhe
 """
@@ -10,14 +10,18 @@ MGSA processor, when a parser is available) are saved beside the model so the fo
 import argparse
 import json
 
-from mgsa_hf.conversion import convert_marian_checkpoint
+from mgsa_hf.conversion import convert_checkpoint
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("marian", help="Marian model folder (or a Hub id, when online)")
+    parser.add_argument("marian", help="Marian or T5 model folder (or a Hub id, when online)")
     parser.add_argument("output_dir", help="where to write the MGSA model folder")
-    parser.add_argument("--encoder-type", default="transformer", help="transformer, phrase_memory, phrase_representation, hybrid or rhe")
+    parser.add_argument(
+        "--encoder-type",
+        default="transformer",
+        help="transformer, phrase_memory, phrase_representation, hybrid or rhe",
+    )
     parser.add_argument(
         "--set", nargs="*", default=[], metavar="FIELD=JSON",
         help="extra MgsaConfig fields, e.g. --set rhe_mode='\"sea_all\"' rhe_layers='[0,1]'",
@@ -31,7 +35,7 @@ def main(argv=None) -> None:
     for item in args.set:
         field, _, value = item.partition("=")
         overrides[field] = json.loads(value)
-    report = convert_marian_checkpoint(args.marian, args.output_dir, encoder_type=args.encoder_type, **overrides)
+    report = convert_checkpoint(args.marian, args.output_dir, encoder_type=args.encoder_type, **overrides)
     print(json.dumps(report, indent=2))
 
 

@@ -3,7 +3,8 @@
 
     python scripts/train.py                                   # the packaged Multi30k en→de CPU config
     python scripts/train.py configs/train/multi30k_gpu.yaml model.encoder_type=rhe
-    accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml scripts/train.py configs/train/multi30k_gpu.yaml
+    accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml \
+        scripts/train.py configs/train/multi30k_gpu.yaml
 """
 
 import argparse

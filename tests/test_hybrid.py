@@ -259,12 +259,12 @@ def test_gate_statistics_on_real_sentences(tmp_path, multi30k_processor, multi30
     batch = source_inputs(real_batches[0])
     tags = [word_universal_tags(multi30k_processor.syntax(text)) for text in sources]
     assert {"NOUN", "DET", "ADP", "VERB"} <= {tag for sentence in tags for tag in sentence}
-    words = sum(int(((ids >= 0) & (ids < len(t))).sum()) for ids, t in zip(batch["word_ids"], tags))
+    words = sum(int(((ids >= 0) & (ids < len(t))).sum()) for ids, t in zip(batch["word_ids"], tags, strict=True))
     assert statistics.token_counts.sum() == words
     # the layer means are those of the model's own gates over those tokens
     output = model(**batch, decoder_input_ids=torch.full((6, 1), 2), output_gates=True)
-    is_word = torch.stack([(ids >= 0) & (ids < len(t)) for ids, t in zip(batch["word_ids"], tags)])
-    expected = {layer: gate[is_word].mean().item() for layer, gate in zip([0, 1], output.encoder_gates)}
+    is_word = torch.stack([(ids >= 0) & (ids < len(t)) for ids, t in zip(batch["word_ids"], tags, strict=True)])
+    expected = {layer: gate[is_word].mean().item() for layer, gate in zip([0, 1], output.encoder_gates, strict=True)}
     assert statistics.layer_means() == pytest.approx(expected, abs=1e-6)
     noun = UNIVERSAL_TAGS.index("NOUN")
     assert statistics.tag_means()["NOUN"] == pytest.approx(

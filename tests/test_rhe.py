@@ -89,10 +89,12 @@ def test_dea_is_zero_off_dependencies_on_real_parses(multi30k_processor, multi30
         words = batch["word_ids"][row].tolist()
         length = int(batch["attention_mask"][row].sum())
         subword_words += length - len(set(words[:length]))
-        head = lambda w: heads[w] if w < len(heads) else w  # noqa: E731  (EOS is its own word and head)
+        word_heads = [heads[w] if w < len(heads) else w for w in words]  # EOS is its own word and head
         for i in range(length):
             for j in range(batch["input_ids"].shape[1]):
-                related = j < length and (words[i] == words[j] or head(words[i]) == words[j] or head(words[j]) == words[i])
+                related = j < length and (
+                    words[i] == words[j] or word_heads[i] == words[j] or word_heads[j] == words[i]
+                )
                 assert (weights[row, :, i, j] > 0).all() if related or i == j else (weights[row, :, i, j] == 0).all()
     assert subword_words > 5  # not vacuous: many words span several subwords
 
@@ -100,7 +102,8 @@ def test_dea_is_zero_off_dependencies_on_real_parses(multi30k_processor, multi30
 def test_lpea_masks_and_bias_on_real_parses(multi30k_processor, real_batches):
     batch = real_batches[0]
     k = multi30k_processor.max_relative_position
-    attention, hidden, syntax, weights = layer_weights(rhe_config(rhe_mode="sea_all", rhe_max_relative_position=k), batch)
+    config = rhe_config(rhe_mode="sea_all", rhe_max_relative_position=k)
+    attention, hidden, syntax, weights = layer_weights(config, batch)
     positions, in_phrase = multi30k_processor.relative_local_positions(batch)
     real_rows = batch["attention_mask"].bool()[:, :, None].expand_as(in_phrase)
     assert (weights.permute(1, 0, 2, 3)[:, real_rows & ~in_phrase] == 0).all()
@@ -189,7 +192,8 @@ def test_modes_replace_prune_or_keep_heads(real_batches):
     for gate, expected in [(0.0, plain_weights), (1.0, syntax_attention)]:
         weights = layer_weights(rhe_config(rhe_fixed_gate=gate), batch)[3]
         torch.testing.assert_close(weights[real], expected[real])
-    pruned_attention, _, pruned_syntax, pruned = layer_weights(rhe_config(rhe_mode="rhe_prune", rhe_fixed_gate=1.0), batch)
+    pruned_config = rhe_config(rhe_mode="rhe_prune", rhe_fixed_gate=1.0)
+    pruned_attention, _, pruned_syntax, pruned = layer_weights(pruned_config, batch)
     assert (pruned == 0).all() and (pruned_syntax.records["head_labels"][0] == 0).all()
     output, _ = pruned_attention(hidden, syntax=syntax_of(batch))
     torch.testing.assert_close(output, pruned_attention.out_proj.bias.expand_as(output))

@@ -105,7 +105,8 @@ def test_resume_from_checkpoint_reaches_the_same_step(tmp_path):
     checkpoints = tmp_path / "checkpoints"
     shutil.rmtree(checkpoints / "checkpoint-4")
     assert (checkpoints / "checkpoint-2").is_dir()
-    results, _ = train(tiny_config(tmp_path, "training.max_steps=4", f"resume_from_checkpoint={checkpoints / 'checkpoint-2'}"))
+    resume = f"resume_from_checkpoint={checkpoints / 'checkpoint-2'}"
+    results, _ = train(tiny_config(tmp_path, "training.max_steps=4", resume))
     assert results["global_step"] == 4
     assert (checkpoints / "checkpoint-4").is_dir()
     state = json.loads((checkpoints / "checkpoint-4" / "trainer_state.json").read_text())
@@ -148,7 +149,8 @@ def test_two_cpu_processes_with_accelerate(tmp_path):
         "--config_file", str(REPO / "configs" / "accelerate" / "cpu_2proc.yaml"),
         "--main_process_port", "29561",
         str(REPO / "tests" / "scripts" / "train_and_digest.py"), str(TINY),
-        f"data={DATA}", f"output_dir={tmp_path}", "training.max_steps=3", "training.eval_steps=1", "training.save_steps=1",
+        f"data={DATA}", f"output_dir={tmp_path}", "training.max_steps=3", "training.eval_steps=1",
+        "training.save_steps=1",
         "training.per_device_train_batch_size=8",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

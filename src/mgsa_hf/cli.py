@@ -32,7 +32,8 @@ def demo(args: argparse.Namespace) -> None:
         input_ids = torch.tensor([[5, 6, 7, 8, 0]])
         output = reloaded.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), num_beams=4,
                                    max_new_tokens=8)
-        print(f"{encoder_type:>22}: {model.num_parameters():,} parameters, saved, reloaded, generated {output[0].tolist()}")
+        parameters = model.num_parameters()
+        print(f"{encoder_type:>22}: {parameters:,} parameters, saved, reloaded, generated {output[0].tolist()}")
 
 
 def main(argv=None) -> None:
@@ -44,7 +45,9 @@ def main(argv=None) -> None:
         default=["transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe"],
     )
     demo_parser.set_defaults(func=demo)
-    train_parser = commands.add_parser("train", help="train a translation model (Seq2SeqTrainer); see mgsa_hf.training")
+    train_parser = commands.add_parser(
+        "train", help="train a translation model (Seq2SeqTrainer); see mgsa_hf.training"
+    )
     add_train_arguments(train_parser)
     train_parser.set_defaults(func=run_train)
     args = parser.parse_args(argv)

@@ -1,6 +1,9 @@
-"""MGSA model configuration: a Marian configuration plus the choice of syntax-aware encoder and its settings."""
+"""MGSA model configurations: a Marian or a T5 configuration plus the syntax-aware encoder and its settings."""
+
+from dataclasses import dataclass
 
 from transformers.models.marian.configuration_marian import MarianConfig
+from transformers.models.t5.configuration_t5 import T5Config
 
 
 ENCODER_TYPES = ("transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe")
@@ -18,10 +21,12 @@ RHE_MODES = ("rhe", "sea_all", "rhe_prune")
 DEFAULT_VARIANT_LAYERS = {"phrase_memory": [0], "hybrid": [0, 1], "rhe": [0]}
 
 
-class MgsaConfig(MarianConfig):
+@dataclass(kw_only=True, repr=False)
+class MgsaVariantConfig:
     r"""
-    Configuration of [`MgsaModel`] / [`MgsaForConditionalGeneration`]: every [`~transformers.MarianConfig`] field
-    (so an opus-mt style `config.json` loads as is) plus the syntax-aware encoder.
+    The syntax-aware encoder settings that both backbones share ([`MgsaConfig`] for Marian, [`MgsaT5Config`] for T5).
+    They read the backbone's sizes under Marian's names (`d_model`, `encoder_layers`, `encoder_attention_heads`, ...),
+    which [`MgsaT5Config`] maps to T5's.
 
     Args:
         encoder_type (`str`, defaults to `"transformer"`):
@@ -66,8 +71,8 @@ class MgsaConfig(MarianConfig):
         pr_transparent_attention (`bool`, defaults to `True`):
             PR: decoder layers attend to a learned mix of all encoder layers' phrases (else to the last layer's).
         pr_combination_dim (`int`, *optional*):
-            PR: hidden size of the attentive combination's 2-layer network (W3, W4 of the paper's Eq. 8, which leaves it
-            open); defaults to `d_model // 2`, which keeps a training step within 1.35x of the Transformer's.
+            PR: hidden size of the attentive combination's 2-layer network (W3, W4 of the paper's Eq. 8, which leaves
+            it open); defaults to `d_model // 2`, which keeps a training step within 1.35x of the Transformer's.
         hybrid_layers (`list[int]`, *optional*, defaults to `[0, 1]`):
             Hybrid: encoder layers with local/global hybrid attention.
         hybrid_window (`int`, defaults to 1):
@@ -89,7 +94,9 @@ class MgsaConfig(MarianConfig):
             RHE: a fixed Syn_gate instead of the dynamic sigmoid(h_conf).
     """
 
-    model_type = "mgsa"
+    # the backbone's attention layout (`modeling_layers.ATTENTION_LAYOUTS`) and the model_type its checkpoints carry
+    backbone = "marian"
+    source_model_type = "marian"
 
     encoder_type: str = "transformer"
     # MG-SA (phrase_memory)
@@ -133,15 +140,16 @@ class MgsaConfig(MarianConfig):
         if self.phrase_ngram_sizes is None:
             self.phrase_ngram_sizes = [2, 3, 4]
         super().__post_init__(**kwargs)
+        self._validate_backbone()
         self._validate_choices()
         self._validate_sizes()
         self._validate_phrase_heads()
 
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
-        """Read an MGSA or a Marian (opus-mt) `config.json`: every Marian field is an MGSA field too."""
+        """Read an MGSA `config.json` or the backbone's own (Marian/opus-mt, T5): every backbone field is ours too."""
         config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
-        if config_dict.get("model_type") == "marian":
+        if config_dict.get("model_type") == cls.source_model_type:
             config_dict = {**config_dict, "model_type": cls.model_type}
         return config_dict, kwargs
 
@@ -167,6 +175,14 @@ class MgsaConfig(MarianConfig):
             per_granularity = [share + (g < extra) for g in range(self.num_phrase_granularities)]
         return word_heads, list(per_granularity)
 
+    @property
+    def variant_init_std(self) -> float:
+        """Standard deviation of the variants' own weight matrices, the backbone's (see the subclasses)."""
+        raise NotImplementedError
+
+    def _validate_backbone(self):
+        """Backbone-specific size checks."""
+
     def _validate_choices(self):
         choices = {
             "encoder_type": ENCODER_TYPES,
@@ -186,10 +202,6 @@ class MgsaConfig(MarianConfig):
                 raise ValueError(f"`{field}` must be one of {allowed}, got {value!r}.")
 
     def _validate_sizes(self):
-        for field, heads in (("encoder_attention_heads", self.encoder_attention_heads),
-                             ("decoder_attention_heads", self.decoder_attention_heads)):
-            if heads <= 0 or self.d_model % heads:
-                raise ValueError(f"`{field}` ({heads}) must be a positive divisor of `d_model` ({self.d_model}).")
         if self.encoder_type in DEFAULT_VARIANT_LAYERS:
             field = f"{self.encoder_type}_layers"
             layers = getattr(self, field)
@@ -216,9 +228,13 @@ class MgsaConfig(MarianConfig):
                 f"({self.pr_max_phrase_tokens})."
             )
         if self.pr_combination_dim is not None and self.pr_combination_dim < 1:
-            raise ValueError(f"`pr_combination_dim` must be a positive integer or None, got {self.pr_combination_dim!r}.")
+            raise ValueError(
+                f"`pr_combination_dim` must be a positive integer or None, got {self.pr_combination_dim!r}."
+            )
         if not self.phrase_ngram_sizes or any(size < 1 for size in self.phrase_ngram_sizes):
-            raise ValueError(f"`phrase_ngram_sizes` must be a non-empty list of sizes >= 1, got {self.phrase_ngram_sizes!r}.")
+            raise ValueError(
+                f"`phrase_ngram_sizes` must be a non-empty list of sizes >= 1, got {self.phrase_ngram_sizes!r}."
+            )
         if self.rhe_max_relative_position < 0:
             raise ValueError(f"`rhe_max_relative_position` must be >= 0, got {self.rhe_max_relative_position!r}.")
         if self.rhe_fixed_gate is not None and not 0.0 <= self.rhe_fixed_gate <= 1.0:
@@ -243,4 +259,57 @@ class MgsaConfig(MarianConfig):
             )
 
 
-__all__ = ["MgsaConfig"]
+class MgsaConfig(MgsaVariantConfig, MarianConfig):
+    r"""
+    Configuration of [`MgsaModel`] / [`MgsaForConditionalGeneration`]: every [`~transformers.MarianConfig`] field
+    (so an opus-mt style `config.json` loads as is) plus the syntax-aware encoder of [`MgsaVariantConfig`].
+    """
+
+    model_type = "mgsa"
+
+    @property
+    def variant_init_std(self) -> float:
+        """Marian's `init_std`."""
+        return self.init_std
+
+    def _validate_backbone(self):
+        for field, heads in (("encoder_attention_heads", self.encoder_attention_heads),
+                             ("decoder_attention_heads", self.decoder_attention_heads)):
+            if heads <= 0 or self.d_model % heads:
+                raise ValueError(f"`{field}` ({heads}) must be a positive divisor of `d_model` ({self.d_model}).")
+
+
+class MgsaT5Config(MgsaVariantConfig, T5Config):
+    r"""
+    Configuration of [`MgsaT5Model`] / [`MgsaT5ForConditionalGeneration`]: every [`~transformers.T5Config`] field (so
+    a T5 or T5 v1.1 `config.json` loads as is) plus the syntax-aware encoder of [`MgsaVariantConfig`], whose fields
+    mean the same as in [`MgsaConfig`]. Marian's size names read T5's: `encoder_layers` is `num_layers`,
+    `encoder_attention_heads` is `num_heads`, `dropout` and `attention_dropout` are `dropout_rate`.
+    """
+
+    model_type = "mgsa_t5"
+    backbone = "t5"
+    source_model_type = "t5"
+    attribute_map = {
+        **T5Config.attribute_map,
+        "encoder_layers": "num_layers",
+        "decoder_layers": "num_decoder_layers",
+        "encoder_attention_heads": "num_heads",
+        "decoder_attention_heads": "num_heads",
+        "encoder_ffn_dim": "d_ff",
+        "decoder_ffn_dim": "d_ff",
+        "dropout": "dropout_rate",
+        "attention_dropout": "dropout_rate",
+    }
+
+    @property
+    def variant_init_std(self) -> float:
+        """T5's scale for a matrix reading d_model inputs: `initializer_factor` / √d_model."""
+        return self.initializer_factor * self.d_model**-0.5
+
+    def _validate_backbone(self):
+        if self.num_heads <= 0 or self.d_kv <= 0:
+            raise ValueError(f"`num_heads` ({self.num_heads}) and `d_kv` ({self.d_kv}) must be positive.")
+
+
+__all__ = ["MgsaConfig", "MgsaT5Config", "MgsaVariantConfig"]

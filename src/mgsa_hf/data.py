@@ -16,11 +16,14 @@ def _find_split_file(folder: Path, split: str, lang: str) -> Path:
     for candidate in (folder / f"{split}.{lang}", folder / f"{split}.{lang}.gz"):
         if candidate.is_file():
             return candidate
-    raise FileNotFoundError(f"no file for split {split!r}, language {lang!r} in {folder}: expected {split}.{lang}[.gz]")
+    raise FileNotFoundError(
+        f"no file for split {split!r}, language {lang!r} in {folder}: expected {split}.{lang}[.gz]"
+    )
 
 
 def read_parallel_split(folder: str | Path, split: str, src_lang: str, tgt_lang: str) -> Dataset:
-    """Read `{split}.{src_lang}[.gz]` and `{split}.{tgt_lang}[.gz]` (aligned line by line) as a `translation` Dataset."""
+    """Read `{split}.{src_lang}[.gz]` and `{split}.{tgt_lang}[.gz]` (aligned line by line) as a `translation`
+    Dataset."""
     folder = Path(folder)
     source = list(read_lines(_find_split_file(folder, split, src_lang)))
     target = list(read_lines(_find_split_file(folder, split, tgt_lang)))
@@ -31,7 +34,8 @@ def read_parallel_split(folder: str | Path, split: str, src_lang: str, tgt_lang:
         )
     if not source:
         raise ValueError(f"split {split!r} of {folder} is empty.")
-    return Dataset.from_dict({"translation": [{src_lang: s, tgt_lang: t} for s, t in zip(source, target)]})
+    pairs = [{src_lang: s, tgt_lang: t} for s, t in zip(source, target, strict=True)]
+    return Dataset.from_dict({"translation": pairs})
 
 
 def _read_jsonl(path: Path, src_lang: str, tgt_lang: str) -> Dataset:

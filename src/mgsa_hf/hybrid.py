@@ -23,8 +23,9 @@ class HybridAttention(MgsaAttention):
     The gates are recorded as `syntax.record("gates", ...)`: (B, L) per token or (B, H, L) per head.
     """
 
-    def __init__(self, config, num_heads: int, is_decoder: bool = False, is_causal: bool = False, layer_idx=None):
-        super().__init__(config, num_heads, is_decoder=is_decoder, is_causal=is_causal, layer_idx=layer_idx)
+    def __init__(self, config, num_heads: int, is_decoder: bool = False, is_causal: bool = False, layer_idx=None,
+                 **kwargs):
+        super().__init__(config, num_heads, is_decoder=is_decoder, is_causal=is_causal, layer_idx=layer_idx, **kwargs)
         self.window = config.hybrid_window
         self.combination = config.hybrid_combination
         self.per_head_gate = config.hybrid_gate == "head"
@@ -32,21 +33,26 @@ class HybridAttention(MgsaAttention):
             # W of Eq. 5
             self.gate_proj = nn.Linear(self.embed_dim, num_heads if self.per_head_gate else 1)
         else:
-            self.concat_proj = nn.Linear(2 * self.embed_dim, self.embed_dim)
+            self.concat_proj = nn.Linear(2 * self.inner_dim, self.inner_dim, bias=self.layout.bias)
 
     def attention_distributions(
-        self, query: torch.Tensor, key: torch.Tensor, padding_mask: torch.BoolTensor
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        padding_mask: torch.BoolTensor,
+        position_bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """
         The global (Eq. 2) and local (Eq. 3) distributions of one energy.
 
         Args:
             query, key: (B, H, L, d_h); padding_mask: (B, L), `True` on real tokens (padding keys get no weight).
+            position_bias: T5's relative position bias (1, H, L, L), part of the energy; None for Marian.
 
         Returns:
             `(global, local)` attention weights, each (B, H, L, L).
         """
-        energy = torch.matmul(query, key.transpose(-1, -2)) * self.scaling  # Eq. 1
+        energy = self.energy(query, key, position_bias)  # Eq. 1
         minimum = torch.finfo(energy.dtype).min
         energy = energy.masked_fill(~padding_mask[:, None, None, :], minimum)
         positions = torch.arange(energy.shape[-1], device=energy.device)
@@ -62,11 +68,13 @@ class HybridAttention(MgsaAttention):
         past_key_values=None,
         attention_mask: torch.Tensor | None = None,
         syntax: MgsaSyntaxInputs | None = None,
+        position_bias: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """
         Encoder self-attention. `hidden_states` (B, L, D). Padding comes from `syntax.padding_mask` (B, L) (all real
-        when `syntax` is None); the additive `attention_mask` is not read.
+        when `syntax` is None); the additive `attention_mask` is not read. T5's `position_bias` (1, H, L, L) joins the
+        energy that both distributions share.
 
         Returns:
             `(output (B, L, D), attention weights (B, H, L, L))`: the gated mix of the two distributions, or the global
@@ -79,16 +87,16 @@ class HybridAttention(MgsaAttention):
             if syntax is not None
             else torch.ones(hidden_states.shape[:2], dtype=torch.bool, device=hidden_states.device)
         )
-        query = self.split_heads(self.q_proj(hidden_states))
-        key = self.split_heads(self.k_proj(hidden_states))
-        value = self.split_heads(self.v_proj(hidden_states))
-        global_weights, local_weights = self.attention_distributions(query, key, padding_mask)
+        query = self.split_heads(self.query_proj(hidden_states))
+        key = self.split_heads(self.key_proj(hidden_states))
+        value = self.split_heads(self.value_proj(hidden_states))
+        global_weights, local_weights = self.attention_distributions(query, key, padding_mask, position_bias)
 
         if self.combination == "concat":
             global_context = torch.matmul(self.attention_dropout(global_weights), value)
             local_context = torch.matmul(self.attention_dropout(local_weights), value)
             context = torch.cat([global_context, local_context], dim=1).transpose(1, 2).flatten(2)  # [global ; local]
-            return self.out_proj(self.concat_proj(context)), global_weights
+            return self.output_proj(self.concat_proj(context)), global_weights
 
         gates = torch.sigmoid(self.gate_proj(hidden_states)).transpose(1, 2)  # Eq. 5, (B, 1 or H, L)
         if syntax is not None:
@@ -182,7 +190,7 @@ class GateStatistics:
     def layer_means(self) -> dict[int, float]:
         """Mean gate per hybrid layer over all word tokens (Figure 3)."""
         means = self.gate_sums.sum(1) / self.token_counts.sum().clamp(min=1)
-        return dict(zip(self.layers, means.tolist()))
+        return dict(zip(self.layers, means.tolist(), strict=True))
 
     def tag_means(self, layer: int | None = None) -> dict[str, float]:
         """Mean gate per universal tag seen in the data, at `layer` (default: the lowest hybrid layer; Figure 4)."""

@@ -40,6 +40,18 @@ class MgsaSyntaxInputs:
     records: dict[str, list] = field(default_factory=dict)
     cache: dict[str, object] = field(default_factory=dict)
 
+    @classmethod
+    def for_batch(
+        cls, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None, **fields: torch.LongTensor | None
+    ) -> "MgsaSyntaxInputs":
+        """The syntax of a batch of source embeddings (B, L, D) with its 0/1 `attention_mask` (B, L) (None: no
+        padding) and the processor's syntax `fields`."""
+        if attention_mask is None:
+            padding_mask = torch.ones(inputs_embeds.shape[:2], dtype=torch.bool, device=inputs_embeds.device)
+        else:
+            padding_mask = attention_mask.bool()
+        return cls(padding_mask=padding_mask, **fields)
+
     def require(self, *names: str, needed_by: str) -> None:
         """Raise a clear error when a syntax field that `needed_by` reads was not given."""
         missing = [name for name in names if getattr(self, name) is None]
@@ -78,10 +90,14 @@ def eager_attention_forward(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
+    position_bias: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(QKᵀ·scaling + mask)·V on (B, H, T, d_h) tensors; returns the context as (B, T, H, d_h) and the weights."""
+    """softmax(QKᵀ·scaling + position_bias + mask)·V on (B, H, T, d_h) tensors; returns the context as (B, T, H, d_h)
+    and the weights."""
     attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if position_bias is not None:
+        attn_weights = attn_weights + position_bias
     if attention_mask is not None:
         attn_weights = attn_weights + attention_mask
     attn_weights = nn.functional.softmax(attn_weights, dim=-1)
@@ -90,38 +106,100 @@ def eager_attention_forward(
     return attn_output, attn_weights
 
 
+@dataclass(frozen=True)
+class AttentionLayout:
+    """How a backbone names and shapes its attention projections, so that its checkpoints load into every variant."""
+
+    query: str
+    key: str
+    value: str
+    output: str
+    bias: bool
+    scaled: bool  # QKᵀ / √d_h (Marian); T5 does not scale and folds the factor into the query initialisation
+
+
+ATTENTION_LAYOUTS = {
+    "marian": AttentionLayout("q_proj", "k_proj", "v_proj", "out_proj", bias=True, scaled=True),
+    "t5": AttentionLayout("q", "k", "v", "o", bias=False, scaled=False),
+}
+
+
 class MgsaAttention(nn.Module):
     """
-    Multi-head attention from "Attention Is All You Need" with Marian's parameter names (`q_proj`, `k_proj`, `v_proj`,
-    `out_proj`). Encoder variants subclass it and override [`forward`] for encoder self-attention, reusing
-    [`split_heads`] and [`merge_heads`] so that their projections stay loadable from a Marian checkpoint.
+    Multi-head attention from "Attention Is All You Need", the one core every variant extends. Its projections carry
+    the backbone's parameter names (`config.backbone`, see [`ATTENTION_LAYOUTS`]: Marian's `q_proj`, `k_proj`,
+    `v_proj`, `out_proj` with biases; T5's `q`, `k`, `v`, `o` without), reached under the same names `query_proj`,
+    `key_proj`, `value_proj`, `output_proj` whatever the backbone. Encoder variants subclass it and override
+    [`forward`] for encoder self-attention, reusing [`split_heads`], [`energy`] and [`merge_heads`].
+
+    T5's relative position bias (`position_bias`, (1, H, T, S)) is added to the attention logits; the first
+    self-attention of a T5 stack owns the bias table (`has_relative_attention_bias`, T5's `relative_attention_bias`).
     """
 
-    def __init__(self, config, num_heads: int, is_decoder: bool = False, is_causal: bool = False, layer_idx=None):
+    def __init__(
+        self,
+        config,
+        num_heads: int,
+        is_decoder: bool = False,
+        is_causal: bool = False,
+        layer_idx=None,
+        *,
+        has_relative_attention_bias: bool = False,
+        key_bias: bool = True,
+        output_dim: int | None = None,
+    ):
         super().__init__()
         self.config = config
+        self.layout = ATTENTION_LAYOUTS[config.backbone]
         self.embed_dim = config.d_model
         self.num_heads = num_heads
-        self.head_dim = self.embed_dim // num_heads
-        self.scaling = self.head_dim**-0.5
+        self.head_dim = getattr(config, "d_kv", None) or self.embed_dim // num_heads
+        self.inner_dim = num_heads * self.head_dim
+        self.scaling = self.head_dim**-0.5 if self.layout.scaled else 1.0
         self.dropout = config.attention_dropout
         self.is_decoder = is_decoder
         self.is_causal = is_causal
         self.layer_idx = layer_idx
 
-        self.k_proj = nn.Linear(self.embed_dim, self.embed_dim)
-        self.v_proj = nn.Linear(self.embed_dim, self.embed_dim)
-        self.q_proj = nn.Linear(self.embed_dim, self.embed_dim)
-        self.out_proj = nn.Linear(self.embed_dim, self.embed_dim)
+        bias = self.layout.bias
+        self.add_module(self.layout.key, nn.Linear(self.embed_dim, self.inner_dim, bias=bias and key_bias))
+        self.add_module(self.layout.value, nn.Linear(self.embed_dim, self.inner_dim, bias=bias))
+        self.add_module(self.layout.query, nn.Linear(self.embed_dim, self.inner_dim, bias=bias))
+        self.add_module(self.layout.output, nn.Linear(self.inner_dim, output_dim or self.embed_dim, bias=bias))
+        if has_relative_attention_bias:
+            self.relative_attention_bias = nn.Embedding(config.relative_attention_num_buckets, num_heads)
+
+    @property
+    def query_proj(self) -> nn.Linear:
+        return self._modules[self.layout.query]
+
+    @property
+    def key_proj(self) -> nn.Linear:
+        return self._modules[self.layout.key]
+
+    @property
+    def value_proj(self) -> nn.Linear:
+        return self._modules[self.layout.value]
+
+    @property
+    def output_proj(self) -> nn.Linear:
+        return self._modules[self.layout.output]
 
     def split_heads(self, states: torch.Tensor) -> torch.Tensor:
-        """(B, T, D) → (B, H, T, d_h)."""
+        """(B, T, H·d_h) → (B, H, T, d_h)."""
         return states.view(*states.shape[:-1], -1, self.head_dim).transpose(1, 2)
 
     def merge_heads(self, context: torch.Tensor) -> torch.Tensor:
         """Context (B, H, T, d_h) → output projection of (B, T, D)."""
         context = context.transpose(1, 2)
-        return self.out_proj(context.reshape(*context.shape[:2], self.embed_dim))
+        return self.output_proj(context.reshape(*context.shape[:2], self.inner_dim))
+
+    def energy(
+        self, query: torch.Tensor, key: torch.Tensor, position_bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Attention logits (B, H, T, S) of queries and keys (B, H, ·, d_h), with T5's relative bias when given."""
+        energy = torch.matmul(query, key.transpose(-1, -2)) * self.scaling
+        return energy if position_bias is None else energy + position_bias
 
     def attention_dropout(self, weights: torch.Tensor) -> torch.Tensor:
         return nn.functional.dropout(weights, p=self.dropout, training=self.training)
@@ -133,6 +211,7 @@ class MgsaAttention(nn.Module):
         past_key_values: Cache | None = None,
         attention_mask: torch.Tensor | None = None,
         syntax: MgsaSyntaxInputs | None = None,
+        position_bias: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """
@@ -142,26 +221,29 @@ class MgsaAttention(nn.Module):
             past_key_values: the decoder cache.
             attention_mask: additive mask broadcastable to (B, H, T, S), as made by `transformers.masking_utils`.
             syntax: the source syntax; unused by plain attention.
+            position_bias: T5's relative position bias (1, H, T, S), or None.
 
         Returns:
             `(output (B, T, D), attention weights (B, H, T, S) or None)`.
         """
         is_cross_attention = key_value_states is not None
-        query_states = self.split_heads(self.q_proj(hidden_states))
+        query_states = self.split_heads(self.query_proj(hidden_states))
 
         is_updated = False
         cache = past_key_values
         if isinstance(past_key_values, EncoderDecoderCache):
             is_updated = past_key_values.is_updated.get(self.layer_idx)
-            cache = past_key_values.cross_attention_cache if is_cross_attention else past_key_values.self_attention_cache
+            cache = (
+                past_key_values.cross_attention_cache if is_cross_attention else past_key_values.self_attention_cache
+            )
 
         if is_cross_attention and is_updated:
             key_states = cache.layers[self.layer_idx].keys
             value_states = cache.layers[self.layer_idx].values
         else:
             current_states = key_value_states if is_cross_attention else hidden_states
-            key_states = self.split_heads(self.k_proj(current_states))
-            value_states = self.split_heads(self.v_proj(current_states))
+            key_states = self.split_heads(self.key_proj(current_states))
+            value_states = self.split_heads(self.value_proj(current_states))
             if past_key_values is not None:
                 key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
                 if is_cross_attention and isinstance(past_key_values, EncoderDecoderCache):
@@ -170,6 +252,8 @@ class MgsaAttention(nn.Module):
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
+        if position_bias is not None:
+            kwargs["position_bias"] = position_bias
         attn_output, attn_weights = attention_interface(
             self,
             query_states,
@@ -181,7 +265,7 @@ class MgsaAttention(nn.Module):
             **kwargs,
         )
         attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
-        return self.out_proj(attn_output), attn_weights
+        return self.output_proj(attn_output), attn_weights
 
 
 class MgsaPostNormLayer(GradientCheckpointingLayer):
@@ -203,6 +287,20 @@ class MgsaPostNormLayer(GradientCheckpointingLayer):
         """Post-LN residual connection: LayerNorm(residual + dropout(update))."""
         update = nn.functional.dropout(update, p=self.dropout, training=self.training)
         return layer_norm(residual + update)
+
+    def sublayer(
+        self, hidden_states: torch.Tensor, function: Callable[[torch.Tensor], torch.Tensor], layer_norm: nn.LayerNorm
+    ) -> torch.Tensor:
+        """A sub-layer the way this backbone wraps it, for variants that add one (PR): post-LN, as `residual_block`."""
+        return self.residual_block(hidden_states, function(hidden_states), layer_norm)
+
+    def make_layer_norm(self) -> nn.LayerNorm:
+        """The normalisation of a sub-layer a variant adds."""
+        return nn.LayerNorm(self.embed_dim)
+
+    def make_output_layer_norm(self) -> None:
+        """Post-LN layer outputs are normalised already: a variant reading them needs no norm of its own."""
+        return None
 
     def feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The position-wise feed-forward sub-layer with its residual block."""

@@ -44,12 +44,18 @@ ENCODER_LAYERS = {"phrase_representation": PhraseRepresentationEncoderLayer}
 DECODER_LAYERS = {"phrase_representation": PhraseRepresentationDecoderLayer}
 
 
-def build_encoder_layer(config: MgsaConfig, layer_idx: int) -> MgsaEncoderLayer:
-    """Encoder layer `layer_idx` for `config.encoder_type`."""
+def build_encoder_self_attention(config, layer_idx: int, **kwargs) -> MgsaAttention:
+    """The self-attention of encoder layer `layer_idx`: the variant's on `config.variant_layers`, plain otherwise
+    (either backbone; `kwargs` go to the attention, e.g. T5's `has_relative_attention_bias`)."""
     attention_class = MgsaAttention
     if layer_idx in config.variant_layers:
         attention_class = ENCODER_SELF_ATTENTIONS[config.encoder_type]
-    self_attn = attention_class(config, config.encoder_attention_heads, layer_idx=layer_idx)
+    return attention_class(config, config.encoder_attention_heads, layer_idx=layer_idx, **kwargs)
+
+
+def build_encoder_layer(config: MgsaConfig, layer_idx: int) -> MgsaEncoderLayer:
+    """Encoder layer `layer_idx` for `config.encoder_type`."""
+    self_attn = build_encoder_self_attention(config, layer_idx)
     layer_class = ENCODER_LAYERS.get(config.encoder_type, MgsaEncoderLayer)
     return layer_class(config, self_attn, layer_idx)
 
@@ -139,8 +145,17 @@ class MgsaPreTrainedModel(PreTrainedModel):
         return {"attention_mask": input_ids.ne(pad_token), "input_ids": input_ids, "decoder_input_ids": input_ids}
 
 
-def _stack_records(records: dict[str, list], key: str) -> tuple | None:
-    return tuple(records[key]) if key in records else None
+def encoder_output(hidden_states: torch.Tensor, records: dict[str, list]) -> MgsaEncoderOutput:
+    """The encoder output: the last hidden states and what the variant layers recorded (either backbone)."""
+    tag_losses = records.get("tag_loss")
+    return MgsaEncoderOutput(
+        last_hidden_state=hidden_states,
+        tag_loss=torch.stack(tag_losses).mean(0) if tag_losses else None,
+        gates=tuple(records["gates"]) if "gates" in records else None,
+        head_labels=tuple(records["head_labels"]) if "head_labels" in records else None,
+        phrase_states=torch.stack(records["phrase_states"], dim=1) if "phrase_states" in records else None,
+        phrase_mask=records["phrase_mask"][0] if "phrase_mask" in records else None,
+    )
 
 
 class MgsaEncoder(MgsaPreTrainedModel):
@@ -200,13 +215,9 @@ class MgsaEncoder(MgsaPreTrainedModel):
         hidden_states = inputs_embeds + self.embed_positions(inputs_embeds.shape[:-1])
         hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
 
-        padding_mask = (
-            torch.ones(inputs_embeds.shape[:2], dtype=torch.bool, device=inputs_embeds.device)
-            if attention_mask is None
-            else attention_mask.bool()
-        )
-        syntax = MgsaSyntaxInputs(
-            padding_mask=padding_mask,
+        syntax = MgsaSyntaxInputs.for_batch(
+            inputs_embeds,
+            attention_mask,
             word_ids=word_ids,
             head_word_ids=head_word_ids,
             phrase_ids=phrase_ids,
@@ -223,20 +234,7 @@ class MgsaEncoder(MgsaPreTrainedModel):
             if self.training and self.layerdrop > 0.0 and torch.rand([]) < self.layerdrop:
                 continue
             hidden_states = encoder_layer(hidden_states, attention_mask, syntax=syntax, **kwargs)
-        return self._output(hidden_states, syntax.records)
-
-    @staticmethod
-    def _output(hidden_states: torch.Tensor, records: dict[str, list]) -> MgsaEncoderOutput:
-        """Gather what the variant layers recorded into the encoder output."""
-        tag_losses = records.get("tag_loss")
-        return MgsaEncoderOutput(
-            last_hidden_state=hidden_states,
-            tag_loss=torch.stack(tag_losses).mean(0) if tag_losses else None,
-            gates=_stack_records(records, "gates"),
-            head_labels=_stack_records(records, "head_labels"),
-            phrase_states=torch.stack(records["phrase_states"], dim=1) if "phrase_states" in records else None,
-            phrase_mask=records["phrase_mask"][0] if "phrase_mask" in records else None,
-        )
+        return encoder_output(hidden_states, syntax.records)
 
 
 class MgsaDecoder(MgsaPreTrainedModel):
@@ -329,10 +327,12 @@ class MgsaDecoder(MgsaPreTrainedModel):
                 encoder_phrase_mask=encoder_phrase_mask,
                 **kwargs,
             )
-        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, past_key_values=past_key_values)
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states, past_key_values=past_key_values
+        )
 
 
-def _as_encoder_output(encoder_outputs) -> MgsaEncoderOutput:
+def as_encoder_output(encoder_outputs) -> MgsaEncoderOutput:
     """Accept what users and `generate` pass as `encoder_outputs`: our output, a `BaseModelOutput` or a tuple."""
     if isinstance(encoder_outputs, MgsaEncoderOutput):
         return encoder_outputs
@@ -415,7 +415,7 @@ class MgsaModel(MgsaPreTrainedModel):
                 tree_depth=tree_depth,
                 **kwargs,
             )
-        encoder_outputs = _as_encoder_output(encoder_outputs)
+        encoder_outputs = as_encoder_output(encoder_outputs)
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,

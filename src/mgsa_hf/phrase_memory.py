@@ -166,8 +166,8 @@ class SansComposition(nn.Module):
         self.init_variant_parameters(config)
 
     def init_variant_parameters(self, config):
-        init.normal_(self.query_weight, std=config.init_std)
-        init.normal_(self.key_weight, std=config.init_std)
+        init.normal_(self.query_weight, std=config.variant_init_std)
+        init.normal_(self.key_weight, std=config.variant_init_std)
 
     def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
         query = torch.einsum("bgpd,gdc->bgpc", partition.max_pool(hidden_states), self.query_weight)
@@ -238,14 +238,17 @@ class PhraseMemoryAttention(MgsaAttention):
     """
     MG-SA encoder self-attention (Eq. 4-7). Heads `[0, word_heads)` attend over the words; then each granularity's
     head group, in order, attends over that granularity's phrase memory. The projections are [`MgsaAttention`]'s
-    (loadable from Marian); the phrase memory H_g goes through the rows of `k_proj`/`v_proj` of its head group.
+    (loadable from Marian or T5); the phrase memory H_g goes through the rows of the key/value projections of its head
+    group. On the T5 backbone the word heads add T5's relative position bias; the phrase heads attend over phrases,
+    which have no token position, and get none.
 
     New modules: `composition` (`sans`: `query_weight`, `key_weight`; `lstm`: `lstm`), `interaction` (`nn.LSTM` or
     [`OnLstm`], shared by the granularities, which run as one batch) and `tag_classifier` (W_t, b_t of Eq. 9).
     """
 
-    def __init__(self, config, num_heads: int, is_decoder: bool = False, is_causal: bool = False, layer_idx=None):
-        super().__init__(config, num_heads, is_decoder=is_decoder, is_causal=is_causal, layer_idx=layer_idx)
+    def __init__(self, config, num_heads: int, is_decoder: bool = False, is_causal: bool = False, layer_idx=None,
+                 **kwargs):
+        super().__init__(config, num_heads, is_decoder=is_decoder, is_causal=is_causal, layer_idx=layer_idx, **kwargs)
         if config.phrase_tag_supervision and config.phrase_partition != "syntactic":
             raise ValueError(
                 "`phrase_tag_supervision=True` needs `phrase_partition='syntactic'`: only syntactic phrases have tags."
@@ -268,12 +271,14 @@ class PhraseMemoryAttention(MgsaAttention):
         past_key_values=None,
         attention_mask: torch.Tensor | None = None,
         syntax: MgsaSyntaxInputs | None = None,
+        position_bias: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """
         Args:
             hidden_states: (B, L, D), the layer input H.
             attention_mask: unused; keys are masked from `syntax.padding_mask` and the phrase partition.
+            position_bias: T5's relative position bias (1, H, L, L), added to the word heads only.
             syntax: the source syntax (`padding_mask`; `phrase_ids` for the syntactic partition; `phrase_tags`
                 for tag supervision).
 
@@ -291,9 +296,12 @@ class PhraseMemoryAttention(MgsaAttention):
         if self.interaction is not None:
             phrases = self.interact(phrases, partition)
 
-        query_states = self.split_heads(self.q_proj(hidden_states))
+        query_states = self.split_heads(self.query_proj(hidden_states))
         key_states, value_states = self.memory_keys_values(hidden_states, phrases)
         key_mask = self.key_mask(syntax.padding_mask, partition, query_states.dtype)
+        if position_bias is not None:
+            phrase_heads = self.num_heads - self.word_heads
+            key_mask = key_mask + nn.functional.pad(position_bias[:, : self.word_heads], (0, 0, 0, 0, 0, phrase_heads))
 
         attention_interface = (
             eager_attention_forward if self.config._attn_implementation == "eager" else ALL_ATTENTION_FUNCTIONS["sdpa"]
@@ -309,7 +317,7 @@ class PhraseMemoryAttention(MgsaAttention):
             **kwargs,
         )
         attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
-        return self.out_proj(attn_output), attn_weights
+        return self.output_proj(attn_output), attn_weights
 
     def interact(self, phrases: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
         """
@@ -328,14 +336,14 @@ class PhraseMemoryAttention(MgsaAttention):
         project H_g (B, P, D); phrase memories are zero-padded from P to L slots.
         """
         word_rows = slice(0, self.word_heads * self.head_dim)
-        keys = [self.project(self.k_proj, hidden_states, word_rows)]
-        values = [self.project(self.v_proj, hidden_states, word_rows)]
+        keys = [self.project(self.key_proj, hidden_states, word_rows)]
+        values = [self.project(self.value_proj, hidden_states, word_rows)]
         start = word_rows.stop
         phrase_keys, phrase_values = [], []
         for memory, heads in zip(phrases.unbind(1), self.heads_per_granularity, strict=True):
             rows = slice(start, start + heads * self.head_dim)
-            phrase_keys.append(self.project(self.k_proj, memory, rows))
-            phrase_values.append(self.project(self.v_proj, memory, rows))
+            phrase_keys.append(self.project(self.key_proj, memory, rows))
+            phrase_values.append(self.project(self.value_proj, memory, rows))
             start = rows.stop
         padding = (0, 0, 0, hidden_states.shape[1] - phrases.shape[2])
         keys.append(nn.functional.pad(torch.cat(phrase_keys, 1), padding))
@@ -344,7 +352,8 @@ class PhraseMemoryAttention(MgsaAttention):
 
     def project(self, projection: nn.Linear, states: torch.Tensor, rows: slice) -> torch.Tensor:
         """The heads `rows` of a key/value projection: (B, T, D) → (B, heads, T, d_h)."""
-        return self.split_heads(nn.functional.linear(states, projection.weight[rows], projection.bias[rows]))
+        bias = None if projection.bias is None else projection.bias[rows]
+        return self.split_heads(nn.functional.linear(states, projection.weight[rows], bias))
 
     def key_mask(self, padding_mask: torch.BoolTensor, partition: PhrasePartition, dtype: torch.dtype) -> torch.Tensor:
         """Additive (B, H, 1, L) key mask: the dtype's min on padding tokens (word heads) and padded phrases."""

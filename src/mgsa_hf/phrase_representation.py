@@ -171,20 +171,21 @@ class AttentivePhraseCombination(nn.Module):
     layer.
 
     W3 [x | out_phrase] = W3_x x + W3_p W_O context: the attention's output projection W_O and the half of W3 that
-    reads its output are two linear maps in a row, so they are learnt as their product, `attn.out_proj` (holding
-    W3_p W_O and b3; D → `pr_combination_dim`). The layer computes the same family of functions with one D×D product
-    per token less.
+    reads its output are two linear maps in a row, so they are learnt as their product, the attention's output
+    projection (`attn.out_proj` holding W3_p W_O and b3 on Marian; `attn.o` on T5, whose projections have no bias, so
+    b3 sits in `combine_token`; D → `pr_combination_dim`). The layer computes the same family of functions with one
+    D×D product per token less.
     """
 
     def __init__(self, config, num_heads: int, is_decoder: bool = False, layer_idx: int | None = None):
         super().__init__()
         embed_dim = config.d_model
-        self.attn = MgsaAttention(config, num_heads, is_decoder=is_decoder, layer_idx=layer_idx)
-        # a key bias adds the same logit to every phrase of a query, which the softmax ignores
-        self.attn.k_proj = nn.Linear(embed_dim, embed_dim, bias=False)
         hidden_dim = config.pr_combination_dim or embed_dim // 2
-        self.attn.out_proj = nn.Linear(embed_dim, hidden_dim)  # W3_p W_O, b3
-        self.combine_token = nn.Linear(embed_dim, hidden_dim, bias=False)  # W3_x
+        # a key bias adds the same logit to every phrase of a query, which the softmax ignores
+        self.attn = MgsaAttention(
+            config, num_heads, is_decoder=is_decoder, layer_idx=layer_idx, key_bias=False, output_dim=hidden_dim
+        )
+        self.combine_token = nn.Linear(embed_dim, hidden_dim, bias=self.attn.output_proj.bias is None)  # W3_x (b3)
         self.combine_out = nn.Linear(hidden_dim, embed_dim)  # W4, b4
 
     def forward(
@@ -205,14 +206,17 @@ class AttentivePhraseCombination(nn.Module):
         return self.combine_out(torch.sigmoid(self.combine_token(hidden_states) + phrase_part))  # Eq. 8
 
 
-class PhraseRepresentationEncoderLayer(MgsaEncoderLayer):
+class PhraseRepresentationEncoderMixin:
     """
-    PR encoder layer (Figure 2): phrases pooled from the layer input (Eq. 2-5) → attentive combination with them
-    (Eq. 7-8; residual and LayerNorm) → Marian's self-attention → feed-forward.
+    PR encoder layer (Figure 2), mixed into a backbone's encoder layer: phrases pooled from the layer input
+    (Eq. 2-5) → attentive combination with them (Eq. 7-8, wrapped as the backbone wraps a sub-layer: residual and
+    post-LN on Marian, pre-RMSNorm and residual on T5) → the backbone's self-attention → feed-forward.
 
     Each layer records its input's phrases as `phrase_states` (level k for layer k, level 0 being the embeddings); the
     last layer also pools its output (level d), so the encoder returns the d + 1 levels that Transparent Attention
-    mixes (Eq. 6, "0 corresponds to the embedding layer"; footnote 4's 7 × 6 weights for 6 encoder layers).
+    mixes (Eq. 6, "0 corresponds to the embedding layer"; footnote 4's 7 × 6 weights for 6 encoder layers). On a
+    pre-norm backbone the phrases are pooled from normalised states: the sub-layer's norm for the input, an own norm
+    (`output_phrase_layer_norm`) for the last layer's output.
     """
 
     def __init__(self, config, self_attn: MgsaAttention, layer_idx: int):
@@ -222,9 +226,10 @@ class PhraseRepresentationEncoderLayer(MgsaEncoderLayer):
         self.phrase_combination = AttentivePhraseCombination(
             config, config.encoder_attention_heads, layer_idx=layer_idx
         )
-        self.phrase_combination_layer_norm = nn.LayerNorm(self.embed_dim)
+        self.phrase_combination_layer_norm = self.make_layer_norm()
         self.is_last = layer_idx == config.encoder_layers - 1
         self.output_phrase_pooling = AttentivePhrasePooling(config) if self.is_last else None
+        self.output_phrase_layer_norm = self.make_output_layer_norm() if self.is_last else None
 
     def forward(
         self,
@@ -240,23 +245,33 @@ class PhraseRepresentationEncoderLayer(MgsaEncoderLayer):
                 "`syntax=MgsaSyntaxInputs(padding_mask=...)` (the encoder does this)."
             )
         segmentation = source_phrase_segmentation(syntax, self.config, hidden_states.dtype)
-        phrase_states = self.phrase_pooling(hidden_states, segmentation)
-        syntax.record("phrase_states", phrase_states)
-        phrase_attention_mask = syntax.cached(
-            "pr_phrase_attention_mask",
-            lambda: create_bidirectional_mask(
-                config=self.config,
-                inputs_embeds=hidden_states,
-                attention_mask=segmentation.mask,
-                encoder_hidden_states=phrase_states,
-            ),
-        )
-        update = self.phrase_combination(hidden_states, phrase_states, phrase_attention_mask)
-        hidden_states = self.residual_block(hidden_states, update, self.phrase_combination_layer_norm)
+
+        def combine_with_phrases(states: torch.Tensor) -> torch.Tensor:
+            phrase_states = self.phrase_pooling(states, segmentation)
+            syntax.record("phrase_states", phrase_states)
+            phrase_attention_mask = syntax.cached(
+                "pr_phrase_attention_mask",
+                lambda: create_bidirectional_mask(
+                    config=self.config,
+                    inputs_embeds=states,
+                    attention_mask=segmentation.mask,
+                    encoder_hidden_states=phrase_states,
+                ),
+            )
+            return self.phrase_combination(states, phrase_states, phrase_attention_mask)
+
+        hidden_states = self.sublayer(hidden_states, combine_with_phrases, self.phrase_combination_layer_norm)
         hidden_states = super().forward(hidden_states, attention_mask, syntax=syntax, **kwargs)
         if self.is_last:
-            syntax.record("phrase_states", self.output_phrase_pooling(hidden_states, segmentation))
+            states = hidden_states if self.output_phrase_layer_norm is None else self.output_phrase_layer_norm(
+                hidden_states
+            )
+            syntax.record("phrase_states", self.output_phrase_pooling(states, segmentation))
         return hidden_states
+
+
+class PhraseRepresentationEncoderLayer(PhraseRepresentationEncoderMixin, MgsaEncoderLayer):
+    """The PR encoder layer on Marian's post-LN encoder layer (see [`PhraseRepresentationEncoderMixin`])."""
 
 
 class TransparentAttention(nn.Module):
@@ -285,10 +300,11 @@ class TransparentAttention(nn.Module):
         return mixed.view(phrase_states.shape[0], *phrase_states.shape[2:])
 
 
-class PhraseRepresentationDecoderLayer(MgsaDecoderLayer):
+class PhraseRepresentationDecoderMixin:
     """
-    PR decoder layer (Section 3.2): self-attention → attentive combination with the source phrases (Eq. 7-8; residual
-    and LayerNorm) → cross-attention to the source tokens → feed-forward. The phrases are the Transparent Attention mix
+    PR decoder layer (Section 3.2), mixed into a backbone's decoder layer: self-attention → attentive combination
+    with the source phrases (Eq. 7-8, wrapped as the backbone wraps a sub-layer) → cross-attention to the source
+    tokens → feed-forward. The phrases are the Transparent Attention mix
     of all encoder levels (Eq. 6), or the last level's without `pr_transparent_attention`.
 
     With a cache, the phrase keys and values are computed at the first step and kept in the cross-attention cache under
@@ -302,7 +318,7 @@ class PhraseRepresentationDecoderLayer(MgsaDecoderLayer):
         self.phrase_combination = AttentivePhraseCombination(
             config, config.decoder_attention_heads, is_decoder=True, layer_idx=self.phrase_cache_idx
         )
-        self.phrase_combination_layer_norm = nn.LayerNorm(self.embed_dim)
+        self.phrase_combination_layer_norm = self.make_layer_norm()
         self.transparent_attention = TransparentAttention(config) if config.pr_transparent_attention else None
 
     def source_phrases(self, encoder_phrase_states: torch.Tensor) -> torch.Tensor:
@@ -354,8 +370,15 @@ class PhraseRepresentationDecoderLayer(MgsaDecoderLayer):
             attention_mask=encoder_phrase_mask,
             encoder_hidden_states=phrase_states,
         )
-        update = self.phrase_combination(
-            hidden_states, phrase_states, phrase_attention_mask, past_key_values=phrase_cache
+        hidden_states = self.sublayer(
+            hidden_states,
+            lambda states: self.phrase_combination(
+                states, phrase_states, phrase_attention_mask, past_key_values=phrase_cache
+            ),
+            self.phrase_combination_layer_norm,
         )
-        hidden_states = self.residual_block(hidden_states, update, self.phrase_combination_layer_norm)
         return super().cross_attention(hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values)
+
+
+class PhraseRepresentationDecoderLayer(PhraseRepresentationDecoderMixin, MgsaDecoderLayer):
+    """The PR decoder layer on Marian's post-LN decoder layer (see [`PhraseRepresentationDecoderMixin`])."""

@@ -58,7 +58,9 @@ class MgsaTranslationPipeline(Pipeline):
         """Translate one sentence or a list; returns one `{"translation_text": ...}` per sentence, in a list."""
         sentences = [inputs] if isinstance(inputs, str) else inputs
         if not isinstance(sentences, (list, tuple)) or not all(isinstance(s, str) for s in sentences):
-            raise TypeError(f"the translation pipeline takes a string or a list of strings, got {type(inputs).__name__}.")
+            raise TypeError(
+                f"the translation pipeline takes a string or a list of strings, got {type(inputs).__name__}."
+            )
         preprocess_params, forward_params, _ = self._sanitize_parameters(**kwargs)
         batch_size = batch_size or self._batch_size or 16
         results = []

@@ -69,8 +69,9 @@ class RheAttention(MgsaAttention):
     1 = important, are recorded as `syntax.record("head_labels", ...)` in the `"rhe"` and `"rhe_prune"` modes.
     """
 
-    def __init__(self, config, num_heads: int, is_decoder: bool = False, is_causal: bool = False, layer_idx=None):
-        super().__init__(config, num_heads, is_decoder=is_decoder, is_causal=is_causal, layer_idx=layer_idx)
+    def __init__(self, config, num_heads: int, is_decoder: bool = False, is_causal: bool = False, layer_idx=None,
+                 **kwargs):
+        super().__init__(config, num_heads, is_decoder=is_decoder, is_causal=is_causal, layer_idx=layer_idx, **kwargs)
         self.syntax_attention = config.rhe_attention
         self.mode = config.rhe_mode
         self.max_relative_position = config.rhe_max_relative_position
@@ -144,12 +145,14 @@ class RheAttention(MgsaAttention):
         past_key_values=None,
         attention_mask: torch.Tensor | None = None,
         syntax: MgsaSyntaxInputs | None = None,
+        position_bias: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """
         Encoder self-attention. `hidden_states` (B, L, D); `syntax` carries the padding mask and the source syntax
         fields (`word_ids`, `head_word_ids` for DEA and identification; `local_phrase_start`, `local_phrase_end`,
-        `tree_depth` for LPEA). `attention_mask` is not read: padding comes from `syntax.padding_mask`.
+        `tree_depth` for LPEA). `attention_mask` is not read: padding comes from `syntax.padding_mask`. T5's
+        `position_bias` (1, H, L, L) is part of the energy ξ, so both the plain and the SEA distributions carry it.
 
         Returns:
             `(output (B, L, D), attention weights (B, H, L, L) after head replacement, before dropout)`.
@@ -159,11 +162,11 @@ class RheAttention(MgsaAttention):
         if syntax is None:
             raise ValueError('encoder_type="rhe" needs the source syntax: call it through `MgsaEncoder`.')
         syntax.require(*self.required_syntax(), needed_by=f'encoder_type="rhe" ({self.syntax_attention})')
-        query = self.split_heads(self.q_proj(hidden_states))
-        key = self.split_heads(self.k_proj(hidden_states))
-        value = self.split_heads(self.v_proj(hidden_states))
+        query = self.split_heads(self.query_proj(hidden_states))
+        key = self.split_heads(self.key_proj(hidden_states))
+        value = self.split_heads(self.value_proj(hidden_states))
 
-        energy = torch.matmul(query, key.transpose(-1, -2)) * self.scaling  # (B, H, L, L)
+        energy = self.energy(query, key, position_bias)  # (B, H, L, L)
         sea_bias = self.syntax_bias(syntax, energy.dtype) if self.mode != "rhe_prune" else None
         if self.mode == "sea_all":
             weights = nn.functional.softmax(energy + sea_bias, dim=-1)
@@ -204,7 +207,7 @@ class RedundantHeadRate:
         """A plain-text table: one row per layer, one column per head, the redundant rate in percent."""
         heads = self.rate.shape[1]
         lines = ["layer  " + " ".join(f"h{head:<5}" for head in range(heads)) + " mean"]
-        for layer, rates in zip(self.layers, self.rate.tolist()):
+        for layer, rates in zip(self.layers, self.rate.tolist(), strict=True):
             cells = " ".join(f"{100 * rate:5.1f}%" for rate in rates)
             lines.append(f"{layer:<6} {cells} {100 * sum(rates) / heads:5.1f}%")
         return "\n".join(lines)

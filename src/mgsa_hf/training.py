@@ -24,7 +24,8 @@ DEFAULT_CONFIG = Path(__file__).with_name("default_train_config.yaml")
 class TrainConfig:
     """
     Everything one training run needs. Unknown keys are errors; `model`, `processor` and `training` hold the fields of
-    `MgsaConfig`, `MgsaProcessor` and `Seq2SeqTrainingArguments` and are checked against them before any work starts.
+    the backbone's configuration (`MgsaConfig` for `backbone: marian`, `MgsaT5Config` for `backbone: t5`),
+    `MgsaProcessor` and `Seq2SeqTrainingArguments` and are checked against them before any work starts.
     """
 
     data: str = "../shared/data/multi30k"
@@ -38,6 +39,7 @@ class TrainConfig:
     tokenizer: str | None = None
     vocab_size: int = 8000
     init_from: str | None = None
+    backbone: str = "marian"
     model: dict = field(default_factory=dict)
     processor: dict = field(default_factory=dict)
     training: dict = field(default_factory=dict)
@@ -117,31 +119,41 @@ def _training_arguments(config: TrainConfig):
     return Seq2SeqTrainingArguments(**fields)
 
 
+def _backbone_classes(config: TrainConfig):
+    """The (configuration, model) classes of `config.backbone`."""
+    from .conversion import BACKBONES
+
+    if config.backbone not in BACKBONES:
+        raise ValueError(f"`backbone` must be one of {sorted(BACKBONES)}, got {config.backbone!r}.")
+    return BACKBONES[config.backbone]
+
+
 def _model_config_fields(config: TrainConfig, tokenizer) -> dict:
-    """MgsaConfig fields: the config's `model` section plus the tokenizer's vocabulary and special tokens."""
-    return {
+    """Model configuration fields: the config's `model` section plus the tokenizer's vocabulary and special tokens."""
+    fields = {
         "vocab_size": len(tokenizer),
         "pad_token_id": tokenizer.pad_token_id,
         "decoder_start_token_id": tokenizer.pad_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "forced_eos_token_id": tokenizer.eos_token_id,
-        "max_position_embeddings": max(config.max_source_length, config.max_target_length, 256),
-        **config.model,
     }
+    if config.backbone == "marian":  # T5's positions are relative
+        fields["max_position_embeddings"] = max(config.max_source_length, config.max_target_length, 256)
+    return {**fields, **config.model}
 
 
 def build_model(config: TrainConfig, tokenizer):
-    """A new model from the `model` section, or `init_from` (an MGSA or Marian folder) with its fields overridden."""
-    from .configuration_mgsa import MgsaConfig
-    from .conversion import load_marian_as_mgsa
-    from .modeling_mgsa import MgsaForConditionalGeneration
+    """A new model from the `model` section, or `init_from` (an MGSA, Marian or T5 folder) with its fields
+    overridden."""
+    from .conversion import load_as_mgsa
 
     if config.init_from:
-        model, new_modules = load_marian_as_mgsa(config.init_from, **config.model)
+        model, new_modules = load_as_mgsa(config.init_from, **config.model)
         if new_modules:
             logger.info("initialised from %s; new modules: %s", config.init_from, ", ".join(new_modules))
         return model
-    return MgsaForConditionalGeneration(MgsaConfig(**_model_config_fields(config, tokenizer)))
+    config_class, model_class = _backbone_classes(config)
+    return model_class(config_class(**_model_config_fields(config, tokenizer)))
 
 
 def _limit(dataset, limit: int | None):
@@ -216,7 +228,8 @@ def _score_split(trainer, processed, corpus, split: str, config: TrainConfig, to
     from .evaluation import decode_token_ids, translation_scores
 
     model, args = trainer.model.eval(), trainer.args
-    data = processed[split].remove_columns([c for c in ("labels", "decoder_attention_mask") if c in processed[split].column_names])
+    targets = [column for column in ("labels", "decoder_attention_mask") if column in processed[split].column_names]
+    data = processed[split].remove_columns(targets)
     generation = {"num_beams": args.generation_num_beams or 1, "max_length": args.generation_max_length}
     predictions = []
     with torch.no_grad():
@@ -257,9 +270,7 @@ def train(config: TrainConfig):
 
     training_args = _training_arguments(config)  # validates the `training` section before any work
     if config.init_from is None:
-        from .configuration_mgsa import MgsaConfig
-
-        MgsaConfig(**config.model)  # validates the `model` section before any work
+        _backbone_classes(config)[0](**config.model)  # validates the `model` section before any work
     corpus, processor, processed = prepare(config, training_args)
     tokenizer = processor.tokenizer
     model = build_model(config, tokenizer)
@@ -348,7 +359,8 @@ def run_train(args) -> dict:
         for row in results["scores"]:
             print(f"{row['split']}: BLEU {row['bleu']:.2f}  chrF {row['chrf']:.2f}  ({row['bleu_signature']})")
         if config.examples:
-            for source, translation in zip(config.examples, translate_examples(config.output_dir, config.examples)):
+            translations = translate_examples(config.output_dir, config.examples)
+            for source, translation in zip(config.examples, translations, strict=True):
                 print(f"  {source}  →  {translation}")
         print(f"model, processor and model card saved to {config.output_dir}")
     return results

@@ -1,0 +1,668 @@
+"""PyTorch MGSA-T5 model: the syntax-aware encoder variants inside a T5 (v1.0 or v1.1) seq2seq Transformer.
+
+The layout and parameter names are T5's (`shared`, `encoder.block.{i}.layer.0.SelfAttention.q`, ...,
+`layer.1.DenseReluDense`, `final_layer_norm`, `lm_head`), so a [`~transformers.T5ForConditionalGeneration`] folder
+loads as it is, and with `encoder_type="transformer"` the computation is T5's: pre-RMSNorm residual blocks, unscaled
+attention plus the relative position bias that the first self-attention of each stack owns and every layer shares,
+T5's (gated) feed-forward. The variants use the same attention classes as on Marian ([`MgsaAttention`] and its
+subclasses, which take T5's projection names from `config.backbone`); how each one uses the relative position bias is
+documented on the class (hybrid and RHE add it to their energies, MG-SA to its word heads only, PR's phrase attention
+has no bias: phrases have no token position).
+"""
+
+import torch
+from torch import nn
+from torch.nn import CrossEntropyLoss
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions
+from transformers.models.marian.modeling_marian import shift_tokens_right
+from transformers.models.t5.modeling_t5 import T5Attention, T5LayerFF, T5LayerNorm, T5PreTrainedModel
+from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from .configuration_mgsa import MgsaT5Config
+from .modeling_layers import MgsaAttention, MgsaSyntaxInputs
+from .modeling_mgsa import (
+    MgsaEncoderOutput,
+    MgsaSeq2SeqLMOutput,
+    MgsaSeq2SeqModelOutput,
+    as_encoder_output,
+    build_encoder_self_attention,
+    encoder_output,
+)
+from .phrase_representation import PhraseRepresentationDecoderMixin, PhraseRepresentationEncoderMixin
+
+
+def relative_position_bias(
+    attention: MgsaAttention, query_length: int, key_length: int, bidirectional: bool, past_length: int = 0
+) -> torch.Tensor:
+    """T5's bucketed relative position bias (1, H, T, S) from the table `attention.relative_attention_bias`, for
+    queries at positions past_length..past_length + T - 1 and keys at 0..S - 1."""
+    table = attention.relative_attention_bias
+    config = attention.config
+    context = torch.arange(query_length, device=table.weight.device)[:, None] + past_length
+    memory = torch.arange(key_length, device=table.weight.device)[None, :]
+    buckets = T5Attention._relative_position_bucket(
+        memory - context,
+        bidirectional=bidirectional,
+        num_buckets=config.relative_attention_num_buckets,
+        max_distance=config.relative_attention_max_distance,
+    )
+    return table(buckets).permute(2, 0, 1).unsqueeze(0)
+
+
+class MgsaT5LayerSelfAttention(nn.Module):
+    """T5's self-attention sub-layer (`SelfAttention`, `layer_norm`): x + dropout(attention(RMSNorm(x)))."""
+
+    def __init__(self, config: MgsaT5Config, self_attn: MgsaAttention):
+        super().__init__()
+        self.SelfAttention = self_attn
+        self.layer_norm = T5LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+        self.dropout = nn.Dropout(config.dropout_rate)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs) -> torch.Tensor:
+        attn_output, _ = self.SelfAttention(self.layer_norm(hidden_states), attention_mask=attention_mask, **kwargs)
+        return hidden_states + self.dropout(attn_output)
+
+
+class MgsaT5LayerCrossAttention(nn.Module):
+    """T5's cross-attention sub-layer (`EncDecAttention`, `layer_norm`); cross-attention has no position bias."""
+
+    def __init__(self, config: MgsaT5Config, layer_idx: int):
+        super().__init__()
+        self.EncDecAttention = MgsaAttention(config, config.num_heads, is_decoder=True, layer_idx=layer_idx)
+        self.layer_norm = T5LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+        self.dropout = nn.Dropout(config.dropout_rate)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None,
+    ) -> torch.Tensor:
+        attn_output, _ = self.EncDecAttention(
+            self.layer_norm(hidden_states),
+            key_value_states=key_value_states,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+        )
+        return hidden_states + self.dropout(attn_output)
+
+
+def clamp_inf(hidden_states: torch.Tensor) -> torch.Tensor:
+    """T5's fp16 guard: clamp infinities to the largest finite value."""
+    if hidden_states.dtype == torch.float16 and torch.isinf(hidden_states).any():
+        clamp_value = torch.finfo(hidden_states.dtype).max - 1000
+        hidden_states = torch.clamp(hidden_states, min=-clamp_value, max=clamp_value)
+    return hidden_states
+
+
+class MgsaT5Block(GradientCheckpointingLayer):
+    """What T5's encoder and decoder blocks share: pre-RMSNorm residual sub-layers in `layer` (feed-forward last)."""
+
+    def __init__(self, config: MgsaT5Config, layer_idx: int):
+        super().__init__()
+        self.embed_dim = config.d_model
+        self.layer_idx = layer_idx
+        self.dropout = config.dropout_rate
+        self.layer_norm_epsilon = config.layer_norm_epsilon
+        self.layer = nn.ModuleList()
+
+    def sublayer(self, hidden_states: torch.Tensor, function, layer_norm: nn.Module) -> torch.Tensor:
+        """A sub-layer the way T5 wraps it, for variants that add one (PR): x + dropout(function(RMSNorm(x)))."""
+        update = function(layer_norm(hidden_states))
+        return hidden_states + nn.functional.dropout(update, p=self.dropout, training=self.training)
+
+    def make_layer_norm(self) -> T5LayerNorm:
+        """The normalisation of a sub-layer a variant adds."""
+        return T5LayerNorm(self.embed_dim, eps=self.layer_norm_epsilon)
+
+    def make_output_layer_norm(self) -> T5LayerNorm:
+        """Pre-norm block outputs are not normalised: a variant reading them (PR's last phrase level) has its own."""
+        return self.make_layer_norm()
+
+    def feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return clamp_inf(self.layer[-1](hidden_states))
+
+
+class MgsaT5EncoderBlock(MgsaT5Block):
+    """T5's encoder block: self-attention (plain, or the variant's on `config.variant_layers`) → feed-forward."""
+
+    def __init__(self, config: MgsaT5Config, self_attn: MgsaAttention, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.layer.append(MgsaT5LayerSelfAttention(config, self_attn))
+        self.layer.append(T5LayerFF(config))
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        syntax: MgsaSyntaxInputs | None = None,
+        position_bias: torch.Tensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """hidden_states (B, L, D), attention_mask for (B, 1, L, L) or None, position_bias (1, H, L, L) → (B, L, D)."""
+        hidden_states = self.layer[0](
+            hidden_states, attention_mask, syntax=syntax, position_bias=position_bias, **kwargs
+        )
+        return self.feed_forward(clamp_inf(hidden_states))
+
+
+class MgsaT5DecoderBlock(MgsaT5Block):
+    """T5's decoder block: causal self-attention → cross-attention → feed-forward."""
+
+    def __init__(self, config: MgsaT5Config, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self_attn = MgsaAttention(
+            config,
+            config.num_heads,
+            is_decoder=True,
+            is_causal=True,
+            layer_idx=layer_idx,
+            has_relative_attention_bias=layer_idx == 0,
+        )
+        self.layer.append(MgsaT5LayerSelfAttention(config, self_attn))
+        self.layer.append(MgsaT5LayerCrossAttention(config, layer_idx))
+        self.layer.append(T5LayerFF(config))
+
+    def cross_attention(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """The cross-attention sub-layer over source tokens (PR adds a phrase sub-layer before it)."""
+        return clamp_inf(self.layer[1](hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values))
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        position_bias: torch.Tensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """
+        Args:
+            hidden_states: (B, T, D); attention_mask: causal mask for (B, 1, T, T_past + T) or None.
+            position_bias: (1, H, T, T_past + T) relative position bias of the self-attention.
+            kwargs: extra source memories a variant's block reads (PR: `encoder_phrase_states`, `encoder_phrase_mask`).
+        """
+        hidden_states = clamp_inf(
+            self.layer[0](
+                hidden_states, attention_mask, position_bias=position_bias, past_key_values=past_key_values
+            )
+        )
+        if encoder_hidden_states is not None:
+            hidden_states = self.cross_attention(
+                hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values, **kwargs
+            )
+        return self.feed_forward(hidden_states)
+
+
+class MgsaT5PhraseRepresentationEncoderBlock(PhraseRepresentationEncoderMixin, MgsaT5EncoderBlock):
+    """The PR encoder layer on T5's pre-norm encoder block (see [`PhraseRepresentationEncoderMixin`])."""
+
+
+class MgsaT5PhraseRepresentationDecoderBlock(PhraseRepresentationDecoderMixin, MgsaT5DecoderBlock):
+    """The PR decoder layer on T5's pre-norm decoder block (see [`PhraseRepresentationDecoderMixin`])."""
+
+
+# encoder_type -> block classes that replace whole encoder / decoder blocks
+ENCODER_BLOCKS = {"phrase_representation": MgsaT5PhraseRepresentationEncoderBlock}
+DECODER_BLOCKS = {"phrase_representation": MgsaT5PhraseRepresentationDecoderBlock}
+
+
+def build_encoder_block(config: MgsaT5Config, layer_idx: int) -> MgsaT5EncoderBlock:
+    """Encoder block `layer_idx` for `config.encoder_type`; the first one owns the relative position bias table."""
+    self_attn = build_encoder_self_attention(config, layer_idx, has_relative_attention_bias=layer_idx == 0)
+    return ENCODER_BLOCKS.get(config.encoder_type, MgsaT5EncoderBlock)(config, self_attn, layer_idx)
+
+
+def build_decoder_block(config: MgsaT5Config, layer_idx: int) -> MgsaT5DecoderBlock:
+    """Decoder block `layer_idx` for `config.encoder_type`."""
+    return DECODER_BLOCKS.get(config.encoder_type, MgsaT5DecoderBlock)(config, layer_idx)
+
+
+class MgsaT5PreTrainedModel(T5PreTrainedModel):
+    config: MgsaT5Config
+    config_class = MgsaT5Config
+    base_model_prefix = "transformer"
+    _no_split_modules = ["MgsaT5EncoderBlock", "MgsaT5DecoderBlock"]
+    # the relative position bias is added to the logits, which flash attention cannot take
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+    _can_compile_fullgraph = False
+    _can_record_outputs = {}
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        """T5's initialisation (norms, feed-forwards, and its attention scheme for every [`MgsaAttention`]), then the
+        variants' own parameters."""
+        super()._init_weights(module)
+        factor = self.config.initializer_factor
+        if isinstance(module, MgsaAttention):
+            init.normal_(module.query_proj.weight, mean=0.0, std=factor * (module.embed_dim * module.head_dim) ** -0.5)
+            init.normal_(module.key_proj.weight, mean=0.0, std=factor * module.embed_dim**-0.5)
+            init.normal_(module.value_proj.weight, mean=0.0, std=factor * module.embed_dim**-0.5)
+            init.normal_(module.output_proj.weight, mean=0.0, std=factor * module.inner_dim**-0.5)
+            if hasattr(module, "relative_attention_bias"):
+                init.normal_(module.relative_attention_bias.weight, mean=0.0, std=factor * module.embed_dim**-0.5)
+        elif isinstance(module, (MgsaT5Model, MgsaT5ForConditionalGeneration)):
+            init.normal_(module.shared.weight, mean=0.0, std=factor * 1.0)
+        if hasattr(module, "init_variant_parameters"):
+            module.init_variant_parameters(self.config)
+
+
+class MgsaT5Encoder(MgsaT5PreTrainedModel):
+    """T5 encoder stack of `config.num_layers` blocks ([`MgsaT5EncoderBlock`] or the variant's), reading the source
+    syntax fields of [`MgsaProcessor`] where the variant needs them."""
+
+    _can_record_outputs = {
+        "hidden_states": MgsaT5EncoderBlock,
+        "attentions": OutputRecorder(MgsaAttention, index=1, layer_name="SelfAttention"),
+    }
+
+    def __init__(self, config: MgsaT5Config):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.block = nn.ModuleList([build_encoder_block(config, i) for i in range(config.num_layers)])
+        self.final_layer_norm = T5LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+        self.dropout = nn.Dropout(config.dropout_rate)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def set_input_embeddings(self, new_embeddings):
+        self.embed_tokens = new_embeddings
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        word_ids: torch.LongTensor | None = None,
+        head_word_ids: torch.LongTensor | None = None,
+        phrase_ids: torch.LongTensor | None = None,
+        phrase_tags: torch.LongTensor | None = None,
+        pr_phrase_ids: torch.LongTensor | None = None,
+        local_phrase_start: torch.LongTensor | None = None,
+        local_phrase_end: torch.LongTensor | None = None,
+        tree_depth: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> MgsaEncoderOutput:
+        r"""
+        input_ids (`(batch_size, seq_len)`), attention_mask (same shape, 1 = token):
+            Source tokens and padding mask.
+        word_ids, head_word_ids, phrase_ids, phrase_tags, pr_phrase_ids, local_phrase_start, local_phrase_end,
+        tree_depth:
+            Source syntax fields made by [`MgsaProcessor`]; only those the configured variant reads are required.
+        """
+        if (input_ids is None) ^ (inputs_embeds is not None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        syntax = MgsaSyntaxInputs.for_batch(
+            inputs_embeds,
+            attention_mask,
+            word_ids=word_ids,
+            head_word_ids=head_word_ids,
+            phrase_ids=phrase_ids,
+            phrase_tags=phrase_tags,
+            pr_phrase_ids=pr_phrase_ids,
+            local_phrase_start=local_phrase_start,
+            local_phrase_end=local_phrase_end,
+            tree_depth=tree_depth,
+        )
+        attention_mask = create_bidirectional_mask(
+            config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
+        )
+        length = inputs_embeds.shape[1]
+        bias_table = self.block[0].layer[0].SelfAttention
+        position_bias = relative_position_bias(bias_table, length, length, bidirectional=True)
+        hidden_states = self.dropout(inputs_embeds)
+        for block in self.block:
+            hidden_states = block(hidden_states, attention_mask, syntax=syntax, position_bias=position_bias, **kwargs)
+        hidden_states = self.dropout(self.final_layer_norm(hidden_states))
+        return encoder_output(hidden_states, syntax.records)
+
+
+class MgsaT5Decoder(MgsaT5PreTrainedModel):
+    """T5 decoder stack of `config.num_decoder_layers` blocks ([`MgsaT5DecoderBlock`] or the variant's)."""
+
+    _can_record_outputs = {
+        "hidden_states": MgsaT5DecoderBlock,
+        "attentions": OutputRecorder(MgsaAttention, index=1, layer_name="SelfAttention"),
+        "cross_attentions": OutputRecorder(MgsaAttention, index=1, layer_name="EncDecAttention"),
+    }
+
+    def __init__(self, config: MgsaT5Config):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.block = nn.ModuleList([build_decoder_block(config, i) for i in range(config.num_decoder_layers)])
+        self.final_layer_norm = T5LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+        self.dropout = nn.Dropout(config.dropout_rate)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def set_input_embeddings(self, new_embeddings):
+        self.embed_tokens = new_embeddings
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        encoder_phrase_states: torch.FloatTensor | None = None,
+        encoder_phrase_mask: torch.BoolTensor | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        r"""
+        encoder_phrase_states (`(batch_size, encoder_layers + 1, num_phrases, d_model)`), encoder_phrase_mask
+        (`(batch_size, num_phrases)`):
+            PR source phrase memories, passed to every decoder block (plain blocks ignore them).
+        """
+        if (input_ids is None) ^ (inputs_embeds is not None):
+            raise ValueError("You must specify exactly one of decoder_input_ids or decoder_inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        self_attn_cache = (
+            past_key_values.self_attention_cache
+            if isinstance(past_key_values, EncoderDecoderCache)
+            else past_key_values
+        )
+        past_length = self_attn_cache.get_seq_length() if self_attn_cache is not None else 0
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            past_key_values=self_attn_cache,
+        )
+        encoder_attention_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+        length = inputs_embeds.shape[1]
+        position_bias = relative_position_bias(
+            self.block[0].layer[0].SelfAttention, length, past_length + length, bidirectional=False,
+            past_length=past_length,
+        )
+        hidden_states = self.dropout(inputs_embeds)
+        for block in self.block:
+            hidden_states = block(
+                hidden_states,
+                causal_mask,
+                encoder_hidden_states,  # positional for gradient checkpointing
+                encoder_attention_mask=encoder_attention_mask,
+                past_key_values=past_key_values,
+                position_bias=position_bias,
+                encoder_phrase_states=encoder_phrase_states,
+                encoder_phrase_mask=encoder_phrase_mask,
+                **kwargs,
+            )
+        hidden_states = self.dropout(self.final_layer_norm(hidden_states))
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states, past_key_values=past_key_values
+        )
+
+
+class MgsaT5Model(MgsaT5PreTrainedModel):
+    """The bare MGSA-T5 encoder-decoder, outputting raw decoder states (T5 layout: `shared`, `encoder`, `decoder`)."""
+
+    _keys_to_ignore_on_load_unexpected = ["decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"]
+    _tied_weights_keys = {
+        "encoder.embed_tokens.weight": "shared.weight",
+        "decoder.embed_tokens.weight": "shared.weight",
+    }
+
+    def __init__(self, config: MgsaT5Config):
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model)
+        self.encoder = MgsaT5Encoder(config)
+        self.decoder = MgsaT5Decoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.shared
+
+    def set_input_embeddings(self, new_embeddings):
+        self.shared = new_embeddings
+        self.encoder.set_input_embeddings(new_embeddings)
+        self.decoder.set_input_embeddings(new_embeddings)
+
+    def get_encoder(self):
+        return self.encoder
+
+    def get_decoder(self):
+        return self.decoder
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        word_ids: torch.LongTensor | None = None,
+        head_word_ids: torch.LongTensor | None = None,
+        phrase_ids: torch.LongTensor | None = None,
+        phrase_tags: torch.LongTensor | None = None,
+        pr_phrase_ids: torch.LongTensor | None = None,
+        local_phrase_start: torch.LongTensor | None = None,
+        local_phrase_end: torch.LongTensor | None = None,
+        tree_depth: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> MgsaSeq2SeqModelOutput:
+        r"""
+        Arguments are those of [`~transformers.T5Model`] plus the source syntax fields of [`MgsaT5Encoder`].
+        """
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                word_ids=word_ids,
+                head_word_ids=head_word_ids,
+                phrase_ids=phrase_ids,
+                phrase_tags=phrase_tags,
+                pr_phrase_ids=pr_phrase_ids,
+                local_phrase_start=local_phrase_start,
+                local_phrase_end=local_phrase_end,
+                tree_depth=tree_depth,
+                **kwargs,
+            )
+        encoder_outputs = as_encoder_output(encoder_outputs)
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            encoder_phrase_states=encoder_outputs.phrase_states,
+            encoder_phrase_mask=encoder_outputs.phrase_mask,
+            **kwargs,
+        )
+        return MgsaSeq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+            encoder_tag_loss=encoder_outputs.tag_loss,
+            encoder_gates=encoder_outputs.gates,
+            encoder_head_labels=encoder_outputs.head_labels,
+        )
+
+
+class MgsaT5ForConditionalGeneration(MgsaT5PreTrainedModel, GenerationMixin):
+    """
+    MGSA-T5 with T5's language-modelling head, for translation: `model(**processor(src, text_target=tgt))` gives the
+    loss (plus `phrase_tag_loss_weight` times MG-SA's tag loss), `model.generate(**processor(src))` translates. Loads
+    MGSA-T5 and T5 checkpoints alike; modules a T5 checkpoint lacks (the variant's) are freshly initialised.
+    """
+
+    _keys_to_ignore_on_load_unexpected = ["decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"]
+    _tied_weights_keys = {
+        "encoder.embed_tokens.weight": "shared.weight",
+        "decoder.embed_tokens.weight": "shared.weight",
+        "lm_head.weight": "shared.weight",
+    }
+
+    def __init__(self, config: MgsaT5Config):
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model)
+        self.encoder = MgsaT5Encoder(config)
+        self.decoder = MgsaT5Decoder(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.shared
+
+    def set_input_embeddings(self, new_embeddings):
+        self.shared = new_embeddings
+        self.encoder.set_input_embeddings(new_embeddings)
+        self.decoder.set_input_embeddings(new_embeddings)
+
+    def get_encoder(self):
+        return self.encoder
+
+    def get_decoder(self):
+        return self.decoder
+
+    def _shift_right(self, input_ids: torch.LongTensor) -> torch.LongTensor:
+        """Decoder inputs from labels; the decoder starts from `decoder_start_token_id` (T5: the pad token)."""
+        pad = self.config.pad_token_id
+        start = self.config.decoder_start_token_id
+        return shift_tokens_right(input_ids, pad, pad if start is None else start)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        word_ids: torch.LongTensor | None = None,
+        head_word_ids: torch.LongTensor | None = None,
+        phrase_ids: torch.LongTensor | None = None,
+        phrase_tags: torch.LongTensor | None = None,
+        pr_phrase_ids: torch.LongTensor | None = None,
+        local_phrase_start: torch.LongTensor | None = None,
+        local_phrase_end: torch.LongTensor | None = None,
+        tree_depth: torch.LongTensor | None = None,
+        output_gates: bool | None = None,
+        output_head_labels: bool | None = None,
+        **kwargs,
+    ) -> MgsaSeq2SeqLMOutput:
+        r"""
+        labels (`torch.LongTensor` of shape `(batch_size, target_len)`, *optional*):
+            Target token ids; -100 is ignored. The decoder inputs are the labels shifted right.
+        output_gates, output_head_labels (`bool`, *optional*):
+            Return the hybrid gates / RHE head labels, as in [`MgsaForConditionalGeneration`].
+
+        The other arguments are those of [`~transformers.T5ForConditionalGeneration`] and the source syntax fields of
+        [`MgsaT5Encoder`].
+        """
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self._shift_right(labels)
+        # the encoder-decoder pass of MgsaT5Model: T5 keeps `shared`, `encoder` and `decoder` on this class itself
+        outputs: MgsaSeq2SeqModelOutput = MgsaT5Model.forward(
+            self,
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            word_ids=word_ids,
+            head_word_ids=head_word_ids,
+            phrase_ids=phrase_ids,
+            phrase_tags=phrase_tags,
+            pr_phrase_ids=pr_phrase_ids,
+            local_phrase_start=local_phrase_start,
+            local_phrase_end=local_phrase_end,
+            tree_depth=tree_depth,
+            **kwargs,
+        )
+        sequence_output = outputs.last_hidden_state
+        if self.config.scale_decoder_outputs:  # tied input/output embeddings
+            sequence_output = sequence_output * (self.config.d_model**-0.5)
+        lm_logits = self.lm_head(sequence_output)
+
+        translation_loss = loss = None
+        if labels is not None:
+            translation_loss = CrossEntropyLoss()(lm_logits.view(-1, lm_logits.shape[-1]), labels.view(-1))
+            loss = translation_loss
+        tag_loss = outputs.encoder_tag_loss.mean() if outputs.encoder_tag_loss is not None else None
+        if loss is not None and tag_loss is not None:
+            loss = loss + self.config.phrase_tag_loss_weight * tag_loss
+
+        return MgsaSeq2SeqLMOutput(
+            loss=loss,
+            logits=lm_logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+            translation_loss=translation_loss,
+            tag_loss=tag_loss,
+            encoder_gates=outputs.encoder_gates if output_gates else None,
+            encoder_head_labels=outputs.encoder_head_labels if output_head_labels else None,
+        )
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor):
+        return self._shift_right(labels)
+
+
+__all__ = [
+    "MgsaT5Decoder",
+    "MgsaT5Encoder",
+    "MgsaT5ForConditionalGeneration",
+    "MgsaT5Model",
+    "MgsaT5PreTrainedModel",
+]
