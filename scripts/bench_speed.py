@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Speed and memory of every encoder variant as ratios to the plain Transformer, measured in the same run.
 
-For each model size, the same real Multi30k batches (through `MgsaProcessor`, parser included) feed every variant:
+For each backbone (Marian, T5) and model size, the same real Multi30k batches (through `MgsaProcessor`, parser
+included) feed every variant:
 
 * training step time: forward + backward + AdamW step, median over `--steps` steps after `--warmup`, the variants
   interleaved step by step so that machine noise hits them alike;
@@ -11,6 +12,7 @@ For each model size, the same real Multi30k batches (through `MgsaProcessor`, pa
   variant runs in a fresh subprocess and the peak resident set growth over the step is measured.
 
     python scripts/bench_speed.py --device cpu            # writes benchmarks/speed-cpu.json and its table
+    python scripts/bench_speed.py --backbones t5          # the T5 family alone
     python scripts/bench_speed.py --device cuda --bf16    # on a GPU
 
 Ratios are variant / transformer: > 1 means slower (or more memory).
@@ -34,11 +36,18 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "multi30k"
 
+# backbone -> size -> configuration fields (the same sizes in each backbone's own names)
 SIZES = {
-    "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
-                 decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048),
-    "small": dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
-                  decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024),
+    "marian": {
+        "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+                     decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048),
+        "small": dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+                      decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024),
+    },
+    "t5": {
+        "base": dict(d_model=512, num_layers=6, num_decoder_layers=6, num_heads=8, d_kv=64, d_ff=2048),
+        "small": dict(d_model=256, num_layers=3, num_decoder_layers=3, num_heads=4, d_kv=64, d_ff=1024),
+    },
 }
 
 # name -> MgsaConfig fields; the first entry is the reference
@@ -97,17 +106,19 @@ def long_sentences(sources: list[str], count: int, words: int = 100) -> list[str
     return joined
 
 
-def build_model(processor, size: str, fields: dict, device, dtype):
-    from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
+def build_model(processor, backbone: str, size: str, fields: dict, device, dtype):
+    from mgsa_hf.conversion import BACKBONES
 
     tokenizer = processor.tokenizer
-    config = MgsaConfig(
+    config_class, model_class = BACKBONES[backbone]
+    extra = dict(max_position_embeddings=512, dropout=0.1) if backbone == "marian" else dict(dropout_rate=0.1)
+    config = config_class(
         vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, decoder_start_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id, forced_eos_token_id=tokenizer.eos_token_id,
-        max_position_embeddings=512, dropout=0.1, **SIZES[size], **fields,
+        **extra, **SIZES[backbone][size], **fields,
     )
     torch.manual_seed(0)
-    return MgsaForConditionalGeneration(config).to(device=device, dtype=dtype)
+    return model_class(config).to(device=device, dtype=dtype)
 
 
 def to_device(batch: dict, device) -> dict:
@@ -184,7 +195,7 @@ def peak_memory_cpu_child(args) -> None:
 
     processor = MgsaProcessor.from_pretrained(processor_dir)
     fields = json.loads(args.memory_fields)
-    model = build_model(processor, args.memory_size, fields, torch.device("cpu"), torch.float32)
+    model = build_model(processor, args.memory_backbone, args.memory_size, fields, torch.device("cpu"), torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     # a first step on one sentence loads the kernels and allocates the optimizer state, which the peak should not
     # count; then the peak resident set over a full step, from the resident set before it
@@ -195,14 +206,15 @@ def peak_memory_cpu_child(args) -> None:
     print(json.dumps({"peak_mib": (peak_kib - rss_kib) / 1024}))
 
 
-def peak_memory_cpu(workdir: Path, size: str, fields: dict) -> float:
+def peak_memory_cpu(workdir: Path, backbone: str, size: str, fields: dict) -> float:
     command = [sys.executable, __file__, "--memory-child", "--memory-batch", str(workdir / "long_batch.pt"),
-               "--memory-size", size, "--memory-fields", json.dumps(fields), "--threads", str(torch.get_num_threads())]
+               "--memory-backbone", backbone, "--memory-size", size, "--memory-fields", json.dumps(fields),
+               "--threads", str(torch.get_num_threads())]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])["peak_mib"]
 
 
-def benchmark_size(args, processor, workdir: Path, size: str, device, dtype) -> dict:
+def benchmark_size(args, processor, workdir: Path, backbone: str, size: str, device, dtype) -> dict:
     sources = read_sentences("train", "en", args.batch_size * args.num_batches)
     targets = read_sentences("train", "de", args.batch_size * args.num_batches)
     train_batches = make_batches(processor, sources, targets, args.batch_size)
@@ -211,16 +223,21 @@ def benchmark_size(args, processor, workdir: Path, size: str, device, dtype) -> 
     long_batch = dict(processor(long_source, text_target=targets[: len(long_source)], return_tensors="pt"))
     torch.save(long_batch, workdir / "long_batch.pt")
 
-    models = {name: build_model(processor, size, fields, device, dtype) for name, fields in args.variants.items()}
-    log(f"{size}: training steps")
+    models = {
+        name: build_model(processor, backbone, size, fields, device, dtype) for name, fields in args.variants.items()
+    }
+    label = f"{backbone} {size}"
+    log(f"{label}: training steps")
     train = time_training(models, train_batches, args.steps, args.warmup, device)
-    log(f"{size}: generation")
+    log(f"{label}: generation")
     generation = time_generation(models, gen_batches, args.gen_tokens, args.gen_rounds, device)
-    log(f"{size}: peak memory")
+    log(f"{label}: peak memory")
     if device.type == "cuda":
         memory = {name: peak_memory_cuda(model, long_batch, device) for name, model in models.items()}
     else:
-        memory = {name: peak_memory_cpu(workdir, size, fields) for name, fields in args.variants.items()}
+        memory = {
+            name: peak_memory_cpu(workdir, backbone, size, fields) for name, fields in args.variants.items()
+        }
     reference = next(iter(models))
     rows = {}
     for name, model in models.items():
@@ -234,8 +251,8 @@ def benchmark_size(args, processor, workdir: Path, size: str, device, dtype) -> 
             "peak_memory_ratio": memory[name] / memory[reference],
         }
     return {
-        "size": size,
-        "config": SIZES[size],
+        "size": label,
+        "config": SIZES[backbone][size],
         "batch": {"sentences": args.batch_size, "mean_source_tokens": float(
             sum(b["attention_mask"].sum() for b in train_batches) / len(sources))},
         "long_batch_source_tokens": list(long_batch["input_ids"].shape),
@@ -244,9 +261,12 @@ def benchmark_size(args, processor, workdir: Path, size: str, device, dtype) -> 
 
 
 def markdown_table(result: dict) -> str:
+    config = result["config"]
+    layers = (config.get("encoder_layers", config.get("num_layers")), config.get("decoder_layers",
+              config.get("num_decoder_layers")))
+    heads = config.get("encoder_attention_heads", config.get("num_heads"))
     lines = [
-        f"**{result['size']}** ({result['config']['d_model']}d, {result['config']['encoder_layers']}+"
-        f"{result['config']['decoder_layers']} layers, {result['config']['encoder_attention_heads']} heads; "
+        f"**{result['size']}** ({config['d_model']}d, {layers[0]}+{layers[1]} layers, {heads} heads; "
         f"{result['batch']['sentences']} sentences per batch, {result['batch']['mean_source_tokens']:.1f} source "
         f"tokens on average; memory at {result['long_batch_source_tokens'][1]}-token sentences)",
         "",
@@ -272,7 +292,7 @@ def markdown_table(result: dict) -> str:
 
 
 def write_results(args, results: list[dict]) -> None:
-    out = REPO / "benchmarks" / f"speed-{args.device}.json"
+    out = Path(args.output) if args.output else REPO / "benchmarks" / f"speed-{args.device}.json"
     out.parent.mkdir(exist_ok=True)
     command = "python scripts/bench_speed.py " + " ".join(sys.argv[1:])
     payload = {"command": command, "device": args.device, "dtype": "bf16" if args.bf16 else "fp32",
@@ -281,14 +301,17 @@ def write_results(args, results: list[dict]) -> None:
     out.write_text(json.dumps(payload, indent=2) + "\n")
     tables = "\n\n".join(markdown_table(result) for result in results)
     print(tables)
-    (REPO / "benchmarks" / f"speed-{args.device}.md").write_text(f"Command: `{command}`\n\n{tables}\n")
+    out.with_suffix(".md").write_text(f"Command: `{command}`\n\n{tables}\n")
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--bf16", action="store_true", help="bfloat16 weights and activations (GPU)")
-    parser.add_argument("--sizes", nargs="*", default=["small", "base"], choices=list(SIZES))
+    parser.add_argument("--backbones", nargs="*", default=list(SIZES), choices=list(SIZES),
+                        help="model families, each measured against its own plain transformer")
+    parser.add_argument("--sizes", nargs="*", default=["small", "base"], choices=list(SIZES["marian"]))
+    parser.add_argument("--output", help="results JSON (default: benchmarks/speed-<device>.json; a table beside it)")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), help="names from VARIANTS")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--num-batches", type=int, default=4)
@@ -301,6 +324,7 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--memory-batch", help=argparse.SUPPRESS)
+    parser.add_argument("--memory-backbone", help=argparse.SUPPRESS)
     parser.add_argument("--memory-size", help=argparse.SUPPRESS)
     parser.add_argument("--memory-fields", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -326,9 +350,10 @@ def main(argv=None) -> None:
         processor = build_processor(workdir)
         processor.save_pretrained(workdir / "processor")
         results = []
-        for size in args.sizes:  # written after each size, so a long run keeps what it has measured
-            results.append(benchmark_size(args, processor, workdir, size, device, dtype))
-            write_results(args, results)
+        for backbone in args.backbones:
+            for size in args.sizes:  # written after each size, so a long run keeps what it has measured
+                results.append(benchmark_size(args, processor, workdir, backbone, size, device, dtype))
+                write_results(args, results)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ attention plus the relative position bias that the first self-attention of each 
 T5's (gated) feed-forward. The variants use the same attention classes as on Marian ([`MgsaAttention`] and its
 subclasses, which take T5's projection names from `config.backbone`); how each one uses the relative position bias is
 documented on the class (hybrid and RHE add it to their energies, MG-SA to its word heads only, PR's phrase attention
-has no bias: phrases have no token position).
+has no bias: phrases have no token position). The attention kernel (eager or sdpa, which takes the position bias too)
+is chosen inside [`MgsaAttention`] with `ALL_ATTENTION_FUNCTIONS.get_interface(...)`, so `set_attn_implementation`
+switches it as it does for T5.
 """
 
 import torch
