@@ -179,3 +179,18 @@ def test_train_t5_family_save_load_translate(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == expected
+
+
+@pytest.mark.parametrize("encoder_type", ["transformer", "phrase_representation"])
+def test_decoder_deeper_than_encoder_generates_with_cache(encoder_type, real_batch):
+    """Transformers sizes caches by T5's `num_layers` (the encoder's depth); a deeper decoder still caches every
+    block, and cached beam search gives what recomputing everything gives."""
+    config = MgsaT5Config(vocab_size=600, d_model=32, d_kv=8, d_ff=48, num_layers=1, num_decoder_layers=3,
+                          num_heads=4, pad_token_id=2, eos_token_id=0, decoder_start_token_id=2,
+                          encoder_type=encoder_type)
+    torch.manual_seed(0)
+    model = MgsaT5ForConditionalGeneration(config).eval()
+    inputs = source_inputs(real_batch[0])
+    settings = dict(num_beams=4, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    cached = model.generate(**inputs, **settings, use_cache=True)
+    assert torch.equal(cached, model.generate(**inputs, **settings, use_cache=False))

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import CrossEntropyLoss
 from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -37,6 +37,15 @@ from .modeling_mgsa import (
     encoder_output,
 )
 from .phrase_representation import PhraseRepresentationDecoderMixin, PhraseRepresentationEncoderMixin
+
+
+def extend_cache(past_key_values: Cache | None, num_layers: int) -> None:
+    """Give a decoder cache a layer per decoder block. Transformers sizes caches by `num_hidden_layers`, which T5
+    configurations map to the encoder depth `num_layers`: a deeper decoder (`num_decoder_layers`) needs more."""
+    if isinstance(past_key_values, EncoderDecoderCache):
+        for cache in (past_key_values.self_attention_cache, past_key_values.cross_attention_cache):
+            while isinstance(cache, DynamicCache) and len(cache.layers) < num_layers:
+                cache.layers.append(DynamicLayer())
 
 
 def relative_position_bias(
@@ -386,6 +395,7 @@ class MgsaT5Decoder(MgsaT5PreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        extend_cache(past_key_values, len(self.block))
         self_attn_cache = (
             past_key_values.self_attention_cache
             if isinstance(past_key_values, EncoderDecoderCache)
