@@ -29,7 +29,13 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_mgsa import MgsaConfig
 from .hybrid import HybridAttention
-from .modeling_layers import MgsaAttention, MgsaDecoderLayer, MgsaEncoderLayer, MgsaSyntaxInputs
+from .modeling_layers import (
+    SYNTAX_INPUT_NAMES,
+    MgsaAttention,
+    MgsaDecoderLayer,
+    MgsaEncoderLayer,
+    MgsaSyntaxInputs,
+)
 from .phrase_memory import PhraseMemoryAttention
 from .phrase_representation import PhraseRepresentationDecoderLayer, PhraseRepresentationEncoderLayer
 from .rhe import RheAttention
@@ -345,6 +351,94 @@ def as_encoder_output(encoder_outputs) -> MgsaEncoderOutput:
     )
 
 
+def encoder_decoder_forward(
+    model: PreTrainedModel,
+    input_ids: torch.LongTensor | None,
+    attention_mask: torch.Tensor | None,
+    decoder_input_ids: torch.LongTensor | None,
+    decoder_attention_mask: torch.Tensor | None,
+    encoder_outputs,
+    past_key_values: Cache | None,
+    inputs_embeds: torch.Tensor | None,
+    decoder_inputs_embeds: torch.Tensor | None,
+    use_cache: bool | None,
+    syntax_fields: dict[str, torch.LongTensor | None],
+    **kwargs,
+) -> MgsaSeq2SeqModelOutput:
+    """
+    The encoder-decoder pass of both backbones: encode the source with its syntax fields (unless `encoder_outputs`
+    are given, as `generate` does), then decode against the source states and, for PR, the source phrases.
+    """
+    if encoder_outputs is None:
+        encoder_outputs = model.get_encoder()(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            **syntax_fields,
+            **kwargs,
+        )
+    encoder_outputs = as_encoder_output(encoder_outputs)
+    decoder_outputs = model.get_decoder()(
+        input_ids=decoder_input_ids,
+        attention_mask=decoder_attention_mask,
+        encoder_hidden_states=encoder_outputs.last_hidden_state,
+        encoder_attention_mask=attention_mask,
+        past_key_values=past_key_values,
+        inputs_embeds=decoder_inputs_embeds,
+        use_cache=use_cache,
+        encoder_phrase_states=encoder_outputs.phrase_states,
+        encoder_phrase_mask=encoder_outputs.phrase_mask,
+        **kwargs,
+    )
+    return MgsaSeq2SeqModelOutput(
+        last_hidden_state=decoder_outputs.last_hidden_state,
+        past_key_values=decoder_outputs.past_key_values,
+        decoder_hidden_states=decoder_outputs.hidden_states,
+        decoder_attentions=decoder_outputs.attentions,
+        cross_attentions=decoder_outputs.cross_attentions,
+        encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+        encoder_hidden_states=encoder_outputs.hidden_states,
+        encoder_attentions=encoder_outputs.attentions,
+        encoder_tag_loss=encoder_outputs.tag_loss,
+        encoder_gates=encoder_outputs.gates,
+        encoder_head_labels=encoder_outputs.head_labels,
+    )
+
+
+def language_model_output(
+    config,
+    outputs: MgsaSeq2SeqModelOutput,
+    lm_logits: torch.Tensor,
+    labels: torch.LongTensor | None,
+    output_gates: bool | None,
+    output_head_labels: bool | None,
+) -> MgsaSeq2SeqLMOutput:
+    """Both backbones' LM output: the translation cross-entropy (-100 ignored) plus `phrase_tag_loss_weight` times
+    MG-SA's tag loss, and the analysis outputs that were asked for."""
+    translation_loss = loss = None
+    if labels is not None:
+        translation_loss = CrossEntropyLoss()(lm_logits.view(-1, lm_logits.shape[-1]), labels.view(-1))
+        loss = translation_loss
+    tag_loss = outputs.encoder_tag_loss.mean() if outputs.encoder_tag_loss is not None else None
+    if loss is not None and tag_loss is not None:
+        loss = loss + config.phrase_tag_loss_weight * tag_loss
+    return MgsaSeq2SeqLMOutput(
+        loss=loss,
+        logits=lm_logits,
+        past_key_values=outputs.past_key_values,
+        decoder_hidden_states=outputs.decoder_hidden_states,
+        decoder_attentions=outputs.decoder_attentions,
+        cross_attentions=outputs.cross_attentions,
+        encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+        encoder_hidden_states=outputs.encoder_hidden_states,
+        encoder_attentions=outputs.encoder_attentions,
+        translation_loss=translation_loss,
+        tag_loss=tag_loss,
+        encoder_gates=outputs.encoder_gates if output_gates else None,
+        encoder_head_labels=outputs.encoder_head_labels if output_head_labels else None,
+    )
+
+
 class MgsaModel(MgsaPreTrainedModel):
     """The bare MGSA encoder-decoder, outputting raw decoder states (Marian layout: `shared`, `encoder`, `decoder`)."""
 
@@ -400,46 +494,20 @@ class MgsaModel(MgsaPreTrainedModel):
         r"""
         Arguments are those of [`~transformers.MarianModel`] plus the source syntax fields of [`MgsaEncoder`].
         """
-        if encoder_outputs is None:
-            encoder_outputs = self.encoder(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                inputs_embeds=inputs_embeds,
-                word_ids=word_ids,
-                head_word_ids=head_word_ids,
-                phrase_ids=phrase_ids,
-                phrase_tags=phrase_tags,
-                pr_phrase_ids=pr_phrase_ids,
-                local_phrase_start=local_phrase_start,
-                local_phrase_end=local_phrase_end,
-                tree_depth=tree_depth,
-                **kwargs,
-            )
-        encoder_outputs = as_encoder_output(encoder_outputs)
-        decoder_outputs = self.decoder(
-            input_ids=decoder_input_ids,
-            attention_mask=decoder_attention_mask,
-            encoder_hidden_states=encoder_outputs.last_hidden_state,
-            encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=decoder_inputs_embeds,
-            use_cache=use_cache,
-            encoder_phrase_states=encoder_outputs.phrase_states,
-            encoder_phrase_mask=encoder_outputs.phrase_mask,
+        syntax_fields = {name: value for name, value in locals().items() if name in SYNTAX_INPUT_NAMES}
+        return encoder_decoder_forward(
+            self,
+            input_ids,
+            attention_mask,
+            decoder_input_ids,
+            decoder_attention_mask,
+            encoder_outputs,
+            past_key_values,
+            inputs_embeds,
+            decoder_inputs_embeds,
+            use_cache,
+            syntax_fields,
             **kwargs,
-        )
-        return MgsaSeq2SeqModelOutput(
-            last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
-            decoder_hidden_states=decoder_outputs.hidden_states,
-            decoder_attentions=decoder_outputs.attentions,
-            cross_attentions=decoder_outputs.cross_attentions,
-            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
-            encoder_hidden_states=encoder_outputs.hidden_states,
-            encoder_attentions=encoder_outputs.attentions,
-            encoder_tag_loss=encoder_outputs.tag_loss,
-            encoder_gates=encoder_outputs.gates,
-            encoder_head_labels=encoder_outputs.head_labels,
         )
 
 
@@ -524,51 +592,23 @@ class MgsaForConditionalGeneration(MgsaPreTrainedModel, GenerationMixin):
                 decoder_input_ids = shift_tokens_right(
                     labels, self.config.pad_token_id, self.config.decoder_start_token_id
                 )
-        outputs: MgsaSeq2SeqModelOutput = self.model(
+        syntax_fields = {name: value for name, value in locals().items() if name in SYNTAX_INPUT_NAMES}
+        outputs = encoder_decoder_forward(
+            self.model,
             input_ids,
-            attention_mask=attention_mask,
-            decoder_input_ids=decoder_input_ids,
-            encoder_outputs=encoder_outputs,
-            decoder_attention_mask=decoder_attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            decoder_inputs_embeds=decoder_inputs_embeds,
-            use_cache=use_cache,
-            word_ids=word_ids,
-            head_word_ids=head_word_ids,
-            phrase_ids=phrase_ids,
-            phrase_tags=phrase_tags,
-            pr_phrase_ids=pr_phrase_ids,
-            local_phrase_start=local_phrase_start,
-            local_phrase_end=local_phrase_end,
-            tree_depth=tree_depth,
+            attention_mask,
+            decoder_input_ids,
+            decoder_attention_mask,
+            encoder_outputs,
+            past_key_values,
+            inputs_embeds,
+            decoder_inputs_embeds,
+            use_cache,
+            syntax_fields,
             **kwargs,
         )
         lm_logits = self.lm_head(outputs.last_hidden_state) + self.final_logits_bias
-
-        translation_loss = loss = None
-        if labels is not None:
-            translation_loss = CrossEntropyLoss()(lm_logits.view(-1, lm_logits.shape[-1]), labels.view(-1))
-            loss = translation_loss
-        tag_loss = outputs.encoder_tag_loss.mean() if outputs.encoder_tag_loss is not None else None
-        if loss is not None and tag_loss is not None:
-            loss = loss + self.config.phrase_tag_loss_weight * tag_loss
-
-        return MgsaSeq2SeqLMOutput(
-            loss=loss,
-            logits=lm_logits,
-            past_key_values=outputs.past_key_values,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
-            translation_loss=translation_loss,
-            tag_loss=tag_loss,
-            encoder_gates=outputs.encoder_gates if output_gates else None,
-            encoder_head_labels=outputs.encoder_head_labels if output_head_labels else None,
-        )
+        return language_model_output(self.config, outputs, lm_logits, labels, output_gates, output_head_labels)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

@@ -14,7 +14,6 @@ switches it as it does for T5.
 
 import torch
 from torch import nn
-from torch.nn import CrossEntropyLoss
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import GenerationMixin
@@ -27,14 +26,15 @@ from transformers.utils.generic import can_return_tuple, merge_with_config_defau
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_mgsa import MgsaT5Config
-from .modeling_layers import MgsaAttention, MgsaSyntaxInputs
+from .modeling_layers import SYNTAX_INPUT_NAMES, MgsaAttention, MgsaSyntaxInputs
 from .modeling_mgsa import (
     MgsaEncoderOutput,
     MgsaSeq2SeqLMOutput,
     MgsaSeq2SeqModelOutput,
-    as_encoder_output,
     build_encoder_self_attention,
+    encoder_decoder_forward,
     encoder_output,
+    language_model_output,
 )
 from .phrase_representation import PhraseRepresentationDecoderMixin, PhraseRepresentationEncoderMixin
 
@@ -493,46 +493,20 @@ class MgsaT5Model(MgsaT5PreTrainedModel):
         r"""
         Arguments are those of [`~transformers.T5Model`] plus the source syntax fields of [`MgsaT5Encoder`].
         """
-        if encoder_outputs is None:
-            encoder_outputs = self.encoder(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                inputs_embeds=inputs_embeds,
-                word_ids=word_ids,
-                head_word_ids=head_word_ids,
-                phrase_ids=phrase_ids,
-                phrase_tags=phrase_tags,
-                pr_phrase_ids=pr_phrase_ids,
-                local_phrase_start=local_phrase_start,
-                local_phrase_end=local_phrase_end,
-                tree_depth=tree_depth,
-                **kwargs,
-            )
-        encoder_outputs = as_encoder_output(encoder_outputs)
-        decoder_outputs = self.decoder(
-            input_ids=decoder_input_ids,
-            attention_mask=decoder_attention_mask,
-            encoder_hidden_states=encoder_outputs.last_hidden_state,
-            encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=decoder_inputs_embeds,
-            use_cache=use_cache,
-            encoder_phrase_states=encoder_outputs.phrase_states,
-            encoder_phrase_mask=encoder_outputs.phrase_mask,
+        syntax_fields = {name: value for name, value in locals().items() if name in SYNTAX_INPUT_NAMES}
+        return encoder_decoder_forward(
+            self,
+            input_ids,
+            attention_mask,
+            decoder_input_ids,
+            decoder_attention_mask,
+            encoder_outputs,
+            past_key_values,
+            inputs_embeds,
+            decoder_inputs_embeds,
+            use_cache,
+            syntax_fields,
             **kwargs,
-        )
-        return MgsaSeq2SeqModelOutput(
-            last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
-            decoder_hidden_states=decoder_outputs.hidden_states,
-            decoder_attentions=decoder_outputs.attentions,
-            cross_attentions=decoder_outputs.cross_attentions,
-            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
-            encoder_hidden_states=encoder_outputs.hidden_states,
-            encoder_attentions=encoder_outputs.attentions,
-            encoder_tag_loss=encoder_outputs.tag_loss,
-            encoder_gates=encoder_outputs.gates,
-            encoder_head_labels=encoder_outputs.head_labels,
         )
 
 
@@ -616,56 +590,26 @@ class MgsaT5ForConditionalGeneration(MgsaT5PreTrainedModel, GenerationMixin):
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self._shift_right(labels)
-        # the encoder-decoder pass of MgsaT5Model: T5 keeps `shared`, `encoder` and `decoder` on this class itself
-        outputs: MgsaSeq2SeqModelOutput = MgsaT5Model.forward(
+        syntax_fields = {name: value for name, value in locals().items() if name in SYNTAX_INPUT_NAMES}
+        outputs = encoder_decoder_forward(
             self,
             input_ids,
-            attention_mask=attention_mask,
-            decoder_input_ids=decoder_input_ids,
-            decoder_attention_mask=decoder_attention_mask,
-            encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            decoder_inputs_embeds=decoder_inputs_embeds,
-            use_cache=use_cache,
-            word_ids=word_ids,
-            head_word_ids=head_word_ids,
-            phrase_ids=phrase_ids,
-            phrase_tags=phrase_tags,
-            pr_phrase_ids=pr_phrase_ids,
-            local_phrase_start=local_phrase_start,
-            local_phrase_end=local_phrase_end,
-            tree_depth=tree_depth,
+            attention_mask,
+            decoder_input_ids,
+            decoder_attention_mask,
+            encoder_outputs,
+            past_key_values,
+            inputs_embeds,
+            decoder_inputs_embeds,
+            use_cache,
+            syntax_fields,
             **kwargs,
         )
         sequence_output = outputs.last_hidden_state
         if self.config.scale_decoder_outputs:  # tied input/output embeddings
             sequence_output = sequence_output * (self.config.d_model**-0.5)
         lm_logits = self.lm_head(sequence_output)
-
-        translation_loss = loss = None
-        if labels is not None:
-            translation_loss = CrossEntropyLoss()(lm_logits.view(-1, lm_logits.shape[-1]), labels.view(-1))
-            loss = translation_loss
-        tag_loss = outputs.encoder_tag_loss.mean() if outputs.encoder_tag_loss is not None else None
-        if loss is not None and tag_loss is not None:
-            loss = loss + self.config.phrase_tag_loss_weight * tag_loss
-
-        return MgsaSeq2SeqLMOutput(
-            loss=loss,
-            logits=lm_logits,
-            past_key_values=outputs.past_key_values,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
-            translation_loss=translation_loss,
-            tag_loss=tag_loss,
-            encoder_gates=outputs.encoder_gates if output_gates else None,
-            encoder_head_labels=outputs.encoder_head_labels if output_head_labels else None,
-        )
+        return language_model_output(self.config, outputs, lm_logits, labels, output_gates, output_head_labels)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor):
         return self._shift_right(labels)
