@@ -3,12 +3,23 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from mgsa_hf.tokenization_utils import read_lines
 
 
 # the project's shared data, beside the repository checkout
 MULTI30K = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest, and steadiest on a shared machine, on one thread (use it with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

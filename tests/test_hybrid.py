@@ -40,13 +40,7 @@ TINY = dict(
 NEW_MODULES = ("gate_proj", "concat_proj")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest, and steadiest on a shared machine, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def hybrid_config(row: str | None = None, **kwargs) -> MgsaConfig:

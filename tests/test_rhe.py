@@ -37,13 +37,7 @@ TINY = dict(
 NEW_MODULES = ("relative_embeddings", "relative_proj", "relative_score")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest, and steadiest on a shared machine, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def rhe_config(row: str | None = None, **kwargs) -> MgsaConfig:

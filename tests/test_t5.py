@@ -37,13 +37,7 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest, and steadiest on a shared machine, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def t5_config(vocab_size: int, pad_token_id: int, eos_token_id: int, version: str = "v1.1") -> T5Config:
