@@ -268,3 +268,23 @@ def test_gate_statistics_on_real_sentences(tmp_path, multi30k_processor, multi30
     assert (tmp_path / "gates.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="hybrid_combination"):
         hybrid_gate_statistics(MgsaForConditionalGeneration(real_config(multi30k_processor, "concat")), None, [])
+
+
+@pytest.mark.parametrize(
+    "fields", [{}, {"hybrid_gate": "head"}, {"hybrid_combination": "concat"}, {"hybrid_window": 3}]
+)
+def test_fused_path_matches_the_explicit_distributions(fields):
+    """SDPA for the global pattern and the banded local pattern give what the explicit (B, H, L, L) distributions
+    give, on a padded batch, for both backbones' position handling (T5 adds a relative bias to the energy)."""
+    torch.manual_seed(0)
+    explicit = HybridAttention(hybrid_config(attn_implementation="eager", **fields), 4, layer_idx=0).eval()
+    fused = HybridAttention(hybrid_config(attn_implementation="sdpa", **fields), 4, layer_idx=0).eval()
+    fused.load_state_dict(explicit.state_dict())
+    hidden, padding_mask, _ = padded_inputs(lengths=(9, 5), width=9)
+    for position_bias in (None, torch.randn(1, 4, 9, 9)):
+        expected, weights = explicit(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask),
+                                     position_bias=position_bias)
+        actual, no_weights = fused(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask),
+                                   position_bias=position_bias)
+        torch.testing.assert_close(actual[padding_mask], expected[padding_mask], atol=1e-5, rtol=1e-5)
+        assert weights.shape == (2, 4, 9, 9) and no_weights is None

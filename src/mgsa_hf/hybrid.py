@@ -5,8 +5,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .modeling_layers import SYNTAX_INPUT_NAMES, MgsaAttention, MgsaSyntaxInputs
+from .modeling_layers import SYNTAX_INPUT_NAMES, MgsaAttention, MgsaSyntaxInputs, eager_attention_forward
 
 
 class HybridAttention(MgsaAttention):
@@ -16,11 +17,15 @@ class HybridAttention(MgsaAttention):
     - global: softmax(ξ_i) V (Eq. 2);
     - local: softmax(B(ξ_i)) V with B(ξ_i)_j = -∞ outside |i - j| ≤ m (Eq. 3), m = `hybrid_window`;
     - `hybrid_combination="gate"`: Ĥ_i = (1 - g_i) global_i + g_i local_i with g_i = σ(W H_i) (Eqs. 4-5), one gate per
-      token (`hybrid_gate="token"`, d_model + 1 parameters) or per token and head (`"head"`). As g_i is a scalar per
-      query row, the two distributions are mixed first and multiplied with V once;
+      token (`hybrid_gate="token"`, d_model + 1 parameters) or per token and head (`"head"`);
       `"concat"`: the paper's ablation, a linear projection of [global_i ; local_i] before the output projection.
 
     The gates are recorded as `syntax.record("gates", ...)`: (B, L) per token or (B, H, L) per head.
+
+    With `attn_implementation="eager"` both distributions are formed as (B, H, L, L) and their gated mix is returned
+    as the attention weights (for analysis). Otherwise the global context comes from the configured kernel (SDPA) and
+    the local one from the 2m + 1 keys of each window, so the layer costs about what plain attention does and holds
+    nothing of size L × L; it returns no weights. Attention dropout applies to each distribution.
     """
 
     def __init__(self, config, num_heads: int, is_decoder: bool = False, is_causal: bool = False, layer_idx=None,
@@ -90,21 +95,77 @@ class HybridAttention(MgsaAttention):
         query = self.split_heads(self.query_proj(hidden_states))
         key = self.split_heads(self.key_proj(hidden_states))
         value = self.split_heads(self.value_proj(hidden_states))
-        global_weights, local_weights = self.attention_distributions(query, key, padding_mask, position_bias)
+        if self.config._attn_implementation == "eager":
+            global_weights, local_weights = self.attention_distributions(query, key, padding_mask, position_bias)
+            global_context = torch.matmul(self.attention_dropout(global_weights), value)  # Eq. 2
+            local_context = torch.matmul(self.attention_dropout(local_weights), value)  # Eq. 3
+        else:
+            global_weights = None
+            global_context = self.global_context(query, key, value, padding_mask, position_bias)
+            local_context = self.local_context(query, key, value, padding_mask, position_bias)
 
         if self.combination == "concat":
-            global_context = torch.matmul(self.attention_dropout(global_weights), value)
-            local_context = torch.matmul(self.attention_dropout(local_weights), value)
             context = torch.cat([global_context, local_context], dim=1).transpose(1, 2).flatten(2)  # [global ; local]
             return self.output_proj(self.concat_proj(context)), global_weights
 
         gates = torch.sigmoid(self.gate_proj(hidden_states)).transpose(1, 2)  # Eq. 5, (B, 1 or H, L)
         if syntax is not None:
             syntax.record("gates", gates if self.per_head_gate else gates.squeeze(1))
-        # Eq. 4: (1 - g_i) softmax(ξ_i) + g_i softmax(B(ξ_i)), then times V
-        weights = torch.lerp(global_weights, local_weights, gates.unsqueeze(-1))
-        context = torch.matmul(self.attention_dropout(weights), value)
+        # Eq. 4: (1 - g_i) softmax(ξ_i) V + g_i softmax(B(ξ_i)) V
+        context = torch.lerp(global_context, local_context, gates.unsqueeze(-1))
+        weights = None
+        if global_weights is not None:
+            weights = torch.lerp(global_weights, local_weights, gates.unsqueeze(-1))
         return self.merge_heads(context), weights
+
+    def global_context(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        padding_mask: torch.BoolTensor,
+        position_bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """softmax(ξ_i) V (Eq. 2) with the configured attention kernel: (B, H, L, d_h)."""
+        key_mask = torch.zeros(padding_mask.shape, dtype=query.dtype, device=query.device)
+        key_mask = key_mask.masked_fill(~padding_mask, torch.finfo(query.dtype).min)[:, None, None, :]
+        kwargs = {} if position_bias is None else {"position_bias": position_bias}
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        context, _ = attention_interface(
+            self, query, key, value, key_mask, dropout=self.dropout if self.training else 0.0, scaling=self.scaling,
+            is_causal=False, **kwargs,
+        )
+        return context.transpose(1, 2)
+
+    def local_context(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        padding_mask: torch.BoolTensor,
+        position_bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """
+        softmax(B(ξ_i)) V (Eq. 3) from the 2m + 1 keys of each query's window only: the window's keys and values are
+        strided views of the padded sequence, so nothing of size L × L is formed. Returns (B, H, L, d_h).
+        """
+        length = query.shape[2]
+        window = min(self.window, length - 1)
+        width = 2 * window + 1
+        # (B, H, L, d_h, 2m + 1) views: column w of row i is position i + w - m
+        keys = nn.functional.pad(key, (0, 0, window, window)).unfold(2, width, 1)
+        values = nn.functional.pad(value, (0, 0, window, window)).unfold(2, width, 1)
+        energy = torch.einsum("bhid,bhidw->bhiw", query, keys) * self.scaling  # the band of Eq. 1
+        if position_bias is not None:
+            offsets = torch.arange(-window, window + 1, device=query.device)
+            columns = (torch.arange(length, device=query.device)[:, None] + offsets).clamp(0, length - 1)
+            energy = energy + position_bias.gather(-1, columns.expand(*position_bias.shape[:2], -1, -1))
+        in_window = nn.functional.pad(padding_mask, (window, window)).unfold(1, width, 1)  # (B, L, 2m + 1)
+        energy = energy.masked_fill(~in_window[:, None], torch.finfo(energy.dtype).min)
+        weights = self.attention_dropout(nn.functional.softmax(energy, dim=-1))
+        return torch.einsum("bhiw,bhidw->bhid", weights, values)
 
 
 # --------------------------------------------------------------------------------------------------------------------
