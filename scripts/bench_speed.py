@@ -198,11 +198,15 @@ def peak_memory_cpu_child(args) -> None:
     model = build_model(processor, args.memory_backbone, args.memory_size, fields, torch.device("cpu"), torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     # a first step on one sentence loads the kernels and allocates the optimizer state, which the peak should not
-    # count; then the peak resident set over a full step, from the resident set before it
+    # count; then the peak resident set over a full step, from the resident set before it. The peak is the kernel's
+    # high-water mark VmHWM, reset before the step (`clear_refs` 5): `ru_maxrss` would start from the parent's
+    # resident set, which it keeps across fork and exec.
     train_step(model, optimizer, {key: value[:1] for key, value in batch.items()})
+    Path("/proc/self/clear_refs").write_text("5")
     rss_kib = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() // 1024
     train_step(model, optimizer, batch)
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    status = Path("/proc/self/status").read_text()
+    peak_kib = int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
     print(json.dumps({"peak_mib": (peak_kib - rss_kib) / 1024}))
 
 
