@@ -274,7 +274,23 @@ class MgsaT5PreTrainedModel(T5PreTrainedModel):
             module.init_variant_parameters(self.config)
 
 
-class MgsaT5Encoder(MgsaT5PreTrainedModel):
+class MgsaT5Stack(MgsaT5PreTrainedModel):
+    """What T5's encoder and decoder stacks share: `embed_tokens`, the blocks, `final_layer_norm` and dropout."""
+
+    def __init__(self, config: MgsaT5Config, blocks: list[MgsaT5Block]):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.block = nn.ModuleList(blocks)
+        self.final_layer_norm = T5LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+        self.dropout = nn.Dropout(config.dropout_rate)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def set_input_embeddings(self, new_embeddings):
+        self.embed_tokens = new_embeddings
+
+
+class MgsaT5Encoder(MgsaT5Stack):
     """T5 encoder stack of `config.num_layers` blocks ([`MgsaT5EncoderBlock`] or the variant's), reading the source
     syntax fields of [`MgsaProcessor`] where the variant needs them."""
 
@@ -284,16 +300,7 @@ class MgsaT5Encoder(MgsaT5PreTrainedModel):
     }
 
     def __init__(self, config: MgsaT5Config):
-        super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
-        self.block = nn.ModuleList([build_encoder_block(config, i) for i in range(config.num_layers)])
-        self.final_layer_norm = T5LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
-        self.dropout = nn.Dropout(config.dropout_rate)
-        self.gradient_checkpointing = False
-        self.post_init()
-
-    def set_input_embeddings(self, new_embeddings):
-        self.embed_tokens = new_embeddings
+        super().__init__(config, [build_encoder_block(config, i) for i in range(config.num_layers)])
 
     @merge_with_config_defaults
     @capture_outputs
@@ -348,7 +355,7 @@ class MgsaT5Encoder(MgsaT5PreTrainedModel):
         return encoder_output(hidden_states, syntax.records)
 
 
-class MgsaT5Decoder(MgsaT5PreTrainedModel):
+class MgsaT5Decoder(MgsaT5Stack):
     """T5 decoder stack of `config.num_decoder_layers` blocks ([`MgsaT5DecoderBlock`] or the variant's)."""
 
     _can_record_outputs = {
@@ -358,16 +365,7 @@ class MgsaT5Decoder(MgsaT5PreTrainedModel):
     }
 
     def __init__(self, config: MgsaT5Config):
-        super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
-        self.block = nn.ModuleList([build_decoder_block(config, i) for i in range(config.num_decoder_layers)])
-        self.final_layer_norm = T5LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
-        self.dropout = nn.Dropout(config.dropout_rate)
-        self.gradient_checkpointing = False
-        self.post_init()
-
-    def set_input_embeddings(self, new_embeddings):
-        self.embed_tokens = new_embeddings
+        super().__init__(config, [build_decoder_block(config, i) for i in range(config.num_decoder_layers)])
 
     @merge_with_config_defaults
     @capture_outputs
