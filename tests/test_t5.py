@@ -13,7 +13,6 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, T5Config, T5ForCondi
 
 from mgsa_hf import MgsaT5Config, MgsaT5ForConditionalGeneration
 from mgsa_hf.conversion import load_as_mgsa
-from mgsa_hf.training import load_train_config, train
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,9 +147,12 @@ def test_variants_on_t5(name, t5_dir, real_batch):
             assert generated[row, : alone.shape[0]].tolist() == alone.tolist()
 
 
-def test_train_t5_family_save_load_translate(tmp_path):
-    config = load_train_config(REPO / "configs" / "train" / "tiny_t5.yaml", [f"data={DATA}", f"output_dir={tmp_path}"])
-    results, _ = train(config)
+def test_train_script_trains_the_t5_family_and_the_folder_loads(tmp_path):
+    command = [sys.executable, str(REPO / "scripts" / "train.py"), str(REPO / "configs" / "train" / "tiny_t5.yaml"),
+               f"data={DATA}", f"output_dir={tmp_path}"]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
     assert results["global_step"] == 4 and all(row["chrf"] > 0.0 for row in results["scores"])
 
     model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
