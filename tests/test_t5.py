@@ -153,7 +153,8 @@ def test_train_script_trains_the_t5_family_and_the_folder_loads(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert results["global_step"] == 4 and all(row["chrf"] > 0.0 for row in results["scores"])
+    assert results["global_step"] == 4 and {row["split"] for row in results["scores"]} == {"validation", "test"}
+    assert all(0.0 <= row["bleu"] <= 100.0 and 0.0 <= row["chrf"] <= 100.0 for row in results["scores"])
 
     model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     assert isinstance(model, MgsaT5ForConditionalGeneration) and model.config.encoder_type == "rhe"
@@ -190,3 +191,26 @@ def test_decoder_deeper_than_encoder_generates_with_cache(encoder_type, real_bat
     settings = dict(num_beams=4, max_new_tokens=6, min_new_tokens=6, do_sample=False)
     cached = model.generate(**inputs, **settings, use_cache=True)
     assert torch.equal(cached, model.generate(**inputs, **settings, use_cache=False))
+
+
+def test_fresh_t5_family_model_uses_t5_initialisation():
+    """A new model draws T5's own weights by T5's rules and the variants' own layers at d_model^-0.5 (transformers'
+    default for unnamed layers of a T5 config would be std 1.0)."""
+    config = MgsaT5Config(vocab_size=200, d_model=64, d_kv=16, d_ff=256, num_layers=2, num_heads=4,
+                          encoder_type="phrase_representation")
+    torch.manual_seed(0)
+    model = MgsaT5ForConditionalGeneration(config)
+    attention = model.encoder.block[1].layer[0].SelfAttention
+    feed_forward = model.encoder.block[1].layer[1].DenseReluDense
+    expected = {
+        attention.query_proj.weight: (64 * 16) ** -0.5,
+        attention.key_proj.weight: 64**-0.5,
+        attention.output_proj.weight: 64**-0.5,
+        feed_forward.wi.weight: 64**-0.5,
+        feed_forward.wo.weight: 256**-0.5,
+        model.shared.weight: 1.0,
+        model.encoder.block[0].phrase_combination.combine_token.weight: 64**-0.5,
+        model.encoder.block[0].phrase_pooling.score_token.weight: 64**-0.5,
+    }
+    for weight, std in expected.items():
+        assert weight.std().item() == pytest.approx(std, rel=0.15)

@@ -21,7 +21,14 @@ from transformers.masking_utils import create_bidirectional_mask, create_causal_
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions
 from transformers.models.marian.modeling_marian import shift_tokens_right
-from transformers.models.t5.modeling_t5 import T5Attention, T5LayerFF, T5LayerNorm, T5PreTrainedModel
+from transformers.models.t5.modeling_t5 import (
+    T5Attention,
+    T5DenseActDense,
+    T5DenseGatedActDense,
+    T5LayerFF,
+    T5LayerNorm,
+    T5PreTrainedModel,
+)
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
@@ -255,21 +262,40 @@ class MgsaT5PreTrainedModel(T5PreTrainedModel):
     _can_compile_fullgraph = False
     _can_record_outputs = {}
 
+    def t5_weight_stds(self) -> dict[int, float]:
+        """The std T5 draws each of its linear and embedding weights with (module id → std): its attention scheme for
+        every [`MgsaAttention`], its feed-forward scheme, `initializer_factor` for the embeddings and the LM head."""
+        factor, stds = self.config.initializer_factor, {}
+        for module in self.modules():
+            if isinstance(module, MgsaAttention):
+                stds[id(module.query_proj)] = factor * (module.embed_dim * module.head_dim) ** -0.5
+                stds[id(module.key_proj)] = stds[id(module.value_proj)] = factor * module.embed_dim**-0.5
+                stds[id(module.output_proj)] = factor * module.inner_dim**-0.5
+                if hasattr(module, "relative_attention_bias"):
+                    stds[id(module.relative_attention_bias)] = factor * module.embed_dim**-0.5
+            elif isinstance(module, (T5DenseActDense, T5DenseGatedActDense)):
+                for name in ("wi", "wi_0", "wi_1"):
+                    if hasattr(module, name):
+                        stds[id(getattr(module, name))] = factor * self.config.d_model**-0.5
+                stds[id(module.wo)] = factor * self.config.d_ff**-0.5
+            for name in ("shared", "embed_tokens", "lm_head"):
+                if isinstance(getattr(module, name, None), nn.Module):
+                    stds[id(getattr(module, name))] = factor
+        return stds
+
     @torch.no_grad()
     def _init_weights(self, module):
-        """T5's initialisation (norms, feed-forwards, and its attention scheme for every [`MgsaAttention`]), then the
-        variants' own parameters."""
+        """T5's initialisation: its norms, and every linear and embedding weight with the std T5 gives it
+        ([`t5_weight_stds`]). T5 names no rule for the variants' own linear and embedding layers, for which
+        transformers' default would be std `initializer_factor` (1.0, saturating every sigmoid behind a D-wide layer):
+        they get T5's scale for a matrix reading d_model inputs (`variant_init_std`). Then the variants' own
+        parameters."""
         super()._init_weights(module)
-        factor = self.config.initializer_factor
-        if isinstance(module, MgsaAttention):
-            init.normal_(module.query_proj.weight, mean=0.0, std=factor * (module.embed_dim * module.head_dim) ** -0.5)
-            init.normal_(module.key_proj.weight, mean=0.0, std=factor * module.embed_dim**-0.5)
-            init.normal_(module.value_proj.weight, mean=0.0, std=factor * module.embed_dim**-0.5)
-            init.normal_(module.output_proj.weight, mean=0.0, std=factor * module.inner_dim**-0.5)
-            if hasattr(module, "relative_attention_bias"):
-                init.normal_(module.relative_attention_bias.weight, mean=0.0, std=factor * module.embed_dim**-0.5)
-        elif isinstance(module, (MgsaT5Model, MgsaT5ForConditionalGeneration)):
-            init.normal_(module.shared.weight, mean=0.0, std=factor * 1.0)
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            std = self.t5_weight_stds().get(id(module), self.config.variant_init_std)
+            init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:
+                init.zeros_(module.bias)
         if hasattr(module, "init_variant_parameters"):
             module.init_variant_parameters(self.config)
 
