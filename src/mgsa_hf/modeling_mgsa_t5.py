@@ -283,6 +283,19 @@ class MgsaT5PreTrainedModel(T5PreTrainedModel):
                     stds[id(getattr(module, name))] = factor
         return stds
 
+    def initialize_weights(self):
+        """Transformers' pass over every module, with the stds of [`t5_weight_stds`] worked out once for the whole
+        pass (and handed to the sub-models it dispatches to) instead of once per linear or embedding layer."""
+        stacks = [module for module in self.modules() if isinstance(module, MgsaT5PreTrainedModel)]
+        stds = self.t5_weight_stds()
+        for stack in stacks:
+            stack._weight_stds = stds
+        try:
+            super().initialize_weights()
+        finally:
+            for stack in stacks:
+                del stack._weight_stds
+
     @torch.no_grad()
     def _init_weights(self, module):
         """T5's initialisation: its norms, and every linear and embedding weight with the std T5 gives it
@@ -292,7 +305,8 @@ class MgsaT5PreTrainedModel(T5PreTrainedModel):
         parameters."""
         super()._init_weights(module)
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            std = self.t5_weight_stds().get(id(module), self.config.variant_init_std)
+            stds = getattr(self, "_weight_stds", None) or self.t5_weight_stds()
+            std = stds.get(id(module), self.config.variant_init_std)
             init.normal_(module.weight, mean=0.0, std=std)
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
