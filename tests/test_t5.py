@@ -155,6 +155,7 @@ def test_train_script_trains_the_t5_family_and_the_folder_loads(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["global_step"] == 4 and {row["split"] for row in results["scores"]} == {"validation", "test"}
     assert all(0.0 <= row["bleu"] <= 100.0 and 0.0 <= row["chrf"] <= 100.0 for row in results["scores"])
+    assert "T5-style Transformer whose encoder is **rhe**" in (tmp_path / "README.md").read_text()
 
     model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     assert isinstance(model, MgsaT5ForConditionalGeneration) and model.config.encoder_type == "rhe"

@@ -9,7 +9,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
 
 VARIANTS = {
-    "transformer": ("the plain Transformer (Marian).", "Attention Is All You Need"),
+    "transformer": ("the plain Transformer.", "Attention Is All You Need"),
     "phrase_memory": (
         "Multi-Granularity Self-Attention: some heads attend over n-gram or syntactic phrases.",
         "Multi-Granularity Self-Attention for Neural Machine Translation",
@@ -27,6 +27,9 @@ VARIANTS = {
         "Redundant head enlivening (RHE) for multi-head self-attention",
     ),
 }
+
+# config.backbone -> how the card names the architecture
+BACKBONE_NAMES = {"marian": "Marian-style", "t5": "T5-style"}
 
 VARIANT_FIELD_PREFIXES = {
     "phrase_memory": ("phrase_", "on_lstm_"),
@@ -93,6 +96,7 @@ def build_model_card(
         model_id=model_id,
         source_lang=source_lang,
         target_lang=target_lang,
+        backbone=BACKBONE_NAMES[config.backbone],
         encoder_type=config.encoder_type,
         method_summary=summary,
         paper=paper,
