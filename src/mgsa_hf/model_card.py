@@ -55,7 +55,7 @@ def build_model_card(
     train_size: int,
     hyperparameters: dict,
     results: list[dict],
-    parser: str,
+    parser: str | None,
     example_source: str = "A man rides a bike.",
 ) -> ModelCard:
     """
@@ -100,7 +100,7 @@ def build_model_card(
         encoder_type=config.encoder_type,
         method_summary=summary,
         paper=paper,
-        parser=parser,
+        parser=f"tokenizer + spaCy parser, `{parser}`" if parser else "the tokenizer alone: this model reads no syntax",
         dataset_name=dataset_name,
         train_size=train_size,
         d_model=config.d_model,

@@ -10,7 +10,8 @@ import shutil
 from pathlib import Path
 
 from transformers import AutoModelForSeq2SeqLM, Pipeline
-from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
+from transformers import pipelines
+from transformers.pipelines import PIPELINE_REGISTRY
 
 
 class MgsaTranslationPipeline(Pipeline):
@@ -105,7 +106,10 @@ def add_remote_pipeline(model, save_directory: str | Path) -> None:
 
 def register_translation_pipeline() -> None:
     """Register the `translation` task with Transformers' pipeline registry (Transformers 5 lists it as removed)."""
-    REMOVED_TASKS.pop("translation", None)
+    # Later 5.x releases refuse tasks named in the private `REMOVED_TASKS`; earlier ones (5.17) have no such table.
+    removed_tasks = getattr(pipelines, "REMOVED_TASKS", None)
+    if isinstance(removed_tasks, dict):
+        removed_tasks.pop("translation", None)
     PIPELINE_REGISTRY.register_pipeline(
         "translation", pipeline_class=MgsaTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
     )

@@ -87,6 +87,9 @@ class MgsaProcessor(ProcessorMixin):
             `batch_size` of spaCy's `nlp.pipe`.
         n_process (`int`, defaults to 1):
             `n_process` of spaCy's `nlp.pipe` (-1: all cores).
+        with_syntax (`bool`, defaults to `True`):
+            Make the source syntax fields. `False` for a model that reads none (`encoder_type="transformer"`): the
+            processor then returns only `input_ids`, `attention_mask` (and `labels`) and never loads spaCy.
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class MgsaProcessor(ProcessorMixin):
         max_relative_position: int = 6,
         parser_batch_size: int = 256,
         n_process: int = 1,
+        with_syntax: bool = True,
     ):
         for name, value in [
             ("phrase_levels", phrase_levels),
@@ -119,6 +123,8 @@ class MgsaProcessor(ProcessorMixin):
             )
         if not isinstance(n_process, int) or isinstance(n_process, bool) or not (n_process == -1 or n_process >= 1):
             raise ValueError(f"n_process must be -1 or a positive integer, got {n_process!r}.")
+        if not isinstance(with_syntax, bool):
+            raise ValueError(f"with_syntax must be True or False, got {with_syntax!r}.")
         if parser_name is not None and not isinstance(parser_name, str):
             raise ValueError(f"parser_name must be the name of a spaCy pipeline, got {parser_name!r}.")
         super().__init__(tokenizer)
@@ -131,12 +137,14 @@ class MgsaProcessor(ProcessorMixin):
         self.max_relative_position = max_relative_position
         self.parser_batch_size = parser_batch_size
         self.n_process = n_process
+        self.with_syntax = with_syntax
         self.tag_vocab = PhraseTagVocab(self.phrase_tags)
         self.parser = SyntaxParser(parser_name)
 
     @property
     def model_input_names(self) -> list[str]:
-        return list(self.tokenizer.model_input_names) + list(SOURCE_SYNTAX_PAD_VALUES)
+        syntax_fields = list(SOURCE_SYNTAX_PAD_VALUES) if self.with_syntax else []
+        return list(self.tokenizer.model_input_names) + syntax_fields
 
     def pr_phrase_words(self, num_words: int) -> int:
         """Maximum words per Algorithm 1 phrase in a sentence of `num_words` words."""
@@ -230,12 +238,15 @@ class MgsaProcessor(ProcessorMixin):
             return_special_tokens_mask=True,
             return_offsets_mapping=fast,
         )
+        tokens = {"input_ids": encoding["input_ids"], "attention_mask": encoding["attention_mask"]}
+        if not self.with_syntax:
+            return tokens
         masks = encoding["special_tokens_mask"]
         offsets = encoding["offset_mapping"] if fast else list(map(self._piece_offsets, texts, masks))
         syntaxes = self.parser.pipe(texts, trees, self.parser_batch_size, self.n_process)
         sentences = list(map(self._syntax_fields, syntaxes, offsets, masks))
         fields = {name: [sentence[name] for sentence in sentences] for name in SOURCE_SYNTAX_PAD_VALUES}
-        return {"input_ids": encoding["input_ids"], "attention_mask": encoding["attention_mask"], **fields}
+        return {**tokens, **fields}
 
     def _syntax_fields(self, syntax, offsets, special_tokens_mask) -> dict[str, list]:
         token_words = _token_words(offsets, special_tokens_mask, syntax.spans)
@@ -339,7 +350,7 @@ class MgsaProcessor(ProcessorMixin):
         """Hash of everything the fields depend on besides the data."""
         from datasets.fingerprint import Hasher
 
-        parser = self.parser.resolved_name
+        parser = self.parser.resolved_name if self.with_syntax else None
         modules = ("processing_mgsa.py", "syntax.py", "tokenization_utils.py")
         code = b"".join(Path(__file__).with_name(name).read_bytes() for name in modules)
         return Hasher.hash(
@@ -347,8 +358,8 @@ class MgsaProcessor(ProcessorMixin):
                 self.to_json_string(),
                 Hasher.hash(self.tokenizer),
                 parser,
-                package_version(parser),
-                importlib.metadata.version("spacy"),
+                package_version(parser) if parser else None,
+                importlib.metadata.version("spacy") if parser else None,
                 hashlib.sha256(code).hexdigest(),
             ]
         )

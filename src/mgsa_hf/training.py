@@ -9,6 +9,7 @@ card saved together. Launch with `accelerate launch` to use several GPUs or CPU 
 import dataclasses
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,9 +52,33 @@ class TrainConfig:
     examples: list = field(default_factory=list)
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """YAML with the 1.2 core schema's booleans and floats: only true/false are booleans, and `1e-3` is a float.
+    PyYAML follows YAML 1.1, where `no`, `off`, `y` are booleans too, which turns `training.eval_strategy=no` into
+    False (OmegaConf resolves them the same way), and where a float needs a dot."""
+
+
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+for _first in "tTfF":
+    _Yaml12Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), [_first]
+    )
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
+)
+
+
+def _load_yaml(text: str):
+    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def _parse_value(text: str):
     try:
-        return yaml.safe_load(text)
+        return _load_yaml(text)
     except yaml.YAMLError:
         return text
 
@@ -76,7 +101,7 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] = ())
     path = Path(path) if path is not None else DEFAULT_CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"training config {path} does not exist.")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = _load_yaml(path.read_text()) or {}
     if not isinstance(raw, dict):
         raise ValueError(f"training config {path} must be a mapping of keys to values.")
     for override in overrides:
@@ -193,8 +218,17 @@ def _load_or_train_tokenizer(config: TrainConfig, train_split):
         )
 
 
+def _reads_source_syntax(config: TrainConfig) -> bool:
+    """Whether the model to train reads the processor's syntax fields (every encoder type but `"transformer"`)."""
+    encoder_type = config.model.get("encoder_type")
+    if encoder_type is None and config.init_from:
+        encoder_type = json.loads((Path(config.init_from) / "config.json").read_text()).get("encoder_type")
+    return (encoder_type or "transformer") != "transformer"
+
+
 def prepare(config: TrainConfig, training_args):
-    """Corpus, processor and processed splits; the main process works first so the others read its caches."""
+    """Corpus, processor and processed splits; the main process works first so the others read its caches. The
+    corpus is parsed only when the model reads syntax (set `processor.with_syntax` to choose)."""
     from .data import load_parallel_corpus
     from .processing_mgsa import MgsaProcessor
 
@@ -207,7 +241,7 @@ def prepare(config: TrainConfig, training_args):
     corpus = corpus.__class__({split: _limit(data, limits.get(split)) for split, data in corpus.items()})
     with training_args.main_process_first(desc="tokenizer"):
         tokenizer = _load_or_train_tokenizer(config, corpus["train"])
-    processor = MgsaProcessor(tokenizer, **config.processor)
+    processor = MgsaProcessor(tokenizer, **{"with_syntax": _reads_source_syntax(config), **config.processor})
     flat = corpus.flatten()
     with training_args.main_process_first(desc="parsing"):
         processed = processor.map_dataset(
@@ -259,9 +293,9 @@ def _maybe_average(trainer, config: TrainConfig, processed, corpus, tokenizer) -
             "averaged_bleu": averaged["bleu"], "kept_average": kept}
 
 
-def train(config: TrainConfig):
+def train(config: TrainConfig, callbacks: list | None = None):
     """Run the whole recipe; returns `(results, model)`: the results written to `output_dir/results.json` and the
-    trained model (on every process)."""
+    trained model (on every process). `callbacks` are `TrainerCallback`s added to the Trainer."""
     from transformers import Seq2SeqTrainer
 
     from .data_collator import MgsaDataCollator
@@ -282,6 +316,7 @@ def train(config: TrainConfig):
         data_collator=MgsaDataCollator(tokenizer=tokenizer, model=model),
         processing_class=tokenizer,
         compute_metrics=build_compute_metrics(tokenizer),
+        callbacks=callbacks,
     )
     train_output = trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     results = {"encoder_type": model.config.encoder_type, "global_step": train_output.global_step,
@@ -317,7 +352,7 @@ def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores
         train_size=len(corpus["train"]),
         hyperparameters=hyperparameters,
         results=results["scores"],
-        parser=processor.parser.resolved_name,
+        parser=processor.parser.resolved_name if processor.with_syntax else None,
     )
     card.save(output_dir / "README.md")
     for row in scores:

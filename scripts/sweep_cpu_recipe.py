@@ -1,0 +1,129 @@
+"""Chooses the recipe of the default `mgsa-hf train` run: BLEU against wall-clock minutes for candidate recipes.
+
+Each candidate is `mgsa-hf train` (the packaged default config plus the candidate's overrides) in its own process,
+with a checkpoint saved every `--every` steps. After the run every checkpoint is scored on test 2016 (greedy, the
+tokenizer alone: the candidates are plain transformers), and its minute is the checkpoint's time since the process
+started, so the curve counts everything a user waits for (tokenizer training, tokenisation, training). The run's own
+final score (beam 4, written by `mgsa-hf train`) is reported beside it.
+
+    python scripts/sweep_cpu_recipe.py --threads 2 --output benchmarks/cpu-recipe-sweep.json tiny-wu200 small-wu200
+
+Results are written after each candidate; a candidate already in the output file is skipped (resume).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mgsa_hf.tokenization_utils import read_lines
+
+
+# The tiny model of the Revisit-MMT Multi30k baseline (128 wide, 4+4 layers, 4 heads, ffn 256, shared embeddings)
+TINY = [
+    "model.d_model=128", "model.encoder_layers=4", "model.decoder_layers=4", "model.encoder_attention_heads=4",
+    "model.decoder_attention_heads=4", "model.encoder_ffn_dim=256", "model.decoder_ffn_dim=256",
+]
+SMALL = [
+    "model.d_model=256", "model.encoder_layers=3", "model.decoder_layers=3", "model.encoder_attention_heads=4",
+    "model.decoder_attention_heads=4", "model.encoder_ffn_dim=512", "model.decoder_ffn_dim=512",
+]
+CANDIDATES = {
+    # the lead: lr 0.005, 600 warm-up steps, dropout 0.3, ~4096-token batches (128 pairs of ~16+18 tokens)
+    "tiny-lead": TINY + ["model.dropout=0.3", "training.learning_rate=0.005", "training.warmup_steps=600",
+                         "training.per_device_train_batch_size=128"],
+    "tiny-wu200": TINY + ["model.dropout=0.2", "training.learning_rate=0.004", "training.warmup_steps=200",
+                          "training.per_device_train_batch_size=96"],
+    "tiny-wu200-d3": TINY + ["model.dropout=0.3", "training.learning_rate=0.004", "training.warmup_steps=200",
+                             "training.per_device_train_batch_size=96"],
+    "small-wu200": SMALL + ["model.dropout=0.2", "training.learning_rate=0.002", "training.warmup_steps=200",
+                            "training.per_device_train_batch_size=96"],
+    "tiny-wu200-b64": TINY + ["model.dropout=0.2", "training.learning_rate=0.003", "training.warmup_steps=200",
+                              "training.per_device_train_batch_size=64"],
+}
+
+
+def score_checkpoints(run_dir: Path, started: float, test_sources: list[str], test_references: list[str]) -> list:
+    """Greedy test BLEU of every checkpoint of a run, with its minute since the run started."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from mgsa_hf import MgsaForConditionalGeneration
+    from mgsa_hf.evaluation import translation_scores
+
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
+    checkpoints = sorted((run_dir / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    curve = []
+    for checkpoint in checkpoints:
+        minute = ((checkpoint / "model.safetensors").stat().st_mtime - started) / 60
+        model = MgsaForConditionalGeneration.from_pretrained(checkpoint).eval()
+        hypotheses = []
+        with torch.no_grad():
+            for start in range(0, len(test_sources), 200):
+                batch = tokenizer(test_sources[start : start + 200], return_tensors="pt", padding=True)
+                output = model.generate(**batch, num_beams=1, max_new_tokens=64)
+                hypotheses += [text.strip() for text in tokenizer.batch_decode(output, skip_special_tokens=True)]
+        scores = translation_scores(hypotheses, test_references)
+        curve.append({"step": int(checkpoint.name.split("-")[-1]), "minutes": round(minute, 2),
+                      "test_bleu_greedy": round(scores["bleu"], 2),
+                      "distinct": len(set(hypotheses))})
+        print(f"  {checkpoint.name}: {minute:.1f} min, greedy test BLEU {scores['bleu']:.2f}, "
+              f"{len(set(hypotheses))} distinct", flush=True)
+    return curve
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("candidates", nargs="*", default=list(CANDIDATES), help=f"of {sorted(CANDIDATES)}")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--minutes", type=float, default=9.0, help="training steps are cut at this wall clock")
+    parser.add_argument("--max-steps", type=int, default=4000)
+    parser.add_argument("--every", type=int, default=200, help="checkpoint interval (steps)")
+    parser.add_argument("--data", default="../shared/data/multi30k")
+    parser.add_argument("--runs", default="runs/cpu-recipe-sweep")
+    parser.add_argument("--output", default="benchmarks/cpu-recipe-sweep.json")
+    parser.add_argument("--set", nargs="*", default=[], help="extra overrides for every candidate")
+    args = parser.parse_args()
+
+    output = Path(args.output)
+    results = json.loads(output.read_text()) if output.is_file() else {"command": " ".join(sys.argv), "runs": {}}
+    data = Path(args.data)
+    test_sources = list(read_lines(data / "test_2016_flickr.en.gz"))
+    test_references = list(read_lines(data / "test_2016_flickr.de.gz"))
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
+           "TOKENIZERS_PARALLELISM": "false"}
+    for name in args.candidates:
+        if name in results["runs"]:
+            print(f"{name}: done already")
+            continue
+        run_dir = Path(args.runs) / name
+        overrides = CANDIDATES[name] + [
+            f"data={args.data}", f"output_dir={run_dir}", f"training.max_steps={args.max_steps}",
+            "training.eval_strategy=no", "training.save_strategy=steps", f"training.save_steps={args.every}",
+            "training.save_total_limit=null", "training.disable_tqdm=true", "training.logging_steps=50",
+            *args.set,
+        ]
+        command = [sys.executable, "-m", "mgsa_hf.cli", "train", *overrides]
+        print(f"{name}: {' '.join(command[3:])}", flush=True)
+        started = time.time()
+        # the wall-clock cut: the run is stopped from outside at `--minutes`; its last checkpoint is what it reached
+        try:
+            subprocess.run(command, env=env, check=True, timeout=args.minutes * 60)
+            finished = True
+        except subprocess.TimeoutExpired:
+            finished = False
+        wall = time.time() - started
+        curve = score_checkpoints(run_dir, started, test_sources, test_references)
+        final = json.loads((run_dir / "results.json").read_text()) if finished else None
+        results["runs"][name] = {"overrides": CANDIDATES[name], "threads": args.threads, "wall_seconds": round(wall),
+                                 "finished": finished, "curve": curve,
+                                 "final_scores": final["scores"] if final else None}
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
