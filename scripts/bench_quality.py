@@ -1,220 +1,214 @@
 #!/usr/bin/env python
-"""Translation quality of every encoder type under one protocol, with significance against the plain Transformer.
+"""Translation quality of every encoder type under one protocol, with seeds and significance against the plain
+Transformer.
 
-Multi30k en→de, one joint tokenizer trained once per budget and shared by every run, the same training config for
-every variant (only `model.encoder_type` and that variant's own fields differ), `--seeds` seeds each. Every run
-is `mgsa_hf.training.train`: it writes its model, `validation.hyp.de`, `test.hyp.de` and `results.json` under
-`<output-root>/<budget>/<variant>/seed-<seed>/`. The script then reports sacreBLEU BLEU and chrF (with signatures)
-on validation and test 2016 as mean ± std over seeds, and a paired bootstrap test (1000 resamples) of each variant
-against `transformer` on test 2016.
+Multi30k en→de, one prepared corpus per budget (a joint tokenizer and every syntax field, parsed once), the same
+recipe for every row (only the variant's own config fields differ), equal steps, several seeds, the average of the
+last checkpoints, beam search, sacreBLEU BLEU and chrF on validation and test 2016, the number of distinct test
+outputs, and a paired bootstrap test of each row against `transformer` on test 2016. Training is
+`mgsa_hf.prepared_training`: it needs only torch, transformers and sacreBLEU, so the `train` step runs on a GPU
+machine without spaCy or `datasets`; `prepare` runs where the package is installed.
 
-    python scripts/bench_quality.py --budget cpu                  # configs/train/quality_cpu.yaml, 2 CPU cores
-    python scripts/bench_quality.py --budget full --seeds 1 2 3   # configs/train/quality_full.yaml, a GPU
-    python scripts/bench_quality.py --dry-run --output-root /tmp/q  # the tiny config: seconds, checks the plumbing
+    # the CPU table: 2 seeds of the five defaults, two runs at a time with one thread each
+    python scripts/bench_quality.py all --budget cpu --seeds 1 2 --jobs 2 --threads 1
+    # the GPU table: prepare here, carry runs/bench-quality/base/prepared to the GPU machine, train there
+    python scripts/bench_quality.py prepare --budget base
+    python scripts/bench_quality.py train --budget base --rows defaults best --seeds 1 2 3 --jobs 5   # on the GPU
+    python scripts/bench_quality.py report --budget base
 
-Results go to `benchmarks/quality-<budget>.json` (with the test hypotheses under `benchmarks/quality-<budget>/`)
-and to the "Translation quality" section of `benchmarks/BENCHMARKS.md`. A finished run (same config, `results.json`
-present) is reused, so an interrupted benchmark continues where it stopped; `--force` trains again.
+Budgets are JSON files in `configs/quality/` (`prepare` settings and the `Recipe`). Runs live in
+`<root>/<budget>/<row>/seed-<seed>/`; a finished run is reused and an interrupted one resumes from its last
+checkpoint. `report` writes `benchmarks/quality-<budget>.json` (one record per run under `runs`), the test
+hypotheses beside it, a plot of validation loss against steps, and the budget's table in `benchmarks/BENCHMARKS.md`.
 """
 
 import argparse
-import hashlib
 import json
 import os
 import platform
 import shlex
 import shutil
+import subprocess
 import sys
-import tempfile
 import time
-import traceback
-from contextlib import contextmanager
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 
 
 REPO = Path(__file__).resolve().parents[1]
-BUDGETS = {
-    "cpu": REPO / "configs" / "train" / "quality_cpu.yaml",
-    "full": REPO / "configs" / "train" / "quality_full.yaml",
-    "dry-run": REPO / "configs" / "train" / "tiny.yaml",
-}
+sys.path.insert(0, str(REPO / "src"))  # the GPU machine has the repository but not the installed package
+
 BASELINE = "transformer"
-DEFAULT_VARIANTS = ["transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe"]
+DEFAULT_ROWS = {name: {"encoder_type": name} for name in
+                ("transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe")}
+# each paper's best row (the defaults of hybrid and RHE are their papers' best rows already)
+BEST_ROWS = {
+    "phrase_memory/syntactic_tag_on_lstm": "configs/phrase_memory/syntactic_tag_on_lstm.json",
+    "phrase_representation/max_attn_ta_parse": "configs/phrase_representation/max_attn_ta_parse.json",
+}
 BOOTSTRAP_SAMPLES = 1000
 BOOTSTRAP_SEED = 12345  # sacreBLEU's default SACREBLEU_SEED
 SECTION = "## Translation quality"
 
-# What the papers report for their own models (Transformer-base on WMT En→De, 4.5M sentence pairs): BLEU of the
-# baseline and of the variant row closest to this package's default config, and training speed where given.
+# What the papers report for their own models (Transformer-base on WMT En→De, 4.5M sentence pairs): the row, the
+# baseline's and the row's BLEU, parameters (M) and training speed where given.
 PAPER_RESULTS = {
-    "phrase_memory": {
-        "paper": "MG-SA (Hao et al., EMNLP 2019), WMT14 En→De, Table 3",
-        "rows": [
-            {"row": "n-gram phrases, SANs, bottom layer (this package's default)", "baseline_bleu": 27.31,
-             "bleu": 27.83, "delta": 0.52, "speed": "1.28 → 1.28 steps/s"},
-            {"row": "syntactic phrases + tag loss + ON-LSTM (the paper's best)", "baseline_bleu": 27.31,
-             "bleu": 28.28, "delta": 0.97, "speed": "1.28 → 1.19 steps/s"},
-        ],
-    },
-    "phrase_representation": {
-        "paper": "PR (ACL 2020), WMT14 En→De, Table 2",
-        "rows": [{"row": "Max + Attn + TA (this package's default)", "baseline_bleu": 27.38, "bleu": 28.67,
-                  "delta": 1.29, "speed": "1.75× training time, 1.53× decoding time"}],
-    },
-    "hybrid": {
-        "paper": "Hybrid local/global (Xu et al., ACL 2019), WMT14 En→De (Table 2 says WMT17), Tables 1-2",
-        "rows": [{"row": "HYBRID (Gate), m = 1, lowest two layers (this package's default)", "baseline_bleu": 27.67,
-                  "bleu": 28.31, "delta": 0.64, "speed": "not reported (+0.0M parameters)"}],
-    },
-    "rhe": {
-        "paper": "RHE, WMT14 En→De, Table 1",
-        "rows": [{"row": "LPEA + RHE (this package's default)", "baseline_bleu": 27.31, "bleu": 28.27,
-                  "delta": 0.96, "speed": "1.21 → 1.17 steps/s"}],
-    },
+    "phrase_memory": {"paper": "MG-SA (Hao et al., EMNLP 2019), Table 3", "row": "n-gram, SANs, bottom layer",
+                      "baseline_bleu": 27.31, "bleu": 27.83, "params": "88.0 → 88.4",
+                      "speed": "1.28 → 1.28 steps/s"},
+    "phrase_memory/syntactic_tag_on_lstm": {"paper": "MG-SA, Table 3", "row": "syntactic + tag + ON-LSTM",
+                                            "baseline_bleu": 27.31, "bleu": 28.28, "params": "88.0 → 89.9",
+                                            "speed": "1.28 → 1.19 steps/s"},
+    "phrase_representation": {"paper": "PR (ACL 2020), Table 2", "row": "+Max+Attn+TA", "baseline_bleu": 27.38,
+                              "bleu": 28.67, "params": "88.1 → 173.0", "speed": "1.75× training time"},
+    "phrase_representation/max_attn_ta_parse": {"paper": "PR, Table 2", "row": "+Max+Attn+TA+Parsing Phrase",
+                                                 "baseline_bleu": 27.38, "bleu": 28.76, "params": "88.1 → 173.0",
+                                                 "speed": "1.83× training time"},
+    "hybrid": {"paper": "Hybrid (Xu et al., ACL 2019), Table 1", "row": "HYBRID (Gate), m = 1",
+               "baseline_bleu": 27.67, "bleu": 28.31, "params": "+0.0", "speed": "not reported"},
+    "rhe": {"paper": "RHE (EMNLP 2021), Table 1", "row": "LPEA + RHE", "baseline_bleu": 27.31, "bleu": 28.27,
+            "params": "not reported", "speed": "1.21 → 1.17 steps/s"},
 }
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--budget", choices=["cpu", "full"], default="cpu",
-                        help="cpu: a short run for 2 CPU cores; full: the real comparison, for a GPU")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="use the tiny test config instead of the budget's (seconds; writes no benchmark files "
-                             "unless --results/--markdown are given)")
-    parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, metavar="VARIANT",
-                        help="encoder types (their default config) or JSON files of MgsaConfig fields such as "
-                             "configs/rhe/dea_rhe.json; `transformer` is always run as the reference")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1], help="training seeds (every variant runs each)")
-    parser.add_argument("--output-root", default="runs/bench-quality", help="folder of the runs and the tokenizer")
-    parser.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="training config overrides applied to every run, e.g. data=/path/to/multi30k")
+    parser.add_argument("step", choices=["prepare", "train", "report", "all", "run-one"])
+    parser.add_argument("--budget", default="cpu", help="a name in configs/quality/ or a budget JSON file")
+    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "multi30k"),
+                        help="the corpus folder (prepare)")
+    parser.add_argument("--root", default="runs/bench-quality", help="folder of the prepared corpus and the runs")
+    parser.add_argument("--prepared", help="the prepared corpus folder (default: <root>/<budget>/prepared)")
+    parser.add_argument("--rows", nargs="+", default=["defaults"], metavar="ROW",
+                        help="`defaults` (the five encoder types), `best` (each paper's best row), encoder types, "
+                             "or JSON files of MgsaConfig fields; `transformer` always runs")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1])
+    parser.add_argument("--jobs", type=int, default=1, help="runs trained at once (processes)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads per run")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--max-steps", type=int, help="override the recipe's max_steps")
     parser.add_argument("--results", help="results JSON (default: benchmarks/quality-<budget>.json)")
     parser.add_argument("--markdown", help="markdown file whose quality section is rewritten "
                                            "(default: benchmarks/BENCHMARKS.md)")
-    parser.add_argument("--force", action="store_true", help="train again even where a finished run exists")
-    parser.add_argument("--report-only", action="store_true",
-                        help="only rewrite the markdown section from the existing benchmarks/quality-*.json files")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice); on a CPU shared "
-                                                    "with other jobs, 1 thread is often faster than 2")
+    # run-one (internal: one run in its own process)
+    parser.add_argument("--row-json", help=argparse.SUPPRESS)
+    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
-# ----------------------------------------------------------------------------------------------------- the runs
+def load_budget(spec: str) -> tuple[str, dict]:
+    path = Path(spec) if spec.endswith(".json") else REPO / "configs" / "quality" / f"{spec}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in (REPO / "configs" / "quality").glob("*.json"))
+        raise SystemExit(f"budget {spec!r}: no file {path}; known budgets: {known}.")
+    return path.stem, json.loads(path.read_text())
 
 
-def variant_fields(spec: str) -> tuple[str, dict]:
-    """`(name, MgsaConfig fields)` of a variant given as an encoder type or a JSON file of config fields."""
+def resolve_rows(specs: list[str]) -> dict[str, dict]:
+    """Row name → MgsaConfig fields of the variant (the recipe gives the sizes)."""
     from mgsa_hf.configuration_mgsa import ENCODER_TYPES
 
-    if spec in ENCODER_TYPES:
-        return spec, {"encoder_type": spec}
-    path = Path(spec)
-    if not path.is_file():
-        raise ValueError(f"variant {spec!r} is neither an encoder type {sorted(ENCODER_TYPES)} nor a JSON file.")
-    fields = json.loads(path.read_text())
-    if fields.get("encoder_type") not in ENCODER_TYPES:
-        raise ValueError(f"{path} must set `encoder_type` to one of {sorted(ENCODER_TYPES)}.")
-    name = fields["encoder_type"] if path.stem in ("baseline", fields["encoder_type"]) else \
-        f"{fields['encoder_type']}/{path.stem}"
-    return name, fields
+    rows = {BASELINE: DEFAULT_ROWS[BASELINE]}
+    for spec in specs:
+        if spec == "defaults":
+            rows.update(DEFAULT_ROWS)
+        elif spec == "best":
+            rows.update({name: json.loads((REPO / path).read_text()) for name, path in BEST_ROWS.items()})
+        elif spec in ENCODER_TYPES:
+            rows[spec] = {"encoder_type": spec}
+        elif Path(spec).is_file():
+            fields = json.loads(Path(spec).read_text())
+            if fields.get("encoder_type") not in ENCODER_TYPES:
+                raise SystemExit(f"{spec} must set `encoder_type` to one of {sorted(ENCODER_TYPES)}.")
+            rows[f"{fields['encoder_type']}/{Path(spec).stem}"] = fields
+        else:
+            raise SystemExit(f"row {spec!r} is neither `defaults`, `best`, an encoder type nor a JSON file.")
+    return rows
 
 
-def run_config(base, name: str, fields: dict, seed: int, tokenizer: Path, root: Path):
-    """The budget's config with only the variant's fields and the seed changed."""
-    import copy
+def recipe_of(budget: dict, max_steps: int | None):
+    from mgsa_hf.prepared_training import Recipe
 
-    shared = sorted(set(fields) & set(base.model) - {"encoder_type"})
-    if shared:
-        raise ValueError(f"variant {name!r} changes {shared}, which the budget config fixes for every variant.")
-    config = copy.deepcopy(base)
-    config.model.update(fields)
-    config.training["seed"] = seed
-    config.tokenizer = str(tokenizer)
-    config.output_dir = str(root / name / f"seed-{seed}")
-    return config
+    recipe = Recipe(**{k: (tuple(v) if k == "adam_betas" else v) for k, v in budget["recipe"].items()})
+    if max_steps is not None:
+        recipe.max_steps = max_steps
+    clash = sorted(set(recipe.model) & {"encoder_type"})
+    if clash:
+        raise SystemExit(f"the budget's model section may not set {clash}: rows set them.")
+    return recipe
 
 
-def train_tokenizer(config, folder: Path) -> Path:
-    """The joint tokenizer of every run of a budget, trained once on the training split."""
-    from mgsa_hf.data import load_parallel_corpus
-    from mgsa_hf.tokenization_utils import train_joint_tokenizer
+# ---------------------------------------------------------------------------------------------------- the steps
 
-    if (folder / "tokenizer_config.json").is_file():
+
+def prepare(args, name: str, budget: dict) -> Path:
+    from mgsa_hf.prepared_training import prepare_corpus
+
+    folder = prepared_folder(args, name)
+    if (folder / "manifest.json").is_file():
+        print(f"[bench_quality] prepared corpus {folder} exists", flush=True)
         return folder
-    train_split = load_parallel_corpus(config.data, config.source_lang, config.target_lang,
-                                       {"train": config.splits["train"]}, hub_config=config.hub_config)["train"]
-    if config.max_train_samples is not None:
-        train_split = train_split.select(range(min(config.max_train_samples, len(train_split))))
-    with tempfile.TemporaryDirectory() as text_dir:
-        files = []
-        for lang in (config.source_lang, config.target_lang):
-            files.append(Path(text_dir) / f"train.{lang}")
-            files[-1].write_text("\n".join(pair[lang] for pair in train_split["translation"]) + "\n", encoding="utf-8")
-        train_joint_tokenizer(*files, folder, vocab_size=config.vocab_size)
-    return folder
+    return prepare_corpus(args.data, folder, **budget.get("prepare", {}))
 
 
-@contextmanager
-def file_backed_corpus(cache_dir: Path):
-    """Make the corpus the training recipe loads file-backed, so that `datasets` caches the parsed splits on disk
-    and only the first run of a budget parses (an in-memory corpus is parsed again by every run)."""
-    from datasets import load_from_disk
-
-    import mgsa_hf.data
-
-    load = mgsa_hf.data.load_parallel_corpus
-
-    def load_cached(source, src_lang, tgt_lang, splits, hub_config=None):
-        key = json.dumps([str(Path(source).resolve()) if Path(source).exists() else str(source), src_lang,
-                          tgt_lang, splits, hub_config])
-        folder = cache_dir / hashlib.sha256(key.encode()).hexdigest()[:16]
-        if not (folder / "dataset_dict.json").is_file():
-            load(source, src_lang, tgt_lang, splits, hub_config=hub_config).save_to_disk(str(folder))
-        return load_from_disk(str(folder))
-
-    with mock.patch.object(mgsa_hf.data, "load_parallel_corpus", load_cached):
-        yield
+def prepared_folder(args, name: str) -> Path:
+    return Path(args.prepared) if args.prepared else Path(args.root) / name / "prepared"
 
 
-def config_record(config) -> dict:
-    import dataclasses
+def train(args, name: str, budget: dict) -> None:
+    """Every row × seed, `--jobs` processes at a time; finished runs are skipped, interrupted ones resume."""
+    rows = resolve_rows(args.rows)
+    recipe_of(budget, args.max_steps)  # validate before starting anything
+    pending = []
+    for row, fields in rows.items():
+        for seed in args.seeds:
+            run_dir = Path(args.root) / name / row / f"seed-{seed}"
+            if (run_dir / "result.json").is_file():
+                print(f"[bench_quality] {row} seed {seed}: finished already", flush=True)
+                continue
+            command = [sys.executable, __file__, "run-one", "--budget", args.budget, "--root", args.root,
+                       "--prepared", str(prepared_folder(args, name)), "--row-json", json.dumps(fields),
+                       "--run-dir", str(run_dir), "--seeds", str(seed)]
+            command += ["--threads", str(args.threads)] if args.threads else []
+            command += ["--device", args.device] if args.device else []
+            command += ["--max-steps", str(args.max_steps)] if args.max_steps else []
+            pending.append((f"{row} seed {seed}", run_dir, command))
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    if args.threads:
+        env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    running, failed = [], []
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            label, run_dir, command = pending.pop(0)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            log = open(run_dir / "stdout.log", "a")
+            print(f"[bench_quality] start {label} → {run_dir}", flush=True)
+            running.append((label, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), log,
+                            time.time()))
+        time.sleep(1)
+        for entry in list(running):
+            label, process, log, started = entry
+            if process.poll() is None:
+                continue
+            running.remove(entry)
+            log.close()
+            status = "done" if process.returncode == 0 else f"FAILED (exit {process.returncode})"
+            print(f"[bench_quality] {status}: {label} in {(time.time() - started) / 60:.1f} min", flush=True)
+            if process.returncode:
+                failed.append(label)
+    if failed:
+        raise SystemExit(f"runs failed: {failed} (see their stdout.log)")
 
-    return {k: v for k, v in dataclasses.asdict(config).items() if k not in ("output_dir", "examples")}
 
+def run_one(args, name: str, budget: dict) -> None:
+    from mgsa_hf.prepared_training import PreparedCorpus, train_run
 
-def run_one(config, force: bool) -> dict:
-    """Train one variant/seed (or reuse its finished run) and return its record."""
-    from mgsa_hf.training import train
-
-    output_dir = Path(config.output_dir)
-    record_path = output_dir / "bench_run.json"
-    wanted = config_record(config)
-    if not force and record_path.is_file() and (output_dir / "results.json").is_file():
-        record = json.loads(record_path.read_text())
-        if record.get("config") == json.loads(json.dumps(wanted)):
-            print(f"[bench_quality] reusing {output_dir}", flush=True)
-            return record
-    if output_dir.exists():
-        shutil.rmtree(output_dir)
-    print(f"[bench_quality] training {config.model['encoder_type']} → {output_dir}", flush=True)
-    wall, cpu = time.perf_counter(), time.process_time()
-    try:
-        results, _ = train(config)
-    except Exception as error:  # one failing variant must not lose the others' results
-        traceback.print_exc()
-        return {"config": wanted, "output_dir": str(output_dir), "error": f"{type(error).__name__}: {error}"}
-    record = {
-        "config": wanted,
-        "output_dir": str(output_dir),
-        "wall_seconds": round(time.perf_counter() - wall, 1),
-        "cpu_seconds": round(time.process_time() - cpu, 1),
-        "results": results,
-    }
-    record_path.write_text(json.dumps(record, indent=2) + "\n")
-    return record
+    corpus = PreparedCorpus(prepared_folder(args, name))
+    result = train_run(corpus, args.run_dir, recipe_of(budget, args.max_steps), json.loads(args.row_json),
+                       args.seeds[0], device=args.device, threads=args.threads)
+    print(json.dumps({split: {k: result[split][k] for k in ("bleu", "chrf", "distinct_fraction")}
+                      for split in ("validation", "test")}), flush=True)
 
 
 # ------------------------------------------------------------------------------------------ scores and the test
@@ -233,7 +227,8 @@ def paired_bootstrap(baseline: list[list[str]], system: list[list[str]], referen
 
     With one seed this is sacreBLEU's `paired_bs` test (`PairedTest(..., test_type="bs")`, same resamples, same
     statistic: p = share of resampled |differences|, centred on their mean, above the observed one), except that a
-    difference of exactly zero gives p = 1 rather than 1 / (n_samples + 1).
+    difference of exactly zero gives p = 1 rather than 1 / (n_samples + 1). sacreBLEU's test takes one hypothesis
+    set per system, hence this version for seed averages.
 
     Returns: `delta` (system − baseline, seed-averaged score), `p_value`, and the 95% bootstrap interval of `delta`.
     """
@@ -279,44 +274,48 @@ def mean_std(values: list[float]) -> dict:
             "values": [round(float(v), 2) for v in values]}
 
 
-def summarize(runs: dict[str, list[dict]], target_lang: str) -> dict:
-    """Per variant: BLEU and chrF on each split, mean ± std over seeds, the number of distinct test translations (a
-    model that does not use its source yet writes the same sentence for every input), and training cost."""
+def collect_runs(root: Path) -> list[dict]:
+    """Every finished run under a budget's folder, as its `result.json` plus where it lives."""
+    runs = []
+    for path in sorted(root.glob("**/seed-*/result.json")):
+        record = json.loads(path.read_text())
+        record["name"] = str(path.parent.parent.relative_to(root))
+        record["run_dir"] = str(path.parent)
+        runs.append(record)
+    return runs
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Per row: BLEU and chrF on each split and distinct test outputs, mean ± std over seeds; steps, steps/s and
+    parameters."""
     summary = {}
-    for name, records in runs.items():
-        done = [r for r in records if "results" in r]
-        row = {"seeds": len(done), "failed": [r["error"] for r in records if "error" in r]}
-        if done:
-            for split in ("validation", "test"):
-                for metric in ("bleu", "chrf"):
-                    values = [s[metric] for r in done for s in r["results"]["scores"] if s["split"] == split]
-                    if values:
-                        row[f"{split}_{metric}"] = mean_std(values)
-            row["distinct_test_outputs"] = mean_std(
-                [len(set(read_lines(Path(r["output_dir"]) / f"test.hyp.{target_lang}"))) for r in done])
-            row["train_loss"] = mean_std([r["results"]["train_loss"] for r in done])
-            row["steps"] = done[0]["results"]["global_step"]
-            row["wall_minutes"] = mean_std([r["wall_seconds"] / 60 for r in done])
+    for name in sorted({r["name"] for r in runs}, key=lambda n: (n != BASELINE, n)):
+        records = [r for r in runs if r["name"] == name]
+        row = {"seeds": sorted(r["seed"] for r in records), "steps": records[0]["steps"],
+               "parameters": records[0]["parameters"],
+               "steps_per_second": mean_std([r["steps_per_second"] for r in records]),
+               "train_minutes": mean_std([r["train_seconds"] / 60 for r in records])}
+        for split in ("validation", "test"):
+            for metric in ("bleu", "chrf", "distinct_fraction"):
+                row[f"{split}_{metric}"] = mean_std([r[split][metric] for r in records])
         summary[name] = row
     return summary
 
 
-def significance(runs: dict[str, list[dict]], references: list[str], target_lang: str) -> dict:
-    """Paired bootstrap of every variant against the baseline on test, over the seeds both finished."""
+def significance(runs: list[dict], references: list[str], target_lang: str) -> dict:
+    """Paired bootstrap of every row against the baseline on test, over the seeds both finished."""
     from sacrebleu.metrics import BLEU, CHRF
 
-    def hypotheses(records):
-        return {r["config"]["training"]["seed"]: read_lines(Path(r["output_dir"]) / f"test.hyp.{target_lang}")
-                for r in records if "results" in r}
+    def hypotheses(name):
+        return {r["seed"]: read_lines(Path(r["run_dir"]) / f"test.hyp.{target_lang}") for r in runs
+                if r["name"] == name}
 
-    if BASELINE not in runs:
-        return {}
-    baseline = hypotheses(runs[BASELINE])
+    baseline = hypotheses(BASELINE)
     tests = {}
-    for name, records in runs.items():
-        system = hypotheses(records)
+    for name in sorted({r["name"] for r in runs} - {BASELINE}):
+        system = hypotheses(name)
         seeds = sorted(set(baseline) & set(system))
-        if name == BASELINE or not seeds:
+        if not seeds:
             continue
         tests[name] = {"seeds": seeds}
         for metric_name, metric in (("bleu", BLEU()), ("chrf", CHRF())):
@@ -328,15 +327,11 @@ def significance(runs: dict[str, list[dict]], references: list[str], target_lang
 # -------------------------------------------------------------------------------------------------- reporting
 
 
-def _cell(stats: dict | None) -> str:
+def _cell(stats: dict | None, scale: float = 1.0, digits: int = 2) -> str:
     if not stats:
         return "–"
-    return f"{stats['mean']:.2f}" + (f" ± {stats['std']:.2f}" if stats["std"] is not None else "")
-
-
-def silent_variants(summary: dict) -> list[str]:
-    """Variants that do not use their source yet: at most one different test translation per ten inputs."""
-    return [name for name, row in summary.items() if row["seeds"] and row["distinct_test_outputs"]["mean"] <= 100]
+    text = f"{stats['mean'] * scale:.{digits}f}"
+    return text + (f" ± {stats['std'] * scale:.{digits}f}" if stats["std"] is not None else "")
 
 
 def _verdict(test: dict) -> str:
@@ -348,21 +343,18 @@ def _verdict(test: dict) -> str:
 def render_budget(report: dict) -> str:
     """The markdown table of one budget."""
     summary, tests = report["summary"], report["significance"]
+    base = summary.get(BASELINE)
     lines = [
         f"### Budget `{report['budget']}`",
         "",
         f"Command: `{report['command']}` (at commit `{(report.get('commit') or 'unknown')[:10]}`)  ",
-        f"Config: `{report['config_file']}` ({report['protocol']}); seeds {report['seeds']}; "
-        f"{report['environment']['device']}.",
+        f"Recipe: `{report['budget_file']}` ({report['protocol']}); {report['environment']['device']}.",
         "",
-        "| variant | seeds | steps | valid BLEU | valid chrF | test BLEU | test chrF | Δ test BLEU [95% CI] | "
-        "p (BLEU) | Δ test chrF | p (chrF) | distinct test outputs | train loss | minutes |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| row | seeds | steps | params (M) | steps/s (ratio) | valid BLEU | test BLEU | test chrF | "
+        "Δ test BLEU [95% CI] | p (BLEU) | Δ chrF | p (chrF) | distinct test outputs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, row in summary.items():
-        if not row["seeds"]:
-            lines.append(f"| `{name}` | 0 | – | failed: {'; '.join(row['failed'])[:200]} |" + " |" * 11)
-            continue
         test = tests.get(name)
         if test:
             bleu, chrf = test["bleu"], test["chrf"]
@@ -370,99 +362,44 @@ def render_budget(report: dict) -> str:
                      f"{bleu['p_value']:.3f} | {chrf['delta']:+.2f} | {chrf['p_value']:.3f}")
         else:
             delta = "– | – | – | –"
+        ratio = row["steps_per_second"]["mean"] / base["steps_per_second"]["mean"] if base else float("nan")
         lines.append(
-            f"| `{name}` | {row['seeds']} | {row['steps']} | {_cell(row.get('validation_bleu'))} | "
-            f"{_cell(row.get('validation_chrf'))} | {_cell(row.get('test_bleu'))} | {_cell(row.get('test_chrf'))} | "
-            f"{delta} | {row['distinct_test_outputs']['mean']:.0f} | {_cell(row['train_loss'])} | "
-            f"{_cell(row['wall_minutes'])} |"
+            f"| `{name}` | {len(row['seeds'])} | {row['steps']} | {row['parameters'] / 1e6:.1f} | "
+            f"{row['steps_per_second']['mean']:.2f} ({ratio:.2f}) | {_cell(row['validation_bleu'])} | "
+            f"{_cell(row['test_bleu'])} | {_cell(row['test_chrf'])} | {delta} | "
+            f"{_cell(row['test_distinct_fraction'], 100, 1)}% |"
         )
     lines += ["", f"BLEU: `{report['signatures']['bleu']}`  ", f"chrF: `{report['signatures']['chrf']}`  ",
               f"Significance: {report['signatures']['significance']}", ""]
     verdicts = [f"`{name}` {_verdict(test['bleu'])} (Δ BLEU {test['bleu']['delta']:+.2f}, p = "
                 f"{test['bleu']['p_value']:.3f})" for name, test in tests.items()]
-    silent = silent_variants(summary)
-    if silent:
-        names = ", ".join(f"`{name}`" for name in silent)
-        verdicts.append(f"{names} write one sentence for (nearly) every input, so a verdict involving them compares "
-                        "fixed sentences, not translations (see the note below)")
     if verdicts:
         lines += ["Against `transformer` on test 2016: " + "; ".join(verdicts) + ".", ""]
+    if report.get("plot"):
+        lines += [f"![validation loss against steps]({Path(report['plot']).name})", ""]
     return "\n".join(lines)
 
 
 def render_papers() -> str:
     lines = ["### The papers' own figures (Transformer-base, WMT En→De; for reference, not comparable in size)", "",
-             "| variant | paper | row | baseline BLEU | BLEU | Δ BLEU | training speed |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| row | paper | paper's row | baseline BLEU | BLEU | Δ BLEU | parameters (M) | training speed |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, paper in PAPER_RESULTS.items():
-        for row in paper["rows"]:
-            lines.append(f"| `{name}` | {paper['paper']} | {row['row']} | {row['baseline_bleu']:.2f} | "
-                         f"{row['bleu']:.2f} | {row['delta']:+.2f} | {row['speed']} |")
+        lines.append(f"| `{name}` | {paper['paper']} | {paper['row']} | {paper['baseline_bleu']:.2f} | "
+                     f"{paper['bleu']:.2f} | {paper['bleu'] - paper['baseline_bleu']:+.2f} | {paper['params']} | "
+                     f"{paper['speed']} |")
     return "\n".join(lines) + "\n"
-
-
-def cpu_budget_note(report: dict) -> str:
-    """What the `cpu` budget can and cannot show, with the run's own figures."""
-    config = report["runs"][BASELINE][0]["config"]
-    steps, batch = config["training"]["max_steps"], config["training"]["per_device_train_batch_size"]
-    records = [r for records in report["runs"].values() for r in records if "results" in r]
-    minutes = [r["wall_seconds"] / 60 for r in records]
-    share = np.mean([r["cpu_seconds"] / r["wall_seconds"] for r in records])
-    rows = {name: row for name, row in report["summary"].items() if row["seeds"]}
-    silent = {name: rows[name] for name in silent_variants(rows)}
-    note = [
-        f"**What the CPU budget can and cannot show.** This run trained every variant {steps} steps of {batch} "
-        f"sentence pairs ({steps * batch / 29000:.2f} epochs of Multi30k), one seed, greedy decoding. On the machine "
-        f"it ran on (2 cores shared with other jobs; the benchmark at low priority with one torch thread got "
-        f"{share:.2f} of a core on average) a variant took {min(minutes):.0f}-{max(minutes):.0f} minutes."
-    ]
-    if silent:
-        names = ", ".join(f"`{name}`" for name in silent)
-        most = max(row["distinct_test_outputs"]["mean"] for row in silent.values())
-        note.append(
-            f"At this length {names} do not use the source yet: each writes at most {most:.0f} different "
-            "sentence(s) for the 1000 test sentences (the first phase of training, where the decoder is a "
-            "target-side language model), so their BLEU and chrF score that sentence against the references and "
-            "say nothing about translation quality; which sentence it is varies from run to run."
-        )
-        if len(silent) < len(rows):
-            started = ", ".join(f"`{name}`" for name in rows if name not in silent)
-            note.append(
-                f"{started} had started to translate by then. A difference against a silent baseline measures how "
-                "soon a variant leaves that phase, not what it converges to; it is a real property of these runs "
-                "(one seed each), not evidence for the papers' gains."
-            )
-    else:
-        test_bleu = [row["test_bleu"]["mean"] for row in rows.values()]
-        note.append(
-            f"The models are far from converged (test BLEU {min(test_bleu):.1f}-{max(test_bleu):.1f}): the scores say "
-            "how fast each architecture starts to learn, not what it converges to."
-        )
-    note.append(
-        "The run shows that every variant trains end to end on real parses without diverging and would catch a "
-        "variant that is badly broken. It cannot show the papers' gains (+0.5 to +1.3 BLEU for Transformer-base "
-        "models trained to convergence on 4.5M WMT sentence pairs): with one seed there is no estimate of the "
-        "seed-to-seed spread, and the bootstrap p-values measure only the test-set sampling noise of these "
-        "particular runs. The issue's reference point, a plain Marian model at BLEU 7.5 on test 2016, had seen "
-        f"115k sentence pairs, {115_000 / (steps * batch):.1f} times what this budget trains on; on one core at the "
-        f"rate measured here (about {steps * batch / (np.median(minutes) * 60):.0f} pairs/s) that is about "
-        f"{115_000 / (steps * batch) * np.median(minutes):.0f} minutes per variant. The `full` budget (several seeds, "
-        "converged models, beam search, checkpoint averaging, on a GPU) is the comparison to draw conclusions from."
-    )
-    return " ".join(note) + "\n"
 
 
 def render_section(reports: list[dict]) -> str:
     parts = [SECTION, "",
-             "`scripts/bench_quality.py`: Multi30k en→de, one joint tokenizer per budget, the same training config "
-             "for every variant (only `encoder_type` and its defaults differ), sacreBLEU BLEU/chrF on validation "
-             "(val, 1014 sentences) and test 2016 (flickr, 1000 sentences) from detokenized output against the raw "
-             "references, mean ± std over seeds, and the paired bootstrap test (1000 resamples) of each variant "
-             "against `transformer` on test 2016 (Δ = variant − transformer).", ""]
-    for report in reports:
-        parts.append(render_budget(report))
-        if report["budget"] == "cpu":
-            parts.append(cpu_budget_note(report))
+             "`scripts/bench_quality.py`: Multi30k en→de, one prepared corpus per budget, the same recipe and number "
+             "of steps for every row (only the variant's own fields differ), the last checkpoints averaged, beam "
+             "search, sacreBLEU BLEU/chrF on validation (val, 1014 sentences) and test 2016 (flickr, 1000 sentences) "
+             "from detokenized output against the raw references, mean ± std over seeds, the share of distinct test "
+             "translations, and the paired bootstrap test (1000 resamples, seed-averaged) of each row against "
+             "`transformer` on test 2016 (Δ = row − transformer).", ""]
+    parts += [render_budget(report) for report in reports]
     parts.append(render_papers())
     return "\n".join(parts)
 
@@ -481,38 +418,49 @@ def replace_section(text: str, section: str) -> str:
 
 
 def update_markdown(path: Path, reports: list[dict]) -> None:
-    reports = sorted(reports, key=lambda report: ["cpu", "full", "dry-run"].index(report["budget"]))
     text = path.read_text() if path.is_file() else "# Benchmarks\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(replace_section(text, render_section(reports)))
 
 
-def write_results(report: dict, path: Path, target_lang: str) -> None:
-    """The report as JSON, and every run's test hypotheses next to it (`<path without .json>/`)."""
+def plot_curves(runs: list[dict], path: Path) -> str | None:
+    """Validation loss (and greedy validation BLEU where logged) against steps, one line per row (seed mean)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    curves: dict[str, dict[int, list]] = {}
+    for record in runs:
+        log = Path(record["run_dir"]) / "log.jsonl"
+        for line in log.read_text().splitlines() if log.is_file() else []:
+            entry = json.loads(line)
+            if "validation_loss" in entry:
+                curves.setdefault(record["name"], {}).setdefault(entry["step"], []).append(entry)
+    if not curves:
+        return None
+    with_bleu = any("validation_bleu_greedy" in e for c in curves.values() for es in c.values() for e in es)
+    figure, axes = plt.subplots(1, 2 if with_bleu else 1, figsize=(12 if with_bleu else 6, 4), squeeze=False)
+    for name, by_step in curves.items():
+        steps = sorted(by_step)
+        axes[0][0].plot(steps, [np.mean([e["validation_loss"] for e in by_step[s]]) for s in steps], label=name)
+        if with_bleu:
+            axes[0][1].plot(steps, [np.mean([e.get("validation_bleu_greedy", np.nan) for e in by_step[s]])
+                                    for s in steps], label=name)
+    axes[0][0].set(xlabel="step", ylabel="validation loss (nats/token)", title="validation loss")
+    axes[0][0].legend(fontsize=7)
+    if with_bleu:
+        axes[0][1].set(xlabel="step", ylabel="BLEU", title="validation BLEU (greedy)")
+    figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-    for name, records in report["runs"].items():
-        for record in records:
-            source = Path(record["output_dir"]) / f"test.hyp.{target_lang}"
-            if source.is_file():
-                seed = record["config"]["training"]["seed"]
-                target = path.with_suffix("") / f"{name.replace('/', '-')}.seed-{seed}.test.hyp.{target_lang}"
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source, target)
-
-
-def signatures(runs: dict[str, list[dict]]) -> dict:
-    """sacreBLEU's signatures of the scores, as the runs recorded them."""
-    for records in runs.values():
-        for record in records:
-            for score in record.get("results", {}).get("scores", []):
-                return {"bleu": score["bleu_signature"], "chrf": score["chrf_signature"]}
-    return {"bleu": None, "chrf": None}
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return str(path)
 
 
 def git_commit() -> str | None:
-    import subprocess
-
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
                               check=True).stdout.strip()
@@ -520,93 +468,75 @@ def git_commit() -> str | None:
         return None
 
 
-def environment() -> dict:
-    import sacrebleu
-    import torch
-    import transformers
+def report(args, name: str, budget: dict, argv) -> dict:
+    from mgsa_hf.prepared_training import PreparedCorpus
 
-    if torch.cuda.is_available():
-        device = f"GPU: {torch.cuda.get_device_name(0)}"
-    else:
-        device = f"CPU: {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s), {platform.machine()}"
-    return {"device": device, "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "sacrebleu": sacrebleu.__version__}
-
-
-# ------------------------------------------------------------------------------------------------------- main
-
-
-def main(argv=None) -> dict:
-    from mgsa_hf.training import load_train_config
-
-    args = parse_args(argv)
-    if args.report_only:
-        markdown = Path(args.markdown) if args.markdown else REPO / "benchmarks" / "BENCHMARKS.md"
-        found = [REPO / "benchmarks" / f"quality-{b}.json" for b in ("cpu", "full")]
-        update_markdown(markdown, [json.loads(p.read_text()) for p in found if p.is_file()])
-        return {}
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    budget = "dry-run" if args.dry_run else args.budget
-    config_file = BUDGETS[budget]
-    if any(o.split("=")[0].strip() in ("model.encoder_type", "training.seed", "output_dir", "tokenizer")
-           for o in args.overrides):
-        raise SystemExit("--set may not change model.encoder_type, training.seed, output_dir or tokenizer: "
-                         "the benchmark sets them per run.")
-    base = load_train_config(config_file, args.overrides)
-    variants = dict(variant_fields(spec) for spec in args.variants)
-    variants = {BASELINE: {"encoder_type": BASELINE}, **variants}
-    root = Path(args.output_root) / budget
-    root.mkdir(parents=True, exist_ok=True)
-
-    with file_backed_corpus(root / "corpus"):
-        tokenizer = train_tokenizer(base, root / "tokenizer")
-        runs = {name: [run_one(run_config(base, name, fields, seed, tokenizer, root), args.force)
-                       for seed in args.seeds]
-                for name, fields in variants.items()}
-
-    from mgsa_hf.data import load_parallel_corpus
-
-    test = load_parallel_corpus(base.data, base.source_lang, base.target_lang, {"test": base.splits["test"]},
-                                hub_config=base.hub_config)["test"]
-    references = [pair[base.target_lang] for pair in test["translation"]][: base.max_test_samples]
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], REPO)
-                                                            if argv is None else "scripts/bench_quality.py",
-                                                            *(sys.argv[1:] if argv is None else argv)])
-    report = {
-        "budget": budget,
+    root = Path(args.root) / name
+    runs = collect_runs(root)
+    if not runs:
+        raise SystemExit(f"no finished runs under {root}: run the train step first.")
+    corpus = PreparedCorpus(prepared_folder(args, name))
+    target_lang = corpus.manifest["target_lang"]
+    recipe = budget["recipe"]
+    model = recipe.get("model", {})
+    results_path = Path(args.results) if args.results else REPO / "benchmarks" / f"quality-{name}.json"
+    first = runs[0]
+    command = "python scripts/bench_quality.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    result = {
+        "budget": name,
         "command": command,
         "commit": git_commit(),
-        "config_file": os.path.relpath(config_file, REPO),
-        "protocol": f"{base.model.get('d_model')}d {base.model.get('encoder_layers')}+"
-                    f"{base.model.get('decoder_layers')} layers, {base.training.get('max_steps')} steps of "
-                    f"{base.training.get('per_device_train_batch_size')} sentences, vocabulary {base.vocab_size}, "
-                    f"beam {base.training.get('generation_num_beams', 1)}",
-        "overrides": args.overrides,
-        "seeds": args.seeds,
-        "environment": environment(),
-        "signatures": {
-            **signatures(runs),
-            "significance": f"paired bootstrap, {BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, two-sided",
-        },
-        "summary": summarize(runs, base.target_lang),
-        "significance": significance(runs, references, base.target_lang),
-        "papers": PAPER_RESULTS,
-        "runs": {name: records for name, records in runs.items()},
+        "budget_file": os.path.relpath(load_budget_path(args.budget), REPO),
+        "protocol": f"{model.get('d_model')}d {model.get('encoder_layers')}+{model.get('decoder_layers')} layers, "
+                    f"{first['steps']} steps of ≤ {recipe.get('max_tokens')} tokens, lr {recipe.get('learning_rate')} "
+                    f"after {recipe.get('warmup_steps')} warm-up steps, label smoothing "
+                    f"{recipe.get('label_smoothing')}, last {recipe.get('average_last')} checkpoints averaged, beam "
+                    f"{first['num_beams']}, vocabulary {corpus.manifest['vocab_size']}",
+        "environment": {"device": f"{first['device']}, {first['threads']} torch thread(s) per run"
+                        if first["device"] == "cpu" else first["device"],
+                        "python": platform.python_version()},
+        "signatures": {"bleu": first["test"]["bleu_signature"], "chrf": first["test"]["chrf_signature"],
+                       "significance": f"paired bootstrap, {BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, "
+                                       "two-sided, seed-averaged"},
+        "summary": summarize(runs),
+        "significance": significance(runs, corpus.references("test"), target_lang),
+        "papers": {k: v for k, v in PAPER_RESULTS.items() if k in {r["name"] for r in runs}},
+        "runs": [{k: v for k, v in r.items() if k != "run_dir"} for r in runs],
     }
-    results_path = Path(args.results) if args.results else \
-        (None if args.dry_run else REPO / "benchmarks" / f"quality-{budget}.json")
-    if results_path is not None:
-        write_results(report, results_path, base.target_lang)
-    markdown = Path(args.markdown) if args.markdown else \
-        (None if args.dry_run else REPO / "benchmarks" / "BENCHMARKS.md")
-    if markdown is not None:
-        others = [REPO / "benchmarks" / f"quality-{b}.json" for b in ("cpu", "full") if b != budget]
-        update_markdown(markdown, [report, *(json.loads(p.read_text()) for p in others if p.is_file())])
-    print(render_budget(report))
-    return report
+    result["plot"] = plot_curves(runs, results_path.with_suffix("").parent / f"quality-{name}-curves.png")
+    if result["plot"]:
+        result["plot"] = os.path.relpath(result["plot"], results_path.parent)
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    hypotheses = results_path.with_suffix("")
+    shutil.rmtree(hypotheses, ignore_errors=True)
+    for record in runs:
+        target = hypotheses / f"{record['name'].replace('/', '-')}.seed-{record['seed']}.test.hyp.{target_lang}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(record["run_dir"]) / f"test.hyp.{target_lang}", target)
+    markdown = Path(args.markdown) if args.markdown else REPO / "benchmarks" / "BENCHMARKS.md"
+    others = sorted(p for p in results_path.parent.glob("quality-*.json") if p != results_path)
+    update_markdown(markdown, [result, *(json.loads(p.read_text()) for p in others if args.markdown is None)])
+    print(render_budget(result))
+    return result
+
+
+def load_budget_path(spec: str) -> Path:
+    return Path(spec) if spec.endswith(".json") else REPO / "configs" / "quality" / f"{spec}.json"
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    name, budget = load_budget(args.budget)
+    if args.step == "run-one":
+        return run_one(args, name, budget)
+    if args.step in ("prepare", "all"):
+        prepare(args, name, budget)
+    if args.step in ("train", "all"):
+        train(args, name, budget)
+    if args.step in ("report", "all"):
+        return report(args, name, budget, argv)
+    return None
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ final score (beam 4, written by `mgsa-hf train`) is reported beside it.
 
     python scripts/sweep_cpu_recipe.py --threads 2 --output benchmarks/cpu-recipe-sweep.json tiny-wu200 small-wu200
 
-Results are written after each candidate; a candidate already in the output file is skipped (resume).
+Results are written after each candidate; a candidate already in the output file is skipped (resume). After the
+runs the script prints the curves as a markdown table and draws them (`--plot`).
 """
 
 import argparse
@@ -75,6 +76,33 @@ def score_checkpoints(run_dir: Path, started: float, test_sources: list[str], te
     return curve
 
 
+def render(results: dict, plot: Path | None) -> str:
+    """The curves as a markdown table (greedy test BLEU at each checkpoint's minute), and as a plot."""
+    lines = ["| candidate | overrides | checkpoints: minutes → greedy test BLEU (distinct outputs) | final (beam 4) |",
+             "| --- | --- | --- | --- |"]
+    for name, run in results["runs"].items():
+        points = ", ".join(f"{p['minutes']:.1f} → {p['test_bleu_greedy']:.1f} ({p['distinct']})" for p in run["curve"])
+        final = next((s for s in run["final_scores"] or [] if s["split"] == "test"), None)
+        final_text = f"{final['bleu']:.2f}" if final else "cut at the time limit"
+        lines.append(f"| `{name}` | `{' '.join(run['overrides'])}` | {points} | {final_text} |")
+    if plot is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        figure, axis = plt.subplots(figsize=(6, 4))
+        for name, run in results["runs"].items():
+            axis.plot([p["minutes"] for p in run["curve"]], [p["test_bleu_greedy"] for p in run["curve"]], "o-",
+                      label=name)
+        axis.set(xlabel="minutes since `mgsa-hf train` started (2 cores)", ylabel="test 2016 BLEU (greedy)")
+        axis.grid(alpha=0.3)
+        axis.legend()
+        figure.tight_layout()
+        figure.savefig(plot, dpi=100)
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("candidates", nargs="*", default=list(CANDIDATES), help=f"of {sorted(CANDIDATES)}")
@@ -86,6 +114,7 @@ def main() -> None:
     parser.add_argument("--runs", default="runs/cpu-recipe-sweep")
     parser.add_argument("--output", default="benchmarks/cpu-recipe-sweep.json")
     parser.add_argument("--set", nargs="*", default=[], help="extra overrides for every candidate")
+    parser.add_argument("--plot", default="benchmarks/cpu-recipe-sweep.png")
     args = parser.parse_args()
 
     output = Path(args.output)
@@ -123,6 +152,7 @@ def main() -> None:
                                  "final_scores": final["scores"] if final else None}
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(results, indent=2) + "\n")
+    print(render(results, Path(args.plot) if args.plot else None))
 
 
 if __name__ == "__main__":

@@ -1,17 +1,21 @@
-"""scripts/bench_quality.py: the paired bootstrap test against sacreBLEU's, the BENCHMARKS.md section update, and a
-dry run of the whole benchmark (two variants, one seed, the tiny config)."""
+"""scripts/bench_quality.py and mgsa_hf.prepared_training: the paired bootstrap test against sacreBLEU's, the
+BENCHMARKS.md section update, and the whole benchmark path on real Multi30k sentences with the dry-run budget
+(prepare with spaCy → train in parallel processes → resume → average → beam search → report), including a run in a
+process where spaCy and `datasets` cannot be imported, as on a GPU machine."""
 
 import importlib.util
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
 from mgsa_hf.tokenization_utils import read_lines
-from mgsa_hf.training import load_train_config
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,44 +91,107 @@ def test_markdown_section_is_replaced_and_others_kept():
     assert appended.endswith("## Translation quality\n\ny\n") and "## Speed\n\nx" in appended
 
 
-def test_variant_configs_change_only_variant_fields(tmp_path):
-    assert bench_quality.variant_fields("rhe") == ("rhe", {"encoder_type": "rhe"})
-    name, fields = bench_quality.variant_fields(str(REPO / "configs" / "rhe" / "dea_rhe.json"))
-    assert name == "rhe/dea_rhe" and fields["rhe_attention"] == "dea"
-    with pytest.raises(ValueError, match="neither an encoder type"):
-        bench_quality.variant_fields("no_such_variant")
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"encoder_type": "hybrid", "d_model": 64}))
-    base = load_train_config(REPO / "configs" / "train" / "tiny.yaml")
-    with pytest.raises(ValueError, match="d_model"):
-        bench_quality.run_config(base, *bench_quality.variant_fields(str(bad)), 1, tmp_path, tmp_path)
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """The dry-run budget end to end: `all` with two rows, one seed, two processes at once."""
+    root = tmp_path_factory.mktemp("bench")
+    args = ["all", "--budget", "dry-run", "--root", str(root), "--data", str(DATA), "--rows", "hybrid", "rhe",
+            "--seeds", "1", "--jobs", "2", "--threads", "1", "--results", str(root / "quality.json"),
+            "--markdown", str(root / "BENCHMARKS.md")]
+    return root, args, bench_quality.main(args)
 
 
-def test_dry_run_trains_scores_tests_and_reports(tmp_path, capsys):
-    args = ["--dry-run", "--variants", "hybrid", "--output-root", str(tmp_path / "runs"), "--set", f"data={DATA}",
-            "--results", str(tmp_path / "quality.json"), "--markdown", str(tmp_path / "BENCHMARKS.md")]
-    report = bench_quality.main(args)
-    assert set(report["summary"]) == {"transformer", "hybrid"}
-    for name in ("transformer", "hybrid"):
-        row = report["summary"][name]
-        assert row["seeds"] == 1 and row["steps"] == 4 and not row["failed"]
-        assert 0.0 <= row["test_bleu"]["mean"] <= 100.0 and row["test_chrf"]["mean"] > 0.0
-        assert 1 <= row["distinct_test_outputs"]["mean"] <= 8
-        run_dir = tmp_path / "runs" / "dry-run" / name / "seed-1"
-        assert len((run_dir / "test.hyp.de").read_text().splitlines()) == 8
-        assert (tmp_path / "quality" / f"{name}.seed-1.test.hyp.de").is_file()
-    test = report["significance"]["hybrid"]
-    assert test["seeds"] == [1] and 0.0 < test["bleu"]["p_value"] <= 1.0 and 0.0 < test["chrf"]["p_value"] <= 1.0
+def test_prepared_corpus_holds_every_field(dry_run):
+    from mgsa_hf.prepared_training import PreparedCorpus
+
+    root, _, _ = dry_run
+    corpus = PreparedCorpus(root / "dry-run" / "prepared")
+    assert corpus.manifest["splits"] == {"train": 64, "validation": 64, "test": 64}
+    batch = corpus.split("train").batch([0, 5, 9])
+    for name in ("input_ids", "attention_mask", "labels", "word_ids", "head_word_ids", "phrase_ids", "phrase_tags",
+                 "pr_phrase_ids", "local_phrase_start", "local_phrase_end", "tree_depth"):
+        assert name in batch and batch[name].shape[0] == 3
+    assert batch["phrase_ids"].shape[1] == corpus.manifest["phrase_levels"]
+    # the same fields as the processor makes for these sentences, padded as the collator pads them
+    from mgsa_hf import MgsaProcessor
+
+    processor = MgsaProcessor.from_pretrained(root / "dry-run" / "prepared" / "processor")
+    sources = (root / "dry-run" / "prepared" / "train.en").read_text().splitlines()
+    expected = processor([sources[i] for i in (0, 5, 9)], max_length=32, truncation=True, return_tensors="pt")
+    for name, tensor in expected.items():
+        assert batch[name].tolist() == tensor.tolist(), name
+
+
+def test_dry_run_reports_every_run(dry_run):
+    root, _, report = dry_run
+    assert set(report["summary"]) == {"transformer", "hybrid", "rhe"}
+    assert len(report["runs"]) == 3
+    for run in report["runs"]:
+        assert run["seed"] == 1 and run["steps"] == 6 and run["encoder_type"] in report["summary"]
+        assert set(run["test"]) >= {"bleu", "chrf", "distinct_fraction"}
+        assert 0 < run["test"]["distinct_fraction"] <= 1 and run["averaged_checkpoints"] == ["step-3", "step-6"]
     assert "nrefs:1|case:mixed" in report["signatures"]["bleu"] and "tok:13a" in report["signatures"]["bleu"]
-    saved = json.loads((tmp_path / "quality.json").read_text())
+    assert set(report["significance"]) == {"hybrid", "rhe"}
+    saved = json.loads((root / "quality.json").read_text())
     assert saved["summary"] == report["summary"] and saved["command"].startswith("python scripts/bench_quality.py")
-    markdown = (tmp_path / "BENCHMARKS.md").read_text()
-    assert "## Translation quality" in markdown and "| `hybrid` | 1 | 4 |" in markdown
+    markdown = (root / "BENCHMARKS.md").read_text()
+    assert "## Translation quality" in markdown and "| `hybrid` | 1 | 6 |" in markdown
+    assert (root / "quality" / "rhe.seed-1.test.hyp.de").is_file()
 
-    # a second call reuses the finished runs instead of training again
-    stamp = (tmp_path / "runs" / "dry-run" / "hybrid" / "seed-1" / "results.json").stat().st_mtime_ns
+
+def test_finished_runs_are_not_trained_again(dry_run, capsys):
+    root, args, _ = dry_run
+    stamp = (root / "dry-run" / "hybrid" / "seed-1" / "result.json").stat().st_mtime_ns
     capsys.readouterr()
-    again = bench_quality.main(args)
-    assert "reusing" in capsys.readouterr().out
-    assert (tmp_path / "runs" / "dry-run" / "hybrid" / "seed-1" / "results.json").stat().st_mtime_ns == stamp
-    assert again["summary"] == report["summary"]
+    bench_quality.main(["train", *args[1:]])
+    assert "finished already" in capsys.readouterr().out
+    assert (root / "dry-run" / "hybrid" / "seed-1" / "result.json").stat().st_mtime_ns == stamp
+
+
+def test_resumed_run_equals_uninterrupted(dry_run, tmp_path):
+    """Stopped after its step-3 checkpoint and started again, a run ends with the weights and the logged losses of
+    an uninterrupted one (CPU, one thread)."""
+    from safetensors.torch import load_file
+
+    from mgsa_hf.prepared_training import PreparedCorpus, train_run
+
+    root, _, _ = dry_run
+    corpus = PreparedCorpus(root / "dry-run" / "prepared")
+    _, budget = bench_quality.load_budget("dry-run")
+    row = {"encoder_type": "phrase_memory"}
+    recipe = bench_quality.recipe_of(budget, None)
+    recipe.eval_bleu_samples, recipe.average_last = 0, 1
+    train_run(corpus, tmp_path / "whole", recipe, row, seed=3, device="cpu", threads=1)
+    first_half = bench_quality.recipe_of(budget, 3)
+    first_half.eval_bleu_samples, first_half.average_last = 0, 1
+    train_run(corpus, tmp_path / "resumed", first_half, row, seed=3, device="cpu", threads=1)
+    (tmp_path / "resumed" / "result.json").unlink()  # as if it had been cut off after its checkpoint
+    train_run(corpus, tmp_path / "resumed", recipe, row, seed=3, device="cpu", threads=1)
+    whole = load_file(tmp_path / "whole" / "checkpoints" / "step-6.safetensors")
+    resumed = load_file(tmp_path / "resumed" / "checkpoints" / "step-6.safetensors")
+    for name, tensor in whole.items():
+        assert torch.allclose(tensor, resumed[name], atol=1e-6), name
+
+    def losses(run):
+        return [(e["step"], e["validation_loss"]) for e in map(json.loads, (tmp_path / run / "log.jsonl").open())
+                if "validation_loss" in e]
+
+    assert losses("whole") == losses("resumed")
+
+
+def test_training_runs_without_spacy_or_datasets(dry_run, tmp_path):
+    """The train step needs torch, transformers and sacreBLEU only: a run in a process where spaCy and `datasets`
+    cannot be imported."""
+    root, _, _ = dry_run
+    code = (
+        "import sys\n"
+        "import runpy\n"
+        "for name in ('spacy', 'datasets'): sys.modules[name] = None\n"
+        f"sys.argv = ['bench_quality.py', 'run-one', '--budget', 'dry-run', '--prepared', "
+        f"{str(root / 'dry-run' / 'prepared')!r}, '--row-json', '{{\"encoder_type\": \"rhe\"}}', "
+        f"'--run-dir', {str(tmp_path / 'run')!r}, '--seeds', '2', '--threads', '1']\n"
+        f"runpy.run_path({str(REPO / 'scripts' / 'bench_quality.py')!r}, run_name='__main__')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["encoder_type"] == "rhe" and result["steps"] == 6 and len(result["averaged_checkpoints"]) == 2

@@ -96,6 +96,25 @@ def test_gate_one_with_window_over_the_sentence_is_plain_attention():
     assert (local - expected)[padding_mask].abs().max() > 1e-2
 
 
+def test_local_combination_is_the_local_pattern_alone():
+    """`hybrid_combination="local"` (Table 1's "+LOCAL PATTERN"): no new parameters, and the output of a gate fixed
+    at 1 (σ = 1), in the fused and the eager path."""
+    hidden, padding_mask, _ = padded_inputs()
+    gated, _ = paired_attention(1e4)
+    torch.manual_seed(0)
+    local = HybridAttention(hybrid_config(hybrid_combination="local", attn_implementation="eager"), 4).eval()
+    assert not any(name.startswith(("gate_proj", "concat_proj")) for name, _ in local.named_parameters())
+    local.load_state_dict(gated.state_dict(), strict=False)
+    expected, _ = gated(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
+    actual, weights = local(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
+    torch.testing.assert_close(actual[padding_mask], expected[padding_mask])
+    assert weights is not None and (weights[..., 0, 3:] == 0).all()  # nothing outside |i - j| <= 1
+    local.config._attn_implementation = "sdpa"
+    fused, no_weights = local(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
+    torch.testing.assert_close(fused[padding_mask], expected[padding_mask], atol=1e-6, rtol=1e-5)
+    assert no_weights is None
+
+
 def test_local_pattern_is_zero_outside_the_window():
     torch.manual_seed(0)
     attention = HybridAttention(hybrid_config(hybrid_window=1), 4, layer_idx=0)

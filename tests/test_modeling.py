@@ -208,3 +208,26 @@ def test_convert_marian_script(tmp_path, marian_dir, batch):
     converted_state = converted.state_dict()
     for name, tensor in marian.state_dict().items():
         assert torch.equal(converted_state[name], tensor), name
+
+
+def test_plain_marian_pipeline_after_import(marian_processor, tmp_path):
+    """Importing the package registers `translation`; a plain MarianMTModel folder with only its tokenizer still
+    translates through it (the processor is optional), with the same tokens as `generate`."""
+    from transformers import pipeline
+
+    tokenizer = marian_processor.tokenizer
+    torch.manual_seed(0)
+    model = MarianMTModel(MarianConfig(
+        vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, pad_token_id=tokenizer.pad_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        max_position_embeddings=64)).eval()
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    translator = pipeline("translation", model=str(tmp_path), device="cpu")
+    sources = ["A man rides a bike.", "Two dogs play in the snow."]
+    with torch.no_grad():
+        expected = model.generate(**tokenizer(sources, return_tensors="pt", padding=True), num_beams=2,
+                                  max_new_tokens=6)
+    texts = [t.strip() for t in tokenizer.batch_decode(expected, skip_special_tokens=True)]
+    assert [row["translation_text"] for row in translator(sources, num_beams=2, max_new_tokens=6)] == texts

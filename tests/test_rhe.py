@@ -96,7 +96,7 @@ def test_dea_is_zero_off_dependencies_on_real_parses(multi30k_processor, multi30
 def test_lpea_masks_and_bias_on_real_parses(multi30k_processor, real_batches):
     batch = real_batches[0]
     k = multi30k_processor.max_relative_position
-    config = rhe_config(rhe_mode="sea_all", rhe_max_relative_position=k)
+    config = rhe_config(rhe_mode="sea_all", rhe_max_relative_position=k, rhe_out_of_phrase="mask")
     attention, hidden, syntax, weights = layer_weights(config, batch)
     positions, in_phrase = multi30k_processor.relative_local_positions(batch)
     real_rows = batch["attention_mask"].bool()[:, :, None].expand_as(in_phrase)
@@ -115,7 +115,7 @@ def test_lpea_masks_and_bias_on_real_parses(multi30k_processor, real_batches):
 
 def test_lpea_bias_depends_only_on_the_clipped_label():
     """Depth differences -5..5 with k = 2: labels clip at ±k, and equal labels get equal biases."""
-    config = rhe_config(rhe_mode="sea_all", rhe_max_relative_position=2)
+    config = rhe_config(rhe_mode="sea_all", rhe_max_relative_position=2, rhe_out_of_phrase="mask")
     torch.manual_seed(0)
     attention = RheAttention(config, 4)
     depth = torch.tensor([[0, 1, 2, 3, 4, 5, 0]])
@@ -134,6 +134,63 @@ def test_lpea_bias_depends_only_on_the_clipped_label():
     assert bias[0, 5] == bias[0, 2] == table[4] and bias[5, 0] == bias[3, 1] == table[0]  # RP 5, 2 → k; -5, -2 → -k
     assert bias[0, 1] != bias[0, 2]
     assert (bias[6, :6] == torch.finfo(torch.float32).min).all()  # EOS is in no other local phrase
+
+
+def test_out_of_phrase_pairs_clip_to_k_against_a_loop(multi30k_processor, real_batches):
+    """Eq. 7 with `rhe_out_of_phrase="clip"` (the default): a pair outside one local phrase has RP = ∞ and gets the
+    label of +k; a pair inside has clip(depth_j - depth_i, k); only padding keys are dropped. Checked pair by pair
+    against the explicit rule on real parses with words outside each other's local phrase."""
+    batch = real_batches[0]
+    k = 3
+    attention, _, syntax, weights = layer_weights(rhe_config(rhe_mode="sea_all", rhe_max_relative_position=k), batch)
+    assert attention.out_of_phrase == "clip"
+    with torch.no_grad():
+        bias = attention.syntax_bias(syntax, torch.float32)[:, 0]
+        table = attention.relative_phrasal_bias()
+    start, end, depth = batch["local_phrase_start"], batch["local_phrase_end"], batch["tree_depth"]
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    outside = 0
+    for b, length in enumerate(lengths):
+        for i in range(batch["input_ids"].shape[1]):
+            for j in range(batch["input_ids"].shape[1]):
+                if j >= length:
+                    assert bias[b, i, j] == torch.finfo(torch.float32).min
+                    continue
+                if i >= length:  # padding queries see every real key; their rows are never read
+                    continue
+                in_phrase = i == j or start[b, i] <= j < end[b, i] or start[b, j] <= i < end[b, j]
+                label = max(-k, min(k, int(depth[b, j] - depth[b, i]))) + k if in_phrase else 2 * k
+                outside += not in_phrase
+                assert bias[b, i, j] == table[label], (b, i, j)
+    assert outside > 50  # not vacuous
+    for b, length in enumerate(lengths):  # nothing inside the sentence is dropped
+        assert (weights[b, :, :length, :length] > 0).all()
+
+
+def test_clip_with_k_zero_is_plain_attention(real_batches):
+    """With k = 0 and "clip" every pair has the same label, so LPEA adds a constant per row: the softmax is plain
+    attention (why RHE Table 3's k = 0 row matches the baseline)."""
+    batch = real_batches[0]
+    config = rhe_config(rhe_mode="sea_all", rhe_max_relative_position=0, attn_implementation="eager")
+    torch.manual_seed(0)
+    rhe = MgsaForConditionalGeneration(config).eval()
+    plain = MgsaForConditionalGeneration(MgsaConfig(**TINY, attn_implementation="eager"))
+    plain.load_state_dict(rhe.state_dict(), strict=False)
+    plain.eval()
+    with torch.no_grad():
+        expected = plain(**batch).logits
+        actual = rhe(**batch).logits
+        masked = MgsaForConditionalGeneration(rhe_config(rhe_mode="sea_all", rhe_max_relative_position=0,
+                                                         rhe_out_of_phrase="mask")).eval()
+        masked.load_state_dict(rhe.state_dict())
+        differs = masked(**batch).logits
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    assert (differs - expected).abs().max() > 1e-3  # masking out-of-phrase pairs is not plain attention
+
+
+def test_out_of_phrase_rule_is_validated():
+    with pytest.raises(ValueError, match="rhe_out_of_phrase"):
+        rhe_config(rhe_out_of_phrase="drop")
 
 
 def crafted_syntax():

@@ -48,6 +48,37 @@ def test_train_save_load_and_translate(tmp_path, encoder_type):
     assert translator(SOURCES[0], **generate_kwargs) == [{"translation_text": expected[0]}]
 
 
+def test_transformer_run_skips_the_parse(tmp_path):
+    """A model that reads no syntax is trained and served without spaCy: its processor makes only token ids."""
+    train(tiny_config(tmp_path, "training.max_steps=1"))
+    processor = AutoProcessor.from_pretrained(tmp_path)
+    assert processor.with_syntax is False and processor.parser._nlp is None
+    encoding = processor(SOURCES, return_tensors="pt")
+    assert set(encoding) == {"input_ids", "attention_mask"}
+    assert processor.parser._nlp is None
+    assert "reads no syntax" in (tmp_path / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "override, key, value",
+    [
+        ("training.eval_strategy=no", "eval_strategy", "no"),  # YAML 1.1 would read False
+        ("training.save_strategy=off", "save_strategy", "off"),
+        ("training.learning_rate=1e-3", "learning_rate", 0.001),  # YAML 1.1 would read the string "1e-3"
+        ("training.predict_with_generate=false", "predict_with_generate", False),
+        ("training.max_steps=7", "max_steps", 7),
+    ],
+)
+def test_overrides_read_yaml_1_2_scalars(tmp_path, override, key, value):
+    config = tiny_config(tmp_path, override)
+    assert config.training[key] == value and type(config.training[key]) is type(value)
+
+
+def test_eval_strategy_no_trains(tmp_path):
+    results, _ = train(tiny_config(tmp_path, "training.max_steps=1", "training.eval_strategy=no"))
+    assert results["global_step"] == 1
+
+
 @pytest.fixture(scope="module")
 def trained_tiny(tmp_path_factory):
     """A transformer trained for two steps: (results, output folder)."""

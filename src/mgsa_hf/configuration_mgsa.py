@@ -13,9 +13,10 @@ PHRASE_INTERACTIONS = ("none", "lstm", "on_lstm")
 PR_SEGMENTATIONS = ("fixed", "parse")
 PR_GLANCES = ("max", "mean")
 HYBRID_GATES = ("token", "head")
-HYBRID_COMBINATIONS = ("gate", "concat")
+HYBRID_COMBINATIONS = ("gate", "concat", "local")
 RHE_ATTENTIONS = ("dea", "lpea")
 RHE_MODES = ("rhe", "sea_all", "rhe_prune")
+RHE_OUT_OF_PHRASE = ("clip", "mask")
 
 # default encoder layers of each encoder-only variant (0 = the bottom layer)
 DEFAULT_VARIANT_LAYERS = {"phrase_memory": [0], "hybrid": [0, 1], "rhe": [0]}
@@ -72,7 +73,9 @@ class MgsaVariantConfig:
             PR: decoder layers attend to a learned mix of all encoder layers' phrases (else to the last layer's).
         pr_combination_dim (`int`, *optional*):
             PR: hidden size of the attentive combination's 2-layer network (W3, W4 of the paper's Eq. 8, which leaves
-            it open); defaults to `d_model // 2`, which keeps a training step within 1.35x of the Transformer's.
+            it open); defaults to `3 * d_model`, the width at which Transformer-base's "+Max" row has Table 2's
+            parameter count (+40.9M; +37.7M here). `configs/phrase_representation/max_attn_ta_narrow.json` names a
+            cheaper 256-wide network (`d_model // 2` at base size).
         hybrid_layers (`list[int]`, *optional*, defaults to `[0, 1]`):
             Hybrid: encoder layers with local/global hybrid attention.
         hybrid_window (`int`, defaults to 1):
@@ -80,7 +83,8 @@ class MgsaVariantConfig:
         hybrid_gate (`str`, defaults to `"token"`):
             Hybrid: one gate per token (`"token"`) or per token and head (`"head"`).
         hybrid_combination (`str`, defaults to `"gate"`):
-            Hybrid: `"gate"` (gated sum) or `"concat"` (the paper's concatenation ablation).
+            Hybrid: `"gate"` (gated sum), `"concat"` (the paper's concatenation ablation) or `"local"` (the local
+            pattern alone, Table 1's "+LOCAL PATTERN" row: no new parameters).
         rhe_layers (`list[int]`, *optional*, defaults to `[0]`):
             RHE: encoder layers with syntax-enhanced attention.
         rhe_attention (`str`, defaults to `"lpea"`):
@@ -90,6 +94,9 @@ class MgsaVariantConfig:
             `"rhe_prune"` (redundant heads are zeroed).
         rhe_max_relative_position (`int`, defaults to 6):
             RHE: clipping distance k of relative local-phrasal positions.
+        rhe_out_of_phrase (`str`, defaults to `"clip"`):
+            RHE LPEA: word pairs outside one local phrase have relative position ∞, which Eq. 7's clip turns into k,
+            so they attend with the learned w_k (`"clip"`, the paper's); `"mask"` drops those pairs instead.
         rhe_fixed_gate (`float`, *optional*):
             RHE: a fixed Syn_gate instead of the dynamic sigmoid(h_conf).
     """
@@ -131,6 +138,7 @@ class MgsaVariantConfig:
     rhe_attention: str = "lpea"
     rhe_mode: str = "rhe"
     rhe_max_relative_position: int = 6
+    rhe_out_of_phrase: str = "clip"
     rhe_fixed_gate: float | None = None
 
     def __post_init__(self, **kwargs):
@@ -195,6 +203,7 @@ class MgsaVariantConfig:
             "hybrid_combination": HYBRID_COMBINATIONS,
             "rhe_attention": RHE_ATTENTIONS,
             "rhe_mode": RHE_MODES,
+            "rhe_out_of_phrase": RHE_OUT_OF_PHRASE,
         }
         for field, allowed in choices.items():
             value = getattr(self, field)

@@ -18,7 +18,8 @@ class HybridAttention(MgsaAttention):
     - local: softmax(B(ξ_i)) V with B(ξ_i)_j = -∞ outside |i - j| ≤ m (Eq. 3), m = `hybrid_window`;
     - `hybrid_combination="gate"`: Ĥ_i = (1 - g_i) global_i + g_i local_i with g_i = σ(W H_i) (Eqs. 4-5), one gate per
       token (`hybrid_gate="token"`, d_model + 1 parameters) or per token and head (`"head"`);
-      `"concat"`: the paper's ablation, a linear projection of [global_i ; local_i] before the output projection.
+      `"concat"`: the paper's ablation, a linear projection of [global_i ; local_i] before the output projection;
+      `"local"`: the local pattern alone (Table 1's "+LOCAL PATTERN" row).
 
     The gates are recorded as `syntax.record("gates", ...)`: (B, L) per token or (B, H, L) per head.
 
@@ -37,7 +38,7 @@ class HybridAttention(MgsaAttention):
         if self.combination == "gate":
             # W of Eq. 5
             self.gate_proj = nn.Linear(self.embed_dim, num_heads if self.per_head_gate else 1)
-        else:
+        elif self.combination == "concat":
             self.concat_proj = nn.Linear(2 * self.inner_dim, self.inner_dim, bias=self.layout.bias)
 
     def attention_distributions(
@@ -82,8 +83,8 @@ class HybridAttention(MgsaAttention):
         energy that both distributions share.
 
         Returns:
-            `(output (B, L, D), attention weights (B, H, L, L))`: the gated mix of the two distributions, or the global
-            one for `"concat"`.
+            `(output (B, L, D), attention weights (B, H, L, L))`: the gated mix of the two distributions, the global
+            one for `"concat"`, the local one for `"local"`; None unless `attn_implementation="eager"`.
         """
         if key_value_states is not None or past_key_values is not None:
             raise ValueError("HybridAttention is an encoder self-attention: it takes no key_value_states or cache.")
@@ -95,6 +96,12 @@ class HybridAttention(MgsaAttention):
         query = self.split_heads(self.query_proj(hidden_states))
         key = self.split_heads(self.key_proj(hidden_states))
         value = self.split_heads(self.value_proj(hidden_states))
+        if self.combination == "local":  # Eq. 3 alone
+            if self.config._attn_implementation == "eager":
+                _, local_weights = self.attention_distributions(query, key, padding_mask, position_bias)
+                context = torch.matmul(self.attention_dropout(local_weights), value)
+                return self.merge_heads(context), local_weights
+            return self.merge_heads(self.local_context(query, key, value, padding_mask, position_bias)), None
         if self.config._attn_implementation == "eager":
             global_weights, local_weights = self.attention_distributions(query, key, padding_mask, position_bias)
             global_context = torch.matmul(self.attention_dropout(global_weights), value)  # Eq. 2

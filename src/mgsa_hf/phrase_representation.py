@@ -180,7 +180,7 @@ class AttentivePhraseCombination(nn.Module):
     def __init__(self, config, num_heads: int, is_decoder: bool = False, layer_idx: int | None = None):
         super().__init__()
         embed_dim = config.d_model
-        hidden_dim = config.pr_combination_dim or embed_dim // 2
+        hidden_dim = config.pr_combination_dim or 3 * embed_dim
         # a key bias adds the same logit to every phrase of a query, which the softmax ignores
         self.attn = MgsaAttention(
             config, num_heads, is_decoder=is_decoder, layer_idx=layer_idx, key_bias=False, output_dim=hidden_dim

@@ -17,7 +17,8 @@ from transformers.pipelines import PIPELINE_REGISTRY
 class MgsaTranslationPipeline(Pipeline):
     """
     Translate sentences with an [`MgsaForConditionalGeneration`] (or any seq2seq model whose processor makes its
-    inputs).
+    inputs). A model that reads no syntax (`encoder_type="transformer"`, or a plain `MarianMTModel`) is served by its
+    tokenizer alone when its folder has no processor.
 
     ```python
     import mgsa_hf
@@ -32,7 +33,7 @@ class MgsaTranslationPipeline(Pipeline):
     `generate` parameter (`num_beams`, `max_new_tokens`, ...).
     """
 
-    _load_processor = True
+    _load_processor = None  # optional: a plain Marian folder has only a tokenizer
     _load_tokenizer = None
     _load_image_processor = False
     _load_feature_extractor = False
@@ -41,11 +42,14 @@ class MgsaTranslationPipeline(Pipeline):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if self.processor is None:
+        if self.processor is None and getattr(self.model.config, "encoder_type", "transformer") != "transformer":
             raise ValueError(
-                "the translation pipeline needs the model's processor (tokenizer + parser): save it beside the model "
-                "with `processor.save_pretrained(folder)` or pass `processor=`."
+                f"encoder_type={self.model.config.encoder_type!r} reads the source syntax, so the translation "
+                "pipeline needs the model's processor (tokenizer + parser): save it beside the model with "
+                "`processor.save_pretrained(folder)` or pass `processor=`."
             )
+        if self.processor is None and self.tokenizer is None:
+            raise ValueError("the translation pipeline needs the model's processor or tokenizer: pass `tokenizer=`.")
 
     def _sanitize_parameters(self, max_length=None, truncation=None, **generate_kwargs):
         preprocess_params = {}
@@ -76,6 +80,8 @@ class MgsaTranslationPipeline(Pipeline):
             options.update(max_length=max_length, truncation=True if truncation is None else truncation)
         elif truncation is not None:
             options["truncation"] = truncation
+        if self.processor is None:  # a model that reads no syntax, with its tokenizer alone
+            return dict(self.tokenizer(sentences, padding=True, **options))
         return dict(self.processor(sentences, **options))
 
     def _forward(self, model_inputs, generate_kwargs):

@@ -58,8 +58,9 @@ class RheAttention(MgsaAttention):
 
     SEA (`rhe_attention`): softmax(ξ_ij + bias_ij) with ξ = QKᵀ / √d_h and
     - `"dea"`: bias = D_ij = 0 on the diagonal and dependency-related pairs, -∞ elsewhere (Eqs. 4-5);
-    - `"lpea"`: bias = P_ij = -|tanh(W_P M_ij + b_P) U_P| (Eq. 8) inside one local phrase, -∞ outside, where M_ij is
-      the learned vector w of the clipped relative local-phrasal position (Eq. 7). P depends on the label only, so the
+    - `"lpea"`: bias = P_ij = -|tanh(W_P M_ij + b_P) U_P| (Eq. 8), where M_ij is the learned vector w of the clipped
+      relative local-phrasal position (Eq. 7). Pairs outside one local phrase have position ∞, clipped to k
+      (`rhe_out_of_phrase="clip"`, the paper's), or are dropped (`"mask"`). P depends on the label only, so the
       2k + 1 values are computed once per forward and gathered into (B, L, L).
 
     Redundant-head identification, per sentence and head, from the plain attention A (Eqs. 3, 9, 10):
@@ -75,6 +76,7 @@ class RheAttention(MgsaAttention):
         self.syntax_attention = config.rhe_attention
         self.mode = config.rhe_mode
         self.max_relative_position = config.rhe_max_relative_position
+        self.out_of_phrase = config.rhe_out_of_phrase
         self.fixed_gate = config.rhe_fixed_gate
         self.uses_phrases = self.syntax_attention == "lpea" and self.mode != "rhe_prune"
         if self.uses_phrases:
@@ -106,11 +108,13 @@ class RheAttention(MgsaAttention):
                 return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, minimum)
 
             return syntax.cached(f"rhe_dea_bias_{dtype}", dea_bias).unsqueeze(1)
+        k = self.max_relative_position
         allowed = syntax.cached("rhe_lpea_allowed", lambda: sea_allowed(syntax, local_phrase_relation(syntax)))
-        labels = syntax.cached(
-            f"rhe_labels_{self.max_relative_position}",
-            lambda: relative_phrasal_labels(syntax, self.max_relative_position),
-        )
+        labels = syntax.cached(f"rhe_labels_{k}", lambda: relative_phrasal_labels(syntax, k))
+        if self.out_of_phrase == "clip":
+            # Eq. 7: out of one local phrase RP_ij = ∞, clipped to k (label 2k); only padding keys are dropped
+            labels = syntax.cached(f"rhe_clipped_labels_{k}", lambda: labels.masked_fill(~allowed, 2 * k))
+            allowed = syntax.padding_mask[:, None, :]
         bias = self.relative_phrasal_bias().to(dtype)[labels]  # gathered by label, never (B, L, L, d_h)
         return bias.masked_fill(~allowed, minimum).unsqueeze(1)
 

@@ -1,0 +1,471 @@
+"""Training from a prepared corpus with torch, transformers and sacreBLEU alone, for machines without spaCy or
+`datasets` (a typical GPU image), and the quality benchmark that compares encoder types at equal steps.
+
+Two steps:
+
+1. [`prepare_corpus`] (needs the package's dependencies: spaCy, `datasets`, `tokenizers`) trains or loads the joint
+   tokenizer, runs [`MgsaProcessor`] over every split and writes one folder: `manifest.json`, the tokenizer,
+   `{split}.pt` (every field of every sentence as flat `int16`/`int32` tensors with offsets: token ids and all syntax
+   fields), and the raw sources and references. Multi30k at the default settings takes about 20 MB.
+2. [`train_run`] (needs torch, transformers and sacreBLEU) reads that folder and trains one model on it, with
+   token-count batches, AdamW and the inverse-square-root schedule, label smoothing, the model's auxiliary losses
+   (MG-SA's tag loss), bf16 autocast on a GPU, checkpoints from which an interrupted run resumes, the average of the
+   last checkpoints, and beam-search translation of validation and test scored with sacreBLEU.
+
+Why a loop of its own rather than `Seq2SeqTrainer` (which `mgsa-hf train` uses): the Trainer needs `datasets`-style
+data and `accelerate`, has no token-count batches, and its label smoother drops the model's auxiliary losses; this
+loop is short and reproducible at equal steps for every variant.
+"""
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .syntax_fields import LEVELLED_SYNTAX_FIELDS, SOURCE_SYNTAX_PAD_VALUES
+
+
+PREPARED_FORMAT = 1
+SPLITS = {"train": "train", "validation": "val", "test": "test_2016_flickr"}
+
+
+# --------------------------------------------------------------------------------------------- the prepared corpus
+
+
+def prepare_corpus(
+    data: str | Path,
+    output_dir: str | Path,
+    *,
+    source_lang: str = "en",
+    target_lang: str = "de",
+    splits: dict[str, str] | None = None,
+    tokenizer: str | Path | None = None,
+    vocab_size: int = 8000,
+    max_length: int = 128,
+    max_samples: int | None = None,
+    processor_kwargs: dict | None = None,
+    chunk_size: int = 1000,
+) -> Path:
+    """
+    Tokenize and parse a parallel corpus once and write it as a prepared folder (see the module docstring).
+
+    Args:
+        data: a folder of `{split}.{lang}[.gz]` files (e.g. Multi30k) or anything
+            [`~mgsa_hf.data.load_parallel_corpus`] reads.
+        output_dir: the folder to write.
+        splits: our split name (`train`, `validation`, `test`) → the corpus' split name.
+        tokenizer: a tokenizer folder; by default a joint unigram vocabulary of `vocab_size` is trained on train.
+        max_length: source and target tokens are truncated to this (syntax fields with them).
+        max_samples: keep only the first sentences of each split (tests).
+        processor_kwargs: [`MgsaProcessor`] settings (`phrase_levels`, `parser_name`, ...).
+
+    Returns:
+        `output_dir`.
+    """
+    import tempfile
+
+    from tqdm.auto import tqdm
+    from transformers import AutoTokenizer
+
+    from .data import load_parallel_corpus
+    from .processing_mgsa import MgsaProcessor
+    from .tokenization_utils import train_joint_tokenizer
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    corpus = load_parallel_corpus(data, source_lang, target_lang, splits or SPLITS)
+    pairs = {name: split["translation"][:max_samples] for name, split in corpus.items()}
+    if tokenizer is None:
+        with tempfile.TemporaryDirectory() as text_dir:
+            files = []
+            for lang in (source_lang, target_lang):
+                files.append(Path(text_dir) / f"train.{lang}")
+                files[-1].write_text("\n".join(pair[lang] for pair in pairs["train"]) + "\n", encoding="utf-8")
+            train_joint_tokenizer(*files, output_dir / "tokenizer", vocab_size=vocab_size)
+    else:
+        AutoTokenizer.from_pretrained(tokenizer).save_pretrained(output_dir / "tokenizer")
+    processor = MgsaProcessor(AutoTokenizer.from_pretrained(output_dir / "tokenizer"), **(processor_kwargs or {}))
+    processor.save_pretrained(output_dir / "processor")
+
+    sizes = {}
+    for name, split_pairs in pairs.items():
+        sources = [pair[source_lang] for pair in split_pairs]
+        targets = [pair[target_lang] for pair in split_pairs]
+        fields: dict[str, list] = {}
+        progress = tqdm(total=len(sources), desc=f"Parsing and tokenizing {name}", unit=" sentences")
+        for start in range(0, len(sources), chunk_size):
+            encoding = processor(sources[start : start + chunk_size], text_target=targets[start : start + chunk_size],
+                                 max_length=max_length, truncation=True)
+            for key, rows in encoding.items():
+                fields.setdefault(key, []).extend(rows)
+            progress.update(len(encoding["input_ids"]))
+        progress.close()
+        fields.pop("attention_mask", None)  # all ones before padding
+        torch.save({key: _flatten(key, rows) for key, rows in fields.items()}, output_dir / f"{name}.pt")
+        (output_dir / f"{name}.{source_lang}").write_text("\n".join(sources) + "\n", encoding="utf-8")
+        (output_dir / f"{name}.{target_lang}").write_text("\n".join(targets) + "\n", encoding="utf-8")
+        sizes[name] = len(sources)
+    tokenizer = processor.tokenizer
+    manifest = {
+        "format": PREPARED_FORMAT,
+        "data": str(data),
+        "source_lang": source_lang,
+        "target_lang": target_lang,
+        "splits": sizes,
+        "max_length": max_length,
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "phrase_levels": processor.phrase_levels,
+        "with_syntax": processor.with_syntax,
+    }
+    (output_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return output_dir
+
+
+def _flatten(key: str, rows: list) -> dict[str, torch.Tensor]:
+    """One field of every sentence as a flat tensor (levelled fields as (tokens, K)) plus per-sentence lengths."""
+    if key in LEVELLED_SYNTAX_FIELDS:
+        values = torch.cat([torch.tensor(levels, dtype=torch.int32).T.reshape(-1, len(levels)) for levels in rows])
+    else:
+        values = torch.tensor([value for row in rows for value in row], dtype=torch.int32)
+    lengths = torch.tensor([len(row[0]) if key in LEVELLED_SYNTAX_FIELDS else len(row) for row in rows])
+    small = values.numel() == 0 or (values.min() >= -(2**15) and values.max() < 2**15)
+    return {"values": values.to(torch.int16) if small else values, "lengths": lengths.to(torch.int32)}
+
+
+class PreparedSplit:
+    """One split of a prepared folder: per-sentence fields sliced from flat tensors, padded into batches."""
+
+    def __init__(self, path: Path, pad_token_id: int):
+        stored = torch.load(path, weights_only=True)
+        self.pad_values = {"input_ids": pad_token_id, "labels": -100, **SOURCE_SYNTAX_PAD_VALUES}
+        self.fields = {}
+        for key, entry in stored.items():
+            offsets = torch.zeros(len(entry["lengths"]) + 1, dtype=torch.long)
+            offsets[1:] = entry["lengths"].long().cumsum(0)
+            self.fields[key] = (entry["values"], offsets)
+        self.source_lengths = self.lengths("input_ids")
+        self.target_lengths = self.lengths("labels") if "labels" in self.fields else self.source_lengths
+
+    def __len__(self) -> int:
+        return len(self.source_lengths)
+
+    def lengths(self, key: str) -> np.ndarray:
+        return np.diff(self.fields[key][1].numpy())
+
+    def batch(self, indices, device=None, with_labels: bool = True) -> dict[str, torch.Tensor]:
+        """The padded batch of `indices`: `input_ids`, `attention_mask`, the syntax fields, and `labels`."""
+        batch = {}
+        for key, (values, offsets) in self.fields.items():
+            if key == "labels" and not with_labels:
+                continue
+            rows = [values[offsets[i] : offsets[i + 1]].long() for i in indices]
+            padded = nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=self.pad_values[key])
+            batch[key] = padded.transpose(1, 2).contiguous() if key in LEVELLED_SYNTAX_FIELDS else padded
+        lengths = torch.as_tensor(self.source_lengths[list(indices)])
+        batch["attention_mask"] = (torch.arange(batch["input_ids"].shape[1])[None] < lengths[:, None]).long()
+        return {key: value.to(device) for key, value in batch.items()} if device is not None else batch
+
+
+class PreparedCorpus:
+    """A folder written by [`prepare_corpus`]."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        manifest_path = self.folder / "manifest.json"
+        if not manifest_path.is_file():
+            raise FileNotFoundError(f"{self.folder} is not a prepared corpus (no manifest.json): run the prepare step.")
+        self.manifest = json.loads(manifest_path.read_text())
+        if self.manifest.get("format") != PREPARED_FORMAT:
+            raise ValueError(f"{self.folder} has prepared format {self.manifest.get('format')}, this code reads "
+                             f"{PREPARED_FORMAT}: prepare it again.")
+        self._splits = {}
+
+    def split(self, name: str) -> PreparedSplit:
+        if name not in self._splits:
+            self._splits[name] = PreparedSplit(self.folder / f"{name}.pt", self.manifest["pad_token_id"])
+        return self._splits[name]
+
+    def references(self, name: str) -> list[str]:
+        path = self.folder / f"{name}.{self.manifest['target_lang']}"
+        return path.read_text(encoding="utf-8").rstrip("\n").split("\n")
+
+    def tokenizer(self):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.folder / "tokenizer")
+
+
+def token_batches(source_lengths, target_lengths, max_tokens: int, rng: np.random.Generator | None) -> list:
+    """Batches of sentence indices holding at most `max_tokens` padded tokens on either side (fairseq's rule),
+    grouped by length; with `rng`, lengths are broken by random ties and the batch order is shuffled."""
+    longest = np.maximum(source_lengths, target_lengths)
+    tie = rng.random(len(longest)) if rng is not None else np.arange(len(longest))
+    order = np.lexsort((tie, longest))
+    batches, current, current_max = [], [], 0
+    for index in order:
+        length = int(longest[index])
+        if current and max(current_max, length) * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, current_max = [], 0
+        current.append(int(index))
+        current_max = max(current_max, length)
+    if current:
+        batches.append(current)
+    if rng is not None:
+        rng.shuffle(batches)
+    return batches
+
+
+# ------------------------------------------------------------------------------------------------ one training run
+
+
+@dataclass
+class Recipe:
+    """The optimisation settings of a run (the same for every variant of a comparison)."""
+
+    max_steps: int = 1000
+    max_tokens: int = 4096
+    learning_rate: float = 7e-4
+    warmup_steps: int = 1000
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_epsilon: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    max_grad_norm: float = 1.0
+    save_every: int = 500
+    average_last: int = 5
+    eval_every: int = 500
+    eval_bleu_samples: int = 0
+    num_beams: int = 4
+    max_new_tokens: int = 128
+    eval_batch_size: int = 128
+    bf16: bool = True
+    model: dict = field(default_factory=dict)
+
+
+def inverse_sqrt_schedule(warmup_steps: int):
+    """Linear warm-up to the peak, then decay ∝ 1/√step (Vaswani et al., 2017; fairseq's `inverse_sqrt`)."""
+
+    def factor(step: int) -> float:
+        step = max(step, 1)
+        if step < warmup_steps:
+            return step / warmup_steps
+        return math.sqrt(warmup_steps / step)
+
+    return factor
+
+
+def build_model(corpus: PreparedCorpus, recipe: Recipe, row: dict, seed: int):
+    """A fresh `MgsaForConditionalGeneration` of the recipe's size with the row's variant fields."""
+    from .configuration_mgsa import MgsaConfig
+    from .modeling_mgsa import MgsaForConditionalGeneration
+
+    manifest = corpus.manifest
+    torch.manual_seed(seed)
+    config = MgsaConfig(
+        vocab_size=manifest["vocab_size"], pad_token_id=manifest["pad_token_id"],
+        decoder_start_token_id=manifest["pad_token_id"], eos_token_id=manifest["eos_token_id"],
+        forced_eos_token_id=manifest["eos_token_id"],
+        max_position_embeddings=max(256, manifest["max_length"] + 2), **{**recipe.model, **row},
+    )
+    return MgsaForConditionalGeneration(config)
+
+
+def _autocast(device: torch.device, recipe: Recipe):
+    enabled = recipe.bf16 and device.type == "cuda"
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+def _save_atomic(state, path: Path) -> None:
+    temporary = path.with_suffix(".tmp")
+    torch.save(state, temporary)
+    os.replace(temporary, path)
+
+
+def _log(run_dir: Path, record: dict) -> None:
+    with open(run_dir / "log.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+@torch.no_grad()
+def validation_loss(model, split: PreparedSplit, device, recipe: Recipe, max_tokens: int) -> float:
+    """Token-level cross-entropy (no smoothing) of the split under teacher forcing."""
+    model.eval()
+    total, count = 0.0, 0
+    for indices in token_batches(split.source_lengths, split.target_lengths, max_tokens, None):
+        batch = split.batch(indices, device)
+        with _autocast(device, recipe):
+            logits = model(**batch).logits
+        labels = batch["labels"]
+        total += nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100,
+                                             reduction="sum").item()
+        count += int((labels != -100).sum())
+    model.train()
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def translate_split(model, split: PreparedSplit, tokenizer, device, recipe: Recipe, limit: int | None = None,
+                    num_beams: int | None = None) -> list[str]:
+    """Translations of a split in corpus order (batched by length, the model in eval mode)."""
+    model.eval()
+    count = len(split) if limit is None else min(limit, len(split))
+    order = np.argsort(split.source_lengths[:count], kind="stable")
+    hypotheses = [""] * count
+    for start in range(0, count, recipe.eval_batch_size):
+        indices = [int(i) for i in order[start : start + recipe.eval_batch_size]]
+        batch = split.batch(indices, device, with_labels=False)
+        with _autocast(device, recipe):
+            output = model.generate(**batch, num_beams=num_beams or recipe.num_beams,
+                                    max_new_tokens=recipe.max_new_tokens)
+        for index, text in zip(indices, tokenizer.batch_decode(output, skip_special_tokens=True), strict=True):
+            hypotheses[index] = text.strip()
+    model.train()
+    return hypotheses
+
+
+def scores(hypotheses: list[str], references: list[str]) -> dict:
+    """sacreBLEU BLEU and chrF with signatures, and the fraction of distinct translations."""
+    from .evaluation import translation_scores
+
+    result = translation_scores(hypotheses, references)
+    result["distinct_fraction"] = len(set(hypotheses)) / max(len(hypotheses), 1)
+    return result
+
+
+def train_run(corpus: PreparedCorpus, run_dir: str | Path, recipe: Recipe, row: dict, seed: int,
+              device: str | None = None, threads: int | None = None) -> dict:
+    """
+    Train one model (`row`: its variant fields) with `recipe` and seed, resuming from `run_dir/state.pt` when a
+    previous attempt was interrupted; then average the last checkpoints, translate validation and test with beam
+    search and score them. Writes `log.jsonl` (losses as it goes), `{split}.hyp.<lang>` and `result.json`.
+
+    Returns:
+        The `result.json` record: `row`, `encoder_type`, `seed`, `steps`, `parameters`, `train_seconds`,
+        `steps_per_second`, and per split `{bleu, chrf, distinct_fraction, bleu_signature, chrf_signature}`.
+    """
+    run_dir = Path(run_dir)
+    if (run_dir / "result.json").is_file():
+        return json.loads((run_dir / "result.json").read_text())
+    if threads:
+        torch.set_num_threads(threads)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "checkpoints").mkdir(exist_ok=True)
+    (run_dir / "run.json").write_text(json.dumps({"row": row, "seed": seed, "recipe": asdict(recipe)}, indent=2))
+
+    train = corpus.split("train")
+    model = build_model(corpus, recipe, row, seed).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, betas=recipe.adam_betas,
+                                  eps=recipe.adam_epsilon, weight_decay=recipe.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(recipe.warmup_steps))
+    step, epoch, position, train_seconds = 0, 0, 0, 0.0
+    state_path = run_dir / "state.pt"
+    if state_path.is_file():  # resume
+        state = torch.load(state_path, weights_only=False, map_location=device)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step, epoch, position, train_seconds = state["step"], state["epoch"], state["position"], state["seconds"]
+        torch.set_rng_state(state["rng"])
+        if device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"])
+    smoothing = recipe.label_smoothing
+    tag_weight = model.config.phrase_tag_loss_weight
+    model.train()
+    batches = token_batches(train.source_lengths, train.target_lengths, recipe.max_tokens,
+                            np.random.default_rng([seed, epoch]))
+    started = time.perf_counter()
+    window_loss, window_steps = 0.0, 0
+    while step < recipe.max_steps:
+        if position >= len(batches):
+            epoch, position = epoch + 1, 0
+            batches = token_batches(train.source_lengths, train.target_lengths, recipe.max_tokens,
+                                    np.random.default_rng([seed, epoch]))
+        batch = train.batch(batches[position], device)
+        position += 1
+        labels = batch.pop("labels")
+        batch["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels=labels)
+        with _autocast(device, recipe):
+            outputs = model(**batch)
+        loss = nn.functional.cross_entropy(outputs.logits.float().flatten(0, 1), labels.flatten(),
+                                           ignore_index=-100, label_smoothing=smoothing)
+        if outputs.tag_loss is not None:
+            loss = loss + tag_weight * outputs.tag_loss.float()
+        loss.backward()
+        if recipe.max_grad_norm:
+            nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        window_loss, window_steps = window_loss + loss.item(), window_steps + 1
+        if step % 50 == 0 or step == recipe.max_steps:
+            elapsed = train_seconds + time.perf_counter() - started
+            _log(run_dir, {"step": step, "epoch": epoch, "loss": round(window_loss / window_steps, 4),
+                           "lr": scheduler.get_last_lr()[0], "seconds": round(elapsed, 1)})
+            window_loss, window_steps = 0.0, 0
+        if step % recipe.eval_every == 0 or step == recipe.max_steps:
+            record = {"step": step, "validation_loss": round(validation_loss(
+                model, corpus.split("validation"), device, recipe, recipe.max_tokens), 4)}
+            if recipe.eval_bleu_samples:
+                hypotheses = translate_split(model, corpus.split("validation"), corpus.tokenizer(), device, recipe,
+                                             limit=recipe.eval_bleu_samples, num_beams=1)
+                references = corpus.references("validation")[: len(hypotheses)]
+                record["validation_bleu_greedy"] = round(scores(hypotheses, references)["bleu"], 2)
+            _log(run_dir, record)
+        if step % recipe.save_every == 0 or step == recipe.max_steps:
+            _save_checkpoint(model, run_dir, step, recipe.average_last)
+            seconds = train_seconds + time.perf_counter() - started
+            _save_atomic({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                          "scheduler": scheduler.state_dict(), "step": step, "epoch": epoch, "position": position,
+                          "seconds": seconds, "rng": torch.get_rng_state(),
+                          "cuda_rng": torch.cuda.get_rng_state() if device.type == "cuda" else None}, state_path)
+    train_seconds += time.perf_counter() - started
+    return _finish(corpus, run_dir, model, recipe, row, seed, step, train_seconds, device)
+
+
+def _save_checkpoint(model, run_dir: Path, step: int, keep: int) -> None:
+    from safetensors.torch import save_file
+
+    folder = run_dir / "checkpoints"
+    # tied weights (shared embeddings, the output layer) are stored once per name
+    state = {name: tensor.detach().float().cpu().clone() for name, tensor in model.state_dict().items()}
+    save_file(state, folder / f"step-{step}.safetensors")
+    for old in _checkpoints(folder)[:-keep]:
+        old.unlink()
+
+
+def _checkpoints(folder: Path) -> list[Path]:
+    return sorted(folder.glob("step-*.safetensors"), key=lambda path: int(path.stem.split("-")[1]))
+
+
+def _finish(corpus, run_dir, model, recipe, row, seed, step, train_seconds, device) -> dict:
+    from safetensors.torch import load_file
+
+    checkpoints = _checkpoints(run_dir / "checkpoints")[-recipe.average_last :]
+    if len(checkpoints) > 1:  # the element-wise mean of the last checkpoints, as the papers decode
+        states = [load_file(path) for path in checkpoints]
+        model.load_state_dict({name: torch.stack([s[name] for s in states]).mean(0) for name in states[-1]})
+    tokenizer = corpus.tokenizer()
+    target_lang = corpus.manifest["target_lang"]
+    result = {"row": row, "encoder_type": model.config.encoder_type, "seed": seed, "steps": step,
+              "parameters": model.num_parameters(), "train_seconds": round(train_seconds, 1),
+              "steps_per_second": round(step / max(train_seconds, 1e-9), 3),
+              "averaged_checkpoints": [path.stem for path in checkpoints], "num_beams": recipe.num_beams,
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "threads": torch.get_num_threads()}
+    for split in ("validation", "test"):
+        hypotheses = translate_split(model, corpus.split(split), tokenizer, device, recipe)
+        (run_dir / f"{split}.hyp.{target_lang}").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+        result[split] = scores(hypotheses, corpus.references(split))
+    (run_dir / "result.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    return result
