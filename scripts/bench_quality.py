@@ -88,6 +88,10 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, help="torch CPU threads per run")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--max-steps", type=int, help="override the recipe's max_steps")
+    parser.add_argument("--at-common-step", action="store_true",
+                        help="train: finish every run at the last checkpoint step that all of them reached (a "
+                             "comparison cut short by a time limit, still at equal steps; needs the budget's "
+                             "`keep_checkpoints`)")
     parser.add_argument("--results", help="results JSON (default: benchmarks/quality-<budget>.json)")
     parser.add_argument("--markdown", help="markdown file whose quality section is rewritten "
                                            "(default: benchmarks/BENCHMARKS.md)")
@@ -159,6 +163,10 @@ def prepared_folder(args, name: str) -> Path:
 def train(args, name: str, budget: dict) -> None:
     """Every row × seed, `--jobs` processes at a time; finished runs are skipped, interrupted ones resume."""
     rows = resolve_rows(args.rows)
+    if args.at_common_step:
+        args.max_steps = common_step([Path(args.root) / name / row / f"seed-{seed}" for row in rows
+                                      for seed in args.seeds])
+        print(f"[bench_quality] every run finishes at step {args.max_steps}", flush=True)
     recipe_of(budget, args.max_steps)  # validate before starting anything
     pending = []
     for row, fields in rows.items():
@@ -199,6 +207,20 @@ def train(args, name: str, budget: dict) -> None:
                 failed.append(label)
     if failed:
         raise SystemExit(f"runs failed: {failed} (see their stdout.log)")
+
+
+def common_step(run_dirs: list[Path]) -> int:
+    """The last checkpoint step that every run has reached (its checkpoint still on disk)."""
+    reached = []
+    for run_dir in run_dirs:
+        steps = {int(path.stem.split("-")[1]) for path in (run_dir / "checkpoints").glob("step-*.safetensors")}
+        if not steps:
+            raise SystemExit(f"{run_dir} has no checkpoint: nothing to finish at.")
+        reached.append(steps)
+    common = set.intersection(*reached)
+    if not common:
+        raise SystemExit("the runs share no checkpoint step: raise the budget's keep_checkpoints.")
+    return max(common)
 
 
 def run_one(args, name: str, budget: dict) -> None:

@@ -13,7 +13,9 @@ included) feed every variant:
 
     python scripts/bench_speed.py --device cpu            # writes benchmarks/speed-cpu.json and its table
     python scripts/bench_speed.py --backbones t5          # the T5 family alone
-    python scripts/bench_speed.py --device cuda --bf16    # on a GPU
+    # on a GPU machine without spaCy: build the batches here, carry the file, time there
+    python scripts/bench_speed.py --save-inputs gpu-data/speed-inputs.pt --sizes base big
+    python scripts/bench_speed.py --inputs gpu-data/speed-inputs.pt --device cuda --dtype bf16 --sizes base big
 
 Ratios are variant / transformer: > 1 means slower (or more memory).
 """
@@ -34,7 +36,7 @@ import torch
 
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "multi30k"
+DEFAULT_DATA = REPO.parent / "shared" / "data" / "multi30k"
 
 # backbone -> size -> configuration fields (the same sizes in each backbone's own names)
 SIZES = {
@@ -43,10 +45,13 @@ SIZES = {
                      decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048),
         "small": dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
                       decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024),
+        "big": dict(d_model=1024, encoder_layers=6, decoder_layers=6, encoder_attention_heads=16,
+                    decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096),
     },
     "t5": {
         "base": dict(d_model=512, num_layers=6, num_decoder_layers=6, num_heads=8, d_kv=64, d_ff=2048),
         "small": dict(d_model=256, num_layers=3, num_decoder_layers=3, num_heads=4, d_kv=64, d_ff=1024),
+        "big": dict(d_model=1024, num_layers=6, num_decoder_layers=6, num_heads=16, d_kv=64, d_ff=4096),
     },
 }
 
@@ -76,17 +81,17 @@ def log(message: str) -> None:
     print(f"[bench_speed {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def read_sentences(split: str, lang: str, limit: int) -> list[str]:
-    with gzip.open(DATA / f"{split}.{lang}.gz", "rt", encoding="utf-8") as handle:
+def read_sentences(data: Path, split: str, lang: str, limit: int) -> list[str]:
+    with gzip.open(data / f"{split}.{lang}.gz", "rt", encoding="utf-8") as handle:
         return [line.strip() for _, line in zip(range(limit), handle, strict=False)]
 
 
-def build_processor(workdir: Path):
+def build_processor(workdir: Path, data: Path):
     from mgsa_hf import MgsaProcessor
     from mgsa_hf.tokenization_utils import train_joint_tokenizer
 
     tokenizer = train_joint_tokenizer(
-        [DATA / "train.en.gz"], [DATA / "train.de.gz"], vocab_size=8000, output_dir=workdir / "tokenizer"
+        [data / "train.en.gz"], [data / "train.de.gz"], vocab_size=8000, output_dir=workdir / "tokenizer"
     )
     return MgsaProcessor(tokenizer=tokenizer)
 
@@ -106,16 +111,35 @@ def long_sentences(sources: list[str], count: int, words: int = 100) -> list[str
     return joined
 
 
-def build_model(processor, backbone: str, size: str, fields: dict, device, dtype):
+def build_inputs(args) -> dict:
+    """Every batch the benchmark feeds the models, made once with `MgsaProcessor` (spaCy parse included): the
+    training batches, the generation batches and the 128-token memory batch, with the vocabulary's ids. Saved with
+    `--save-inputs` and read with `--inputs`, so that a machine without spaCy can run the timings."""
+    with tempfile.TemporaryDirectory() as folder:
+        processor = build_processor(Path(folder), Path(args.data))
+    sources = read_sentences(Path(args.data), "train", "en", args.batch_size * args.num_batches)
+    targets = read_sentences(Path(args.data), "train", "de", args.batch_size * args.num_batches)
+    long_source = long_sentences(sources, args.memory_batch_size)
+    tokenizer = processor.tokenizer
+    return {
+        "vocab": {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+                  "eos_token_id": tokenizer.eos_token_id},
+        "train_batches": make_batches(processor, sources, targets, args.batch_size),
+        "gen_batches": make_batches(processor, sources[: args.gen_sentences], targets[: args.gen_sentences], 16),
+        "long_batch": dict(processor(long_source, text_target=targets[: len(long_source)], return_tensors="pt")),
+    }
+
+
+def build_model(vocab: dict, backbone: str, size: str, fields: dict, device, dtype=torch.float32):
+    """A fresh model of the family and size; `vocab` holds `vocab_size`, `pad_token_id` and `eos_token_id`."""
     from mgsa_hf.conversion import BACKBONES
 
-    tokenizer = processor.tokenizer
     config_class, model_class = BACKBONES[backbone]
     extra = dict(max_position_embeddings=512, dropout=0.1) if backbone == "marian" else dict(dropout_rate=0.1)
     config = config_class(
-        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, decoder_start_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, forced_eos_token_id=tokenizer.eos_token_id,
-        **extra, **SIZES[backbone][size], **fields,
+        vocab_size=vocab["vocab_size"], pad_token_id=vocab["pad_token_id"],
+        decoder_start_token_id=vocab["pad_token_id"], eos_token_id=vocab["eos_token_id"],
+        forced_eos_token_id=vocab["eos_token_id"], **extra, **SIZES[backbone][size], **fields,
     )
     torch.manual_seed(0)
     return model_class(config).to(device=device, dtype=dtype)
@@ -130,14 +154,21 @@ def synchronize(device) -> None:
         torch.cuda.synchronize()
 
 
-def train_step(model, optimizer, batch) -> None:
-    loss = model(**batch).loss
+def autocast(device, amp: bool):
+    """bf16 autocast (weights and optimizer in fp32, as in mixed-precision training) or nothing."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp)
+
+
+def train_step(model, optimizer, batch, amp: bool = False) -> None:
+    with autocast(model.device, amp):
+        loss = model(**batch).loss
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
-def time_training(models: dict, batches: list[dict], steps: int, warmup: int, device) -> dict[str, float]:
+def time_training(models: dict, batches: list[dict], steps: int, warmup: int, device, amp: bool = False
+                  ) -> dict[str, float]:
     """Median seconds per training step of each model, the models interleaved step by step."""
     optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4) for name, model in models.items()}
     times = {name: [] for name in models}
@@ -147,14 +178,15 @@ def time_training(models: dict, batches: list[dict], steps: int, warmup: int, de
             model.train()
             synchronize(device)
             start = time.perf_counter()
-            train_step(model, optimizers[name], batch)
+            train_step(model, optimizers[name], batch, amp)
             synchronize(device)
             if step >= warmup:
                 times[name].append(time.perf_counter() - start)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def time_generation(models: dict, batches: list[dict], new_tokens: int, rounds: int, device) -> dict[str, float]:
+def time_generation(models: dict, batches: list[dict], new_tokens: int, rounds: int, device, amp: bool = False
+                    ) -> dict[str, float]:
     """Sentences per second with 4-beam search, every model producing exactly `new_tokens` tokens."""
     sentences = sum(len(batch["input_ids"]) for batch in batches)
     seconds = {name: [] for name in models}
@@ -163,7 +195,7 @@ def time_generation(models: dict, batches: list[dict], new_tokens: int, rounds: 
             model.eval()
             synchronize(device)
             start = time.perf_counter()
-            with torch.no_grad():
+            with torch.no_grad(), autocast(device, amp):
                 for batch in batches:
                     inputs = {k: v for k, v in to_device(batch, device).items() if k not in ("labels",)}
                     model.generate(**inputs, num_beams=4, min_new_tokens=new_tokens, max_new_tokens=new_tokens)
@@ -172,16 +204,16 @@ def time_generation(models: dict, batches: list[dict], new_tokens: int, rounds: 
     return {name: sentences / statistics.median(values) for name, values in seconds.items()}
 
 
-def peak_memory_cuda(model, batch, device) -> float:
+def peak_memory_cuda(model, batch, device, amp: bool = False) -> float:
     """Peak allocation growth (MiB) over one training step, after a first step on one sentence has allocated the
     gradients and the optimizer state."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = to_device(batch, device)
-    train_step(model, optimizer, {key: value[:1] for key, value in batch.items()})
+    train_step(model, optimizer, {key: value[:1] for key, value in batch.items()}, amp)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    train_step(model, optimizer, batch)
+    train_step(model, optimizer, batch, amp)
     torch.cuda.synchronize()
     return (torch.cuda.max_memory_allocated() - before) / 2**20
 
@@ -189,13 +221,10 @@ def peak_memory_cuda(model, batch, device) -> float:
 def peak_memory_cpu_child(args) -> None:
     """Runs in a subprocess: the peak resident-set growth (MiB) over one training step, printed as JSON — the CPU
     counterpart of `peak_memory_cuda`."""
-    batch = torch.load(args.memory_batch)
-    processor_dir = Path(args.memory_batch).with_name("processor")
-    from mgsa_hf import MgsaProcessor
-
-    processor = MgsaProcessor.from_pretrained(processor_dir)
+    inputs = torch.load(args.memory_batch)
+    batch = inputs["long_batch"]
     fields = json.loads(args.memory_fields)
-    model = build_model(processor, args.memory_backbone, args.memory_size, fields, torch.device("cpu"), torch.float32)
+    model = build_model(inputs["vocab"], args.memory_backbone, args.memory_size, fields, torch.device("cpu"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     # a first step on one sentence loads the kernels and allocates the optimizer state, which the peak should not
     # count; then the peak resident set over a full step, from the resident set before it. The peak is the kernel's
@@ -211,37 +240,35 @@ def peak_memory_cpu_child(args) -> None:
 
 
 def peak_memory_cpu(workdir: Path, backbone: str, size: str, fields: dict) -> float:
-    command = [sys.executable, __file__, "--memory-child", "--memory-batch", str(workdir / "long_batch.pt"),
+    command = [sys.executable, __file__, "--memory-child", "--memory-batch", str(workdir / "inputs.pt"),
                "--memory-backbone", backbone, "--memory-size", size, "--memory-fields", json.dumps(fields),
                "--threads", str(torch.get_num_threads())]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])["peak_mib"]
 
 
-def benchmark_size(args, processor, workdir: Path, backbone: str, size: str, device, dtype) -> dict:
-    sources = read_sentences("train", "en", args.batch_size * args.num_batches)
-    targets = read_sentences("train", "de", args.batch_size * args.num_batches)
-    train_batches = make_batches(processor, sources, targets, args.batch_size)
-    gen_batches = make_batches(processor, sources[: args.gen_sentences], targets[: args.gen_sentences], 16)
-    long_source = long_sentences(sources, args.memory_batch_size)
-    long_batch = dict(processor(long_source, text_target=targets[: len(long_source)], return_tensors="pt"))
-    torch.save(long_batch, workdir / "long_batch.pt")
-
+def benchmark_size(args, inputs: dict, workdir: Path, backbone: str, size: str, device) -> dict:
+    train_batches, gen_batches, long_batch = inputs["train_batches"], inputs["gen_batches"], inputs["long_batch"]
+    amp = args.dtype == "bf16"
     models = {
-        name: build_model(processor, backbone, size, fields, device, dtype) for name, fields in args.variants.items()
+        name: build_model(inputs["vocab"], backbone, size, fields, device) for name, fields in args.variants.items()
     }
     label = f"{backbone} {size}"
     log(f"{label}: training steps")
-    train = time_training(models, train_batches, args.steps, args.warmup, device)
+    train = time_training(models, train_batches, args.steps, args.warmup, device, amp)
     log(f"{label}: generation")
-    generation = time_generation(models, gen_batches, args.gen_tokens, args.gen_rounds, device)
+    generation = time_generation(models, gen_batches, args.gen_tokens, args.gen_rounds, device, amp)
     log(f"{label}: peak memory")
     if device.type == "cuda":
-        memory = {name: peak_memory_cuda(model, long_batch, device) for name, model in models.items()}
+        memory = {name: peak_memory_cuda(model, long_batch, device, amp) for name, model in models.items()}
     else:
         memory = {
             name: peak_memory_cpu(workdir, backbone, size, fields) for name, fields in args.variants.items()
         }
+    compiled = None
+    if args.compile_check and size == args.sizes[0]:
+        log(f"{label}: torch.compile")
+        compiled = compile_check(models, train_batches[0], device, amp, args.compile_steps)
     reference = next(iter(models))
     rows = {}
     for name, model in models.items():
@@ -253,15 +280,63 @@ def benchmark_size(args, processor, workdir: Path, backbone: str, size: str, dev
             "generation_ratio": generation[reference] / generation[name],
             "peak_memory_mib": memory[name],
             "peak_memory_ratio": memory[name] / memory[reference],
+            "attn_implementation": model.config._attn_implementation,
+            **({"compile": compiled[name]} if compiled else {}),
         }
     return {
         "size": label,
         "config": SIZES[backbone][size],
-        "batch": {"sentences": args.batch_size, "mean_source_tokens": float(
-            sum(b["attention_mask"].sum() for b in train_batches) / len(sources))},
+        "batch": {"sentences": len(train_batches[0]["input_ids"]), "mean_source_tokens": float(
+            sum(b["attention_mask"].sum() for b in train_batches) / sum(len(b["input_ids"]) for b in train_batches))},
         "long_batch_source_tokens": list(long_batch["input_ids"].shape),
         "variants": rows,
     }
+
+
+def compile_check(models: dict, batch: dict, device, amp: bool, steps: int) -> dict[str, dict]:
+    """`torch.compile` on every variant: the graph breaks TorchDynamo finds in a training forward (with where they
+    are), and the median compiled training step against the eager one on the same batch."""
+    import torch._dynamo
+
+    report = {}
+    batch = to_device(batch, device)
+    for name, model in models.items():
+        model.train()
+        torch._dynamo.reset()
+        try:
+            with autocast(device, amp):
+                explained = torch._dynamo.explain(model)(**batch)
+        except Exception as error:  # a variant that TorchDynamo cannot trace is reported, not fatal
+            report[name] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+            log(f"compile {name}: {report[name]}")
+            continue
+        reasons = []
+        for reason in explained.break_reasons[:5]:
+            frame = reason.user_stack[-1] if reason.user_stack else None
+            where = f"{Path(frame.filename).name}:{frame.lineno}" if frame else "?"
+            reasons.append(f"{where}: {str(reason.reason).splitlines()[0][:160]}")
+        entry = {"graphs": explained.graph_count, "graph_breaks": explained.graph_break_count,
+                 "break_reasons": reasons}
+        if steps:
+            torch._dynamo.reset()
+            compiled = torch.compile(model)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            times = {}
+            for label, module in (("eager", model), ("compiled", compiled)):
+                values = []
+                for _ in range(steps + 2):  # the first two compile (forward, backward) and warm up
+                    synchronize(device)
+                    start = time.perf_counter()
+                    train_step(module, optimizer, batch, amp)
+                    synchronize(device)
+                    values.append(time.perf_counter() - start)
+                times[label] = statistics.median(values[2:])
+            entry.update(eager_step_s=times["eager"], compiled_step_s=times["compiled"],
+                         speedup=times["eager"] / times["compiled"])
+        report[name] = entry
+        log(f"compile {name}: {entry}")
+    torch._dynamo.reset()
+    return report
 
 
 def markdown_table(result: dict) -> str:
@@ -299,9 +374,13 @@ def write_results(args, results: list[dict]) -> None:
     out = Path(args.output) if args.output else REPO / "benchmarks" / f"speed-{args.device}.json"
     out.parent.mkdir(exist_ok=True)
     command = "python scripts/bench_speed.py " + " ".join(sys.argv[1:])
-    payload = {"command": command, "device": args.device, "dtype": "bf16" if args.bf16 else "fp32",
-               "machine": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-               "results": results}
+    import transformers
+
+    payload = {"command": command, "device": args.device,
+               "device_name": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor(),
+               "dtype": "bf16 autocast" if args.dtype == "bf16" else "fp32", "machine": platform.platform(),
+               "torch": torch.__version__, "transformers": transformers.__version__,
+               "threads": torch.get_num_threads(), "results": results}
     out.write_text(json.dumps(payload, indent=2) + "\n")
     tables = "\n\n".join(markdown_table(result) for result in results)
     print(tables)
@@ -311,10 +390,17 @@ def write_results(args, results: list[dict]) -> None:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--bf16", action="store_true", help="bfloat16 weights and activations (GPU)")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                        help="bf16: bfloat16 autocast over fp32 weights (mixed-precision training)")
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="Multi30k folder ({split}.{lang}.gz)")
+    parser.add_argument("--save-inputs", metavar="FILE",
+                        help="build the batches (spaCy parse included), save them to FILE and stop")
+    parser.add_argument("--inputs", metavar="FILE",
+                        help="read the batches from a --save-inputs file instead of parsing (no spaCy needed)")
     parser.add_argument("--backbones", nargs="*", default=list(SIZES), choices=list(SIZES),
                         help="model families, each measured against its own plain transformer")
-    parser.add_argument("--sizes", nargs="*", default=["small", "base"], choices=list(SIZES["marian"]))
+    parser.add_argument("--sizes", nargs="*", default=["small", "base"], choices=list(SIZES["marian"]),
+                        help="small (256d 3+3), base (512d 6+6, the papers' size), big (1024d 16 heads 6+6)")
     parser.add_argument("--output", help="results JSON (default: benchmarks/speed-<device>.json; a table beside it)")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), help="names from VARIANTS")
     parser.add_argument("--batch-size", type=int, default=64)
@@ -325,6 +411,9 @@ def parse_args(argv=None):
     parser.add_argument("--gen-tokens", type=int, default=20)
     parser.add_argument("--gen-rounds", type=int, default=3)
     parser.add_argument("--memory-batch-size", type=int, default=16)
+    parser.add_argument("--compile-check", action="store_true",
+                        help="at the first size: graph breaks under torch.compile and the compiled step's speed-up")
+    parser.add_argument("--compile-steps", type=int, default=10, help="timed compiled steps (0: graph breaks only)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--memory-batch", help=argparse.SUPPRESS)
@@ -347,16 +436,22 @@ def main(argv=None) -> None:
     if args.memory_child:
         peak_memory_cpu_child(args)
         return
+    if args.save_inputs:
+        Path(args.save_inputs).parent.mkdir(parents=True, exist_ok=True)
+        torch.save(build_inputs(args), args.save_inputs)
+        log(f"inputs written to {args.save_inputs}")
+        return
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here.")
+    inputs = torch.load(args.inputs) if args.inputs else build_inputs(args)
     with tempfile.TemporaryDirectory() as folder:
         workdir = Path(folder)
-        processor = build_processor(workdir)
-        processor.save_pretrained(workdir / "processor")
+        torch.save(inputs, workdir / "inputs.pt")
         results = []
         for backbone in args.backbones:
             for size in args.sizes:  # written after each size, so a long run keeps what it has measured
-                results.append(benchmark_size(args, processor, workdir, backbone, size, device, dtype))
+                results.append(benchmark_size(args, inputs, workdir, backbone, size, device))
                 write_results(args, results)
 
 

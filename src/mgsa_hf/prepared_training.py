@@ -242,6 +242,9 @@ class Recipe:
     max_grad_norm: float = 1.0
     save_every: int = 500
     average_last: int = 5
+    # checkpoints kept on disk (0: the last `average_last`); keeping more lets a comparison be finished at any
+    # earlier saved step that every run reached (`max_steps` lowered after the fact)
+    keep_checkpoints: int = 0
     eval_every: int = 500
     eval_bleu_samples: int = 0
     num_beams: int = 4
@@ -423,7 +426,7 @@ def train_run(corpus: PreparedCorpus, run_dir: str | Path, recipe: Recipe, row: 
                 record["validation_bleu_greedy"] = round(scores(hypotheses, references)["bleu"], 2)
             _log(run_dir, record)
         if step % recipe.save_every == 0 or step == recipe.max_steps:
-            _save_checkpoint(model, run_dir, step, recipe.average_last)
+            _save_checkpoint(model, run_dir, step, max(recipe.keep_checkpoints, recipe.average_last))
             seconds = train_seconds + time.perf_counter() - started
             _save_atomic({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                           "scheduler": scheduler.state_dict(), "step": step, "epoch": epoch, "position": position,
@@ -444,22 +447,31 @@ def _save_checkpoint(model, run_dir: Path, step: int, keep: int) -> None:
         old.unlink()
 
 
+def _step_of(checkpoint: Path) -> int:
+    return int(checkpoint.stem.split("-")[1])
+
+
 def _checkpoints(folder: Path) -> list[Path]:
-    return sorted(folder.glob("step-*.safetensors"), key=lambda path: int(path.stem.split("-")[1]))
+    return sorted(folder.glob("step-*.safetensors"), key=_step_of)
 
 
 def _finish(corpus, run_dir, model, recipe, row, seed, step, train_seconds, device) -> dict:
     from safetensors.torch import load_file
 
-    checkpoints = _checkpoints(run_dir / "checkpoints")[-recipe.average_last :]
-    if len(checkpoints) > 1:  # the element-wise mean of the last checkpoints, as the papers decode
+    # a run trained past `max_steps` (the comparison finished at an earlier step) is scored at `max_steps`
+    checkpoints = [path for path in _checkpoints(run_dir / "checkpoints") if _step_of(path) <= recipe.max_steps]
+    checkpoints = checkpoints[-recipe.average_last :]
+    steps_per_second = step / max(train_seconds, 1e-9)
+    if checkpoints:  # the element-wise mean of the last checkpoints, as the papers decode
         states = [load_file(path) for path in checkpoints]
-        model.load_state_dict({name: torch.stack([s[name] for s in states]).mean(0) for name in states[-1]})
+        model.load_state_dict({name: torch.stack([s[name] for s in states]).mean(0).to(model.device)
+                               for name in states[-1]})
+        step = min(step, _step_of(checkpoints[-1]))
     tokenizer = corpus.tokenizer()
     target_lang = corpus.manifest["target_lang"]
     result = {"row": row, "encoder_type": model.config.encoder_type, "seed": seed, "steps": step,
               "parameters": model.num_parameters(), "train_seconds": round(train_seconds, 1),
-              "steps_per_second": round(step / max(train_seconds, 1e-9), 3),
+              "steps_per_second": round(steps_per_second, 3),
               "averaged_checkpoints": [path.stem for path in checkpoints], "num_beams": recipe.num_beams,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "threads": torch.get_num_threads()}
