@@ -195,3 +195,31 @@ def test_training_runs_without_spacy_or_datasets(dry_run, tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["encoder_type"] == "rhe" and result["steps"] == 6 and len(result["averaged_checkpoints"]) == 2
+
+
+def test_runs_cut_short_finish_at_their_common_step(dry_run, tmp_path):
+    """Runs stopped at different steps (a GPU lease ending) are all scored at the last checkpoint step every one of
+    them reached, each with the checkpoints up to that step averaged."""
+    import shutil
+
+    root, _, _ = dry_run
+    prepared = root / "dry-run" / "prepared"
+    budget = json.loads((REPO / "configs" / "quality" / "dry-run.json").read_text())
+    budget["recipe"].update(keep_checkpoints=10, save_every=2, average_last=2)
+    budget_file = tmp_path / "cut.json"
+    budget_file.write_text(json.dumps(budget))
+    common = ["--budget", str(budget_file), "--root", str(tmp_path / "runs"), "--prepared", str(prepared),
+              "--rows", "hybrid", "--seeds", "1", "--jobs", "2", "--threads", "1"]
+    bench_quality.main(["train", *common])
+    runs = tmp_path / "runs" / "cut"
+    for run in ("transformer", "hybrid"):
+        (runs / run / "seed-1" / "result.json").unlink()
+    for step in (4, 6):  # hybrid "was stopped" after its step-2 checkpoint
+        (runs / "hybrid" / "seed-1" / "checkpoints" / f"step-{step}.safetensors").unlink()
+    shutil.copyfile(runs / "transformer" / "seed-1" / "checkpoints" / "step-6.safetensors",
+                    runs / "transformer" / "seed-1" / "checkpoints" / "step-8.safetensors")
+    assert bench_quality.common_step([runs / "transformer" / "seed-1", runs / "hybrid" / "seed-1"]) == 2
+    bench_quality.main(["train", *common, "--at-common-step"])
+    for run in ("transformer", "hybrid"):
+        result = json.loads((runs / run / "seed-1" / "result.json").read_text())
+        assert result["steps"] == 2 and result["averaged_checkpoints"] == ["step-2"]

@@ -99,6 +99,7 @@ def test_save_load_round_trip(tmp_path, marian_dir, batch):
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["model_type"] == "mgsa"
     assert saved["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_mgsa.MgsaForConditionalGeneration"
+    assert saved["auto_map"]["AutoModel"] == "modeling_mgsa.MgsaModel"
     reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     assert type(reloaded) is MgsaForConditionalGeneration
     with torch.no_grad():
@@ -119,7 +120,7 @@ def test_remote_code_loads_without_the_package(tmp_path, marian_dir, batch):
         import sys
         sys.modules["mgsa_hf"] = None  # any import of the package fails
         import torch
-        from transformers import AutoModelForSeq2SeqLM
+        from transformers import AutoModel, AutoModelForSeq2SeqLM
         model = AutoModelForSeq2SeqLM.from_pretrained(r"{tmp_path / 'model'}", trust_remote_code=True).eval()
         assert not type(model).__module__.startswith("mgsa_hf"), type(model).__module__
         batch = torch.load(r"{tmp_path / 'batch.pt'}")
@@ -127,6 +128,12 @@ def test_remote_code_loads_without_the_package(tmp_path, marian_dir, batch):
             logits = model(**batch).logits
         expected = torch.load(r"{tmp_path / 'expected.pt'}")
         assert torch.equal(logits, expected), (logits - expected).abs().max()
+        # the bare encoder-decoder through AutoModel: the same decoder states that feed the LM head
+        base = AutoModel.from_pretrained(r"{tmp_path / 'model'}", trust_remote_code=True).eval()
+        assert type(base).__name__ == "MgsaModel" and not type(base).__module__.startswith("mgsa_hf")
+        with torch.no_grad():
+            states = base(**batch)
+            torch.testing.assert_close(model.lm_head(states.last_hidden_state) + model.final_logits_bias, expected)
         print("REMOTE_OK", type(model).__module__)
         """
     )
@@ -231,3 +238,43 @@ def test_plain_marian_pipeline_after_import(marian_processor, tmp_path):
                                   max_new_tokens=6)
     texts = [t.strip() for t in tokenizer.batch_decode(expected, skip_special_tokens=True)]
     assert [row["translation_text"] for row in translator(sources, num_beams=2, max_new_tokens=6)] == texts
+
+
+@pytest.mark.parametrize("pad_to_multiple_of", [None, 16])
+def test_resize_token_embeddings_then_forward_generate_save_load(tmp_path, marian_dir, batch, pad_to_multiple_of):
+    """New tokens (a tokenizer grown by 8) resize embeddings, LM head and `final_logits_bias` together; old tokens'
+    logits are unchanged and the resized model generates, saves and reloads."""
+    model = MgsaForConditionalGeneration.from_pretrained(marian_dir).eval()
+    with torch.no_grad():
+        before = model(**batch).logits
+    old_size = model.config.vocab_size
+    model.resize_token_embeddings(old_size + 8, pad_to_multiple_of=pad_to_multiple_of)
+    new_size = model.get_input_embeddings().weight.shape[0]
+    assert new_size >= old_size + 8 and model.final_logits_bias.shape == (1, new_size)
+    assert model.config.vocab_size == new_size
+    with torch.no_grad():
+        after = model(**batch).logits
+    assert after.shape[-1] == new_size
+    torch.testing.assert_close(after[..., :old_size], before)
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    generated = model.generate(**inputs, num_beams=2, max_new_tokens=5)
+    model.save_pretrained(tmp_path)
+    reloaded = MgsaForConditionalGeneration.from_pretrained(tmp_path).eval()
+    assert torch.equal(reloaded.generate(**inputs, num_beams=2, max_new_tokens=5), generated)
+
+
+def test_over_long_sequences_raise_a_clear_error(marian_dir):
+    """A source longer than `max_position_embeddings` (a long text tokenized without truncation) and a generation
+    past it raise a `ValueError` naming the limit and the remedy, not an index error inside the embedding."""
+    model = MgsaForConditionalGeneration.from_pretrained(marian_dir).eval()
+    limit = model.config.max_position_embeddings
+    long_ids = torch.full((1, limit + 1), 5)
+    long_ids[0, -1] = 0
+    with pytest.raises(ValueError, match=rf"{limit + 1} tokens.*max_position_embeddings.*truncation=True"):
+        model.generate(input_ids=long_ids, attention_mask=torch.ones_like(long_ids), max_new_tokens=2)
+    short = long_ids[:, -4:]
+    with pytest.raises(ValueError, match=r"target sequence .*max_new_tokens"):
+        model.generate(input_ids=short, attention_mask=torch.ones_like(short), max_new_tokens=limit + 5,
+                       min_new_tokens=limit + 5)
+    model.generate(input_ids=long_ids[:, -limit:], attention_mask=torch.ones_like(long_ids[:, -limit:]),
+                   max_new_tokens=2)

@@ -191,3 +191,13 @@ def test_two_cpu_processes_with_accelerate(tmp_path):
     assert all(rank["world_size"] == 2 and rank["global_step"] == 3 for rank in ranks)
     assert ranks[0]["digest"] == ranks[1]["digest"]
     AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+
+
+def test_demo_runs_every_encoder_type():
+    """`mgsa-hf demo` as a user runs it: every encoder type parses real sentences, saves, reloads and generates."""
+    result = subprocess.run([sys.executable, "-m", "mgsa_hf.cli", "demo"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if "saved, reloaded, generated 2 sentences" in line]
+    assert [line.split(":")[0].strip() for line in lines] == [
+        "transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe"]

@@ -30,6 +30,16 @@ register_translation_pipeline()
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # the Trainer (and with it accelerate) is imported only when asked for
+    if name == "MgsaSeq2SeqTrainer":
+        from .trainer_mgsa import MgsaSeq2SeqTrainer
+
+        return MgsaSeq2SeqTrainer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "MgsaConfig",
     "MgsaDataCollator",
@@ -37,6 +47,7 @@ __all__ = [
     "MgsaModel",
     "MgsaPreTrainedModel",
     "MgsaProcessor",
+    "MgsaSeq2SeqTrainer",
     "MgsaT5Config",
     "MgsaT5ForConditionalGeneration",
     "MgsaT5Model",

@@ -24,7 +24,7 @@ VARIANTS = {
     ),
     "rhe": (
         "redundant-head enlivening with dependency- and local-phrase-enhanced attention.",
-        "Redundant head enlivening (RHE) for multi-head self-attention",
+        "Enlivening Redundant Heads in Multi-head Self-attention for Machine Translation",
     ),
 }
 
@@ -100,7 +100,8 @@ def build_model_card(
         encoder_type=config.encoder_type,
         method_summary=summary,
         paper=paper,
-        parser=f"tokenizer + spaCy parser, `{parser}`" if parser else "the tokenizer alone: this model reads no syntax",
+        parser=(f"tokenizer + spaCy parser, `{parser}`" if parser
+                else "the tokenizer alone: this model reads no syntax"),
         dataset_name=dataset_name,
         train_size=train_size,
         d_model=config.d_model,

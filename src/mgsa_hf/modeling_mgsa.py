@@ -164,6 +164,17 @@ def encoder_output(hidden_states: torch.Tensor, records: dict[str, list]) -> Mgs
     )
 
 
+def check_length(tokens: torch.Tensor, past_length: int, limit: int, side: str) -> None:
+    """A clear error instead of an index error deep inside the position embedding when a sequence (B, T, ...) is
+    longer than the model's `max_position_embeddings`."""
+    length = past_length + tokens.shape[1]
+    if length > limit:
+        hint = ("tokenize with `truncation=True, max_length=" + str(limit) + "`" if side == "source"
+                else "generate at most " + str(limit) + " tokens (`max_new_tokens`)")
+        raise ValueError(f"The {side} sequence has {length} tokens but the model has position embeddings for "
+                         f"`max_position_embeddings` = {limit}: {hint}.")
+
+
 class MgsaEncoder(MgsaPreTrainedModel):
     """
     Transformer encoder of `config.encoder_layers` layers ([`MgsaEncoderLayer`] or the variant's layer), reading the
@@ -216,6 +227,8 @@ class MgsaEncoder(MgsaPreTrainedModel):
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        check_length(inputs_embeds if input_ids is None else input_ids, 0, self.config.max_position_embeddings,
+                     "source")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale
         hidden_states = inputs_embeds + self.embed_positions(inputs_embeds.shape[:-1])
@@ -316,6 +329,8 @@ class MgsaDecoder(MgsaPreTrainedModel):
             attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,
         )
+        if position_ids is None:
+            check_length(inputs_embeds, past_length, self.config.max_position_embeddings, "target")
         positions = self.embed_positions((batch_size, seq_length), past_length, position_ids=position_ids)
         hidden_states = nn.functional.dropout(inputs_embeds + positions, p=self.dropout, training=self.training)
 
@@ -511,7 +526,22 @@ class MgsaModel(MgsaPreTrainedModel):
         )
 
 
-class MgsaForConditionalGeneration(MgsaPreTrainedModel, GenerationMixin):
+class BaseModelAutoMapMixin:
+    """Saving a translation model also names its bare encoder-decoder (`base_model_class`) under `AutoModel` in the
+    config's `auto_map`, so that `AutoModel.from_pretrained(folder, trust_remote_code=True)` loads a saved folder
+    where this package is not installed (`save_pretrained` writes only the saved class's own Auto entry)."""
+
+    base_model_class: type
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        if self._auto_class is not None:
+            base = self.base_model_class
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}),
+                                    "AutoModel": f"{base.__module__.rsplit('.', 1)[-1]}.{base.__name__}"}
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+
+class MgsaForConditionalGeneration(BaseModelAutoMapMixin, MgsaPreTrainedModel, GenerationMixin):
     """
     MGSA with a language-modelling head, for translation: `model(**processor(src, text_target=tgt))` gives the loss,
     `model.generate(**processor(src))` translates. Loads MGSA and Marian (opus-mt) checkpoints alike; modules a Marian
@@ -519,6 +549,7 @@ class MgsaForConditionalGeneration(MgsaPreTrainedModel, GenerationMixin):
     """
 
     base_model_prefix = "model"
+    base_model_class = MgsaModel
     _keys_to_ignore_on_load_missing = [
         "final_logits_bias",
         "model.encoder.embed_positions.weight",
@@ -549,6 +580,23 @@ class MgsaForConditionalGeneration(MgsaPreTrainedModel, GenerationMixin):
 
     def set_output_embeddings(self, new_embeddings):
         self.lm_head = new_embeddings
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True) -> nn.Embedding:
+        """As `MarianMTModel`'s: the shared embeddings, the LM head and `final_logits_bias` take the new size (the
+        padded one when `pad_to_multiple_of` is given)."""
+        new_embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if self.config.share_encoder_decoder_embeddings:
+            self._resize_final_logits_bias(new_embeddings.weight.shape[0])
+        return new_embeddings
+
+    def _resize_final_logits_bias(self, new_num_tokens: int) -> None:
+        old_bias = self.final_logits_bias
+        if new_num_tokens <= old_bias.shape[-1]:
+            new_bias = old_bias[:, :new_num_tokens]
+        else:  # new tokens start without a bias
+            new_bias = torch.cat([old_bias, old_bias.new_zeros(1, new_num_tokens - old_bias.shape[-1])], dim=1)
+        self.final_logits_bias = nn.Buffer(new_bias)
 
     @can_return_tuple
     def forward(

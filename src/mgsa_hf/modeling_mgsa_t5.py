@@ -35,6 +35,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .configuration_mgsa import MgsaT5Config
 from .modeling_layers import SYNTAX_INPUT_NAMES, MgsaAttention, MgsaSyntaxInputs
 from .modeling_mgsa import (
+    BaseModelAutoMapMixin,
     MgsaEncoderOutput,
     MgsaSeq2SeqLMOutput,
     MgsaSeq2SeqModelOutput,
@@ -548,13 +549,14 @@ class MgsaT5Model(MgsaT5PreTrainedModel):
         )
 
 
-class MgsaT5ForConditionalGeneration(MgsaT5PreTrainedModel, GenerationMixin):
+class MgsaT5ForConditionalGeneration(BaseModelAutoMapMixin, MgsaT5PreTrainedModel, GenerationMixin):
     """
     MGSA-T5 with T5's language-modelling head, for translation: `model(**processor(src, text_target=tgt))` gives the
     loss (plus `phrase_tag_loss_weight` times MG-SA's tag loss), `model.generate(**processor(src))` translates. Loads
     MGSA-T5 and T5 checkpoints alike; modules a T5 checkpoint lacks (the variant's) are freshly initialised.
     """
 
+    base_model_class = MgsaT5Model
     _keys_to_ignore_on_load_unexpected = ["decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"]
     _tied_weights_keys = {
         "encoder.embed_tokens.weight": "shared.weight",

@@ -9,8 +9,7 @@ a folder saved with [`add_remote_pipeline`] also carries it as the custom task `
 import shutil
 from pathlib import Path
 
-from transformers import AutoModelForSeq2SeqLM, Pipeline
-from transformers import pipelines
+from transformers import AutoModelForSeq2SeqLM, Pipeline, pipelines
 from transformers.pipelines import PIPELINE_REGISTRY
 
 

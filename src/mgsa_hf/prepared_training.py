@@ -181,7 +181,9 @@ class PreparedCorpus:
         self.folder = Path(folder)
         manifest_path = self.folder / "manifest.json"
         if not manifest_path.is_file():
-            raise FileNotFoundError(f"{self.folder} is not a prepared corpus (no manifest.json): run the prepare step.")
+            raise FileNotFoundError(
+                f"{self.folder} is not a prepared corpus (no manifest.json): run the prepare step."
+            )
         self.manifest = json.loads(manifest_path.read_text())
         if self.manifest.get("format") != PREPARED_FORMAT:
             raise ValueError(f"{self.folder} has prepared format {self.manifest.get('format')}, this code reads "

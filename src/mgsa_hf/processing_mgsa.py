@@ -25,6 +25,7 @@ from .tokenization_utils import piece_offsets
 
 
 RETURN_TENSORS = (None, "pt", "np")
+SPACY_MAX_CHARACTERS = 1_000_000  # spaCy's default `nlp.max_length`
 
 
 class MgsaProcessor(ProcessorMixin):
@@ -210,6 +211,17 @@ class MgsaProcessor(ProcessorMixin):
             raise ValueError(f"padding must be True, False, 'longest' or 'max_length', got {padding!r}.")
         if return_tensors is not None and not padding:
             raise ValueError("return_tensors needs padding: sentences differ in length.")
+        for name, value in (("max_length", max_length), ("max_target_length", max_target_length),
+                            ("pad_to_multiple_of", pad_to_multiple_of)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {value!r}.")
+        if self.with_syntax:
+            for i, source in enumerate(texts):
+                if len(source) > SPACY_MAX_CHARACTERS:
+                    raise ValueError(
+                        f"text[{i}] has {len(source):,} characters, more than the parser takes "
+                        f"({SPACY_MAX_CHARACTERS:,}, spaCy's `max_length`): split it into sentences."
+                    )
 
         with _cyclic_gc_paused():
             encoding = self._encode_source(texts, tree_list, max_length, truncation)
@@ -391,6 +403,11 @@ def _as_batch(text, name) -> tuple[list[str], bool]:
     for i, item in enumerate(text):
         if not isinstance(item, str):
             raise TypeError(f"`{name}[{i}]` must be a string, got {type(item).__name__}.")
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError as error:  # a lone surrogate, which no tokenizer or parser can read
+            raise ValueError(f"`{name}[{i}]` is not valid Unicode text: {error.reason} at character "
+                             f"{error.start} ({item[error.start]!r}).") from None
     return list(text), True
 
 

@@ -592,6 +592,10 @@ def resolve_pipeline_name(name: str | None) -> str:
     candidates = DEFAULT_PARSERS if name is None else (name,)
     for candidate in candidates:
         if spacy.util.is_package(candidate):
+            # an installed pipeline package carries its meta.json; other packages (`spacy` itself, say) do not
+            if not (spacy.util.get_package_path(candidate) / "meta.json").is_file():
+                raise ValueError(f"parser_name={candidate!r} is an installed Python package but not a spaCy "
+                                 "pipeline (no meta.json): pass a pipeline such as 'en_core_web_sm'.")
             return candidate
     wanted = " or ".join(candidates)
     raise OSError(

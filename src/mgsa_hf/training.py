@@ -296,11 +296,10 @@ def _maybe_average(trainer, config: TrainConfig, processed, corpus, tokenizer) -
 def train(config: TrainConfig, callbacks: list | None = None):
     """Run the whole recipe; returns `(results, model)`: the results written to `output_dir/results.json` and the
     trained model (on every process). `callbacks` are `TrainerCallback`s added to the Trainer."""
-    from transformers import Seq2SeqTrainer
-
     from .data_collator import MgsaDataCollator
     from .evaluation import build_compute_metrics
     from .model_card import build_model_card
+    from .trainer_mgsa import MgsaSeq2SeqTrainer
 
     training_args = _training_arguments(config)  # validates the `training` section before any work
     if config.init_from is None:
@@ -308,7 +307,7 @@ def train(config: TrainConfig, callbacks: list | None = None):
     corpus, processor, processed = prepare(config, training_args)
     tokenizer = processor.tokenizer
     model = build_model(config, tokenizer)
-    trainer = Seq2SeqTrainer(
+    trainer = MgsaSeq2SeqTrainer(  # keeps MG-SA's tag loss under label smoothing
         model=model,
         args=training_args,
         train_dataset=processed["train"],

@@ -1,0 +1,65 @@
+"""scripts/bench_speed.py on a machine without spaCy: the batches are built once with the processor
+(`--save-inputs`) and timed in a process where spaCy and `datasets` cannot be imported (`--inputs`), as on a GPU
+machine; `--device cuda` is refused clearly where torch sees no GPU."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "bench_speed.py"
+SMALL = ["--batch-size", "4", "--num-batches", "1", "--gen-sentences", "4", "--memory-batch-size", "2"]
+
+
+def run_without_spacy(*args: str) -> subprocess.CompletedProcess:
+    code = (
+        "import sys, runpy\n"
+        "for name in ('spacy', 'datasets'): sys.modules[name] = None\n"
+        f"sys.argv = ['bench_speed.py', *{list(args)!r}]\n"
+        f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    path = tmp_path_factory.mktemp("speed") / "inputs.pt"
+    subprocess.run([sys.executable, str(SCRIPT), "--save-inputs", str(path), *SMALL], check=True,
+                   capture_output=True, text=True, timeout=600)
+    return path
+
+
+def test_saved_inputs_hold_every_syntax_field(inputs):
+    saved = torch.load(inputs)
+    assert saved["vocab"]["vocab_size"] > 1000
+    for batch in (*saved["train_batches"], saved["long_batch"]):
+        assert {"input_ids", "labels", "phrase_ids", "phrase_tags", "head_word_ids", "pr_phrase_ids",
+                "local_phrase_start", "tree_depth"} <= set(batch)
+    # the memory batch joins consecutive captions into long sentences
+    assert saved["long_batch"]["input_ids"].shape[1] > max(b["input_ids"].shape[1] for b in saved["train_batches"])
+
+
+def test_timings_from_saved_inputs_without_spacy(inputs, tmp_path):
+    output = tmp_path / "speed.json"
+    result = run_without_spacy("--inputs", str(inputs), "--device", "cpu", "--dtype", "bf16", "--threads", "1",
+                               "--backbones", "marian", "--sizes", "small", "--variants", "transformer", "rhe",
+                               "--steps", "1", "--warmup", "0", "--gen-rounds", "1", "--gen-tokens", "2",
+                               "--output", str(output), *SMALL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(output.read_text())
+    assert report["dtype"] == "bf16 autocast" and report["transformers"]
+    rows = report["results"][0]["variants"]
+    assert set(rows) == {"transformer", "rhe"} and rows["transformer"]["train_step_ratio"] == 1.0
+    assert all(row["train_step_s"] > 0 and row["peak_memory_mib"] > 0 for row in rows.values())
+    assert output.with_suffix(".md").read_text().count("| rhe |") == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the refusal cannot be shown")
+def test_cuda_without_a_gpu_is_refused_clearly(inputs):
+    result = run_without_spacy("--inputs", str(inputs), "--device", "cuda", "--dtype", "bf16")
+    assert result.returncode != 0 and "torch sees no CUDA device" in result.stderr

@@ -1,0 +1,95 @@
+"""`MgsaSeq2SeqTrainer`: MG-SA's tag loss (Eq. 10) trains under the Trainer's label smoothing, and is logged."""
+
+import pytest
+import torch
+from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+from mgsa_hf import MgsaConfig, MgsaDataCollator, MgsaForConditionalGeneration, MgsaSeq2SeqTrainer
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def features(multi30k_processor, multi30k_val):
+    """The first 8 Multi30k val pairs as per-sentence features (every syntax field), as a dataset holds them."""
+    sources, targets = (sentences[:8] for sentences in multi30k_val)
+    encoding = multi30k_processor(sources, text_target=targets)
+    return [{key: encoding[key][i] for key in encoding} for i in range(len(sources))]
+
+
+def make_trainer(trainer_class, processor, features, tmp_path, weight: float, smoothing: float = 0.1,
+                 **arguments):
+    torch.manual_seed(0)
+    tokenizer = processor.tokenizer
+    config = MgsaConfig(  # MG-SA Table 3 row 4: syntactic phrases + tag supervision, tiny
+        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, decoder_start_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, d_model=32, encoder_layers=2, decoder_layers=1,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_position_embeddings=128, dropout=0.0, attention_dropout=0.0, encoder_type="phrase_memory",
+        phrase_partition="syntactic", phrase_tag_supervision=True, num_phrase_tags=len(processor.phrase_tags),
+        phrase_tag_loss_weight=weight,
+    )
+    model = MgsaForConditionalGeneration(config)
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path), label_smoothing_factor=smoothing, per_device_train_batch_size=4, max_steps=2,
+        logging_steps=1, report_to="none", use_cpu=True, save_strategy="no", learning_rate=1e-3, **arguments,
+    )
+    collator = MgsaDataCollator(tokenizer=processor.tokenizer, model=model)
+    return trainer_class(model=model, args=args, train_dataset=features, data_collator=collator)
+
+
+def batch_of(trainer, features):
+    return trainer._prepare_inputs(trainer.data_collator(features[:4]))
+
+
+def test_label_smoothed_loss_includes_tag_loss(multi30k_processor, features, tmp_path):
+    """Under label smoothing 0.1 the Trainer's loss moves with λ by exactly λ × the model's tag loss; plain
+    `Seq2SeqTrainer` drops the term (the reason this class exists)."""
+    losses, tag_losses = {}, {}
+    for weight in (0.001, 1000.0):
+        trainer = make_trainer(MgsaSeq2SeqTrainer, multi30k_processor, features, tmp_path, weight)
+        trainer.model.train()
+        torch.manual_seed(1)
+        loss, outputs = trainer.compute_loss(trainer.model, batch_of(trainer, features), return_outputs=True)
+        losses[weight], tag_losses[weight] = loss.item(), outputs.tag_loss.item()
+    assert tag_losses[0.001] > 0
+    assert losses[1000.0] > losses[0.001] + 100 * tag_losses[0.001]
+    torch.testing.assert_close(losses[1000.0] - losses[0.001], (1000.0 - 0.001) * tag_losses[0.001], rtol=1e-4,
+                               atol=1e-3)
+
+    plain = []
+    for weight in (0.001, 1000.0):
+        trainer = make_trainer(Seq2SeqTrainer, multi30k_processor, features, tmp_path, weight)
+        torch.manual_seed(1)
+        plain.append(trainer.compute_loss(trainer.model, batch_of(trainer, features)).item())
+    assert plain[0] == pytest.approx(plain[1])
+
+
+def test_tag_classifier_trains_and_tag_loss_is_logged(multi30k_processor, features, tmp_path):
+    trainer = make_trainer(MgsaSeq2SeqTrainer, multi30k_processor, features, tmp_path, 1.0)
+    classifiers = [layer.self_attn.tag_classifier for layer in trainer.model.get_encoder().layers
+                   if getattr(layer.self_attn, "tag_classifier", None) is not None]
+    assert classifiers
+    before = [c.weight.detach().clone() for c in classifiers]
+    trainer.train()
+    assert all(not torch.equal(b, c.weight) for b, c in zip(before, classifiers, strict=True))
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logged) == 2 and all(entry["tag_loss"] > 0 for entry in logged)
+
+
+def test_gradient_accumulation_keeps_the_tag_share(multi30k_processor, features, tmp_path):
+    """With 2 accumulation steps the tag term of each micro-batch is halved when the Trainer normalises the
+    translation loss over the accumulated batch, so that λ means the same with and without accumulation."""
+    trainer = make_trainer(MgsaSeq2SeqTrainer, multi30k_processor, features, tmp_path, 1000.0,
+                           gradient_accumulation_steps=2)
+    trainer.model.train()
+    scaled = trainer._translation_loss_scaled_for_accumulation(num_items_in_batch=torch.tensor(10))
+    torch.manual_seed(1)
+    inputs = batch_of(trainer, features)
+    with_items, outputs = trainer.compute_loss(trainer.model, dict(inputs), return_outputs=True,
+                                               num_items_in_batch=torch.tensor(10))
+    torch.manual_seed(1)
+    without_tag = trainer.label_smoother(outputs, inputs["labels"], num_items_in_batch=torch.tensor(10))
+    share = 1000.0 * outputs.tag_loss / (2 if scaled else 1)
+    torch.testing.assert_close(with_items, without_tag + share, rtol=1e-4, atol=1e-3)
