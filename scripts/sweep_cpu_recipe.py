@@ -6,7 +6,7 @@ tokenizer alone: the candidates are plain transformers), and its minute is the c
 started, so the curve counts everything a user waits for (tokenizer training, tokenisation, training). The run's own
 final score (beam 4, written by `mgsa-hf train`) is reported beside it.
 
-    python scripts/sweep_cpu_recipe.py --threads 2 --output benchmarks/cpu-recipe-sweep.json tiny-wu200 small-wu200
+    python scripts/sweep_cpu_recipe.py --threads 2 --every 65 --output benchmarks/cpu-recipe-sweep.json default
 
 Results are written after each candidate; a candidate already in the output file is skipped (resume). After the
 runs the script prints the curves as a markdown table and draws them (`--plot`).
@@ -23,27 +23,19 @@ from pathlib import Path
 from mgsa_hf.tokenization_utils import read_lines
 
 
-# The tiny model of the Revisit-MMT Multi30k baseline (128 wide, 4+4 layers, 4 heads, ffn 256, shared embeddings)
-TINY = [
-    "model.d_model=128", "model.encoder_layers=4", "model.decoder_layers=4", "model.encoder_attention_heads=4",
-    "model.decoder_attention_heads=4", "model.encoder_ffn_dim=256", "model.decoder_ffn_dim=256",
-]
-SMALL = [
-    "model.d_model=256", "model.encoder_layers=3", "model.decoder_layers=3", "model.encoder_attention_heads=4",
-    "model.decoder_attention_heads=4", "model.encoder_ffn_dim=512", "model.decoder_ffn_dim=512",
-]
+# The candidates measured for the default recipe (benchmarks/BENCHMARKS.md, "The default CPU recipe"); each is the
+# packaged default config (128 wide, 4+4 layers, 4 heads, FFN 256, shared embeddings) plus these overrides.
+SMALL_BATCHES = ["model.dropout=0.2", "training.learning_rate=0.004", "training.warmup_steps=200",
+                 "training.per_device_train_batch_size=96", "training.max_steps=1200"]
 CANDIDATES = {
-    # the lead: lr 0.005, 600 warm-up steps, dropout 0.3, ~4096-token batches (128 pairs of ~16+18 tokens)
-    "tiny-lead": TINY + ["model.dropout=0.3", "training.learning_rate=0.005", "training.warmup_steps=600",
-                         "training.per_device_train_batch_size=128"],
-    "tiny-wu200": TINY + ["model.dropout=0.2", "training.learning_rate=0.004", "training.warmup_steps=200",
-                          "training.per_device_train_batch_size=96"],
-    "tiny-wu200-d3": TINY + ["model.dropout=0.3", "training.learning_rate=0.004", "training.warmup_steps=200",
-                             "training.per_device_train_batch_size=96"],
-    "small-wu200": SMALL + ["model.dropout=0.2", "training.learning_rate=0.002", "training.warmup_steps=200",
-                            "training.per_device_train_batch_size=96"],
-    "tiny-wu200-b64": TINY + ["model.dropout=0.2", "training.learning_rate=0.003", "training.warmup_steps=200",
-                              "training.per_device_train_batch_size=64"],
+    "b96-do0.2": SMALL_BATCHES,
+    "b96-do0.2-init0.088": SMALL_BATCHES + ["model.init_std=0.088"],
+    "b96-do0.1-init0.088": SMALL_BATCHES + ["model.init_std=0.088", "model.dropout=0.1"],
+    "b96-do0.1-init0.088-linear": SMALL_BATCHES + [
+        "model.init_std=0.088", "model.dropout=0.1", "training.lr_scheduler_type=linear",
+        "training.learning_rate=0.005"],
+    "b224-do0.1-init0.088": ["model.init_std=0.088"],
+    "default": [],  # b224-do0.1: 224-pair batches, lr 0.005 after 300 warm-up steps, dropout 0.1, 520 steps
 }
 
 
@@ -107,8 +99,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("candidates", nargs="*", default=list(CANDIDATES), help=f"of {sorted(CANDIDATES)}")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--minutes", type=float, default=9.0, help="training steps are cut at this wall clock")
-    parser.add_argument("--max-steps", type=int, default=4000)
+    parser.add_argument("--minutes", type=float, default=10.0, help="training steps are cut at this wall clock")
+    parser.add_argument("--max-steps", type=int, help="override every candidate's max_steps")
     parser.add_argument("--every", type=int, default=200, help="checkpoint interval (steps)")
     parser.add_argument("--data", default="../shared/data/multi30k")
     parser.add_argument("--runs", default="runs/cpu-recipe-sweep")
@@ -130,7 +122,8 @@ def main() -> None:
             continue
         run_dir = Path(args.runs) / name
         overrides = CANDIDATES[name] + [
-            f"data={args.data}", f"output_dir={run_dir}", f"training.max_steps={args.max_steps}",
+            f"data={args.data}", f"output_dir={run_dir}",
+            *([f"training.max_steps={args.max_steps}"] if args.max_steps else []),
             "training.eval_strategy=no", "training.save_strategy=steps", f"training.save_steps={args.every}",
             "training.save_total_limit=null", "training.disable_tqdm=true", "training.logging_steps=50",
             *args.set,

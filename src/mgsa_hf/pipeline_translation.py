@@ -84,7 +84,11 @@ class MgsaTranslationPipeline(Pipeline):
         return dict(self.processor(sentences, **options))
 
     def _forward(self, model_inputs, generate_kwargs):
-        return self.model.generate(**model_inputs, **self._prepare_generate_kwargs(generate_kwargs))
+        # generation settings given to `pipeline(...)` (kept by the base class: as `_generate_kwargs` in later 5.x
+        # releases, among the forward parameters in earlier ones), then those of this call
+        settings = {**(getattr(self, "_generate_kwargs", None) or {}),
+                    **self._forward_params.get("generate_kwargs", {}), **generate_kwargs}
+        return self.model.generate(**model_inputs, **settings)
 
     def postprocess(self, output_ids):
         texts = self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)

@@ -4,6 +4,7 @@ import contextlib
 import gc
 import hashlib
 import importlib.metadata
+import json
 from itertools import groupby
 from pathlib import Path
 
@@ -358,6 +359,26 @@ class MgsaProcessor(ProcessorMixin):
             )
         )
 
+    def _tokenizer_fingerprint(self) -> str:
+        """A hash of what the tokenizer does: its serialised pipeline (fast tokenizers) or its vocabulary and model
+        files (SentencePiece ones), special tokens and length limit. Hashing the object itself (`datasets`' Hasher)
+        takes in the truncation state that the last call left in the Rust tokenizer under the `datasets` releases
+        that do not reset it (3.0 and 3.6 here), so a second `map_dataset` missed the cache."""
+        tokenizer = self.tokenizer
+        digest = hashlib.sha256(type(tokenizer).__name__.encode())
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None:  # without the truncation/padding state that each call sets
+            pipeline = {k: v for k, v in json.loads(backend.to_str()).items() if k not in ("truncation", "padding")}
+            digest.update(json.dumps(pipeline, sort_keys=True).encode())
+        else:
+            digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+            for value in tokenizer.init_kwargs.values():
+                if isinstance(value, (str, Path)) and Path(value).is_file():
+                    digest.update(Path(value).read_bytes())
+        digest.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
+        digest.update(str(tokenizer.model_max_length).encode())
+        return digest.hexdigest()
+
     def _fingerprint(self) -> str:
         """Hash of everything the fields depend on besides the data."""
         from datasets.fingerprint import Hasher
@@ -368,7 +389,7 @@ class MgsaProcessor(ProcessorMixin):
         return Hasher.hash(
             [
                 self.to_json_string(),
-                Hasher.hash(self.tokenizer),
+                self._tokenizer_fingerprint(),
                 parser,
                 package_version(parser) if parser else None,
                 importlib.metadata.version("spacy") if parser else None,
