@@ -70,3 +70,83 @@ def test_over_long_text_without_truncation(multi30k_processor, encoder_type):
     with pytest.raises(ValueError, match=r"max_position_embeddings` = 128.*truncation=True, max_length=128"):
         with torch.no_grad():
             model.generate(**full, max_new_tokens=3)
+
+
+ALIGNMENT_TEXTS = [
+    "The ﬁrst ＡＢＣ dogs run… past a café.",
+    "A dog </s> runs fast.",
+    "Ein Hund läuft, собака бежит, 犬が走る and كلب يجري too.",
+]
+
+
+@pytest.mark.parametrize("processor_name", ["multi30k_processor", "marian_processor"])
+@pytest.mark.parametrize("text", ALIGNMENT_TEXTS)
+def test_every_subword_points_at_its_word(request, processor_name, text):
+    """Text that NFKC normalisation changes, a literal `</s>` and mixed scripts, through the fast unigram and the
+    Marian (SentencePiece) tokenizers: each content token's `word_ids` entry names a word its characters belong to
+    (its NFKC surface lies inside that word's, or the word inside a token that spans several), in order."""
+    import unicodedata
+
+    processor = request.getfixturevalue(processor_name)
+    encoding = processor(text)
+    words = [unicodedata.normalize("NFKC", word) for word in processor.syntax(text).words]
+    pieces = processor.tokenizer.convert_ids_to_tokens(encoding["input_ids"])
+    checked, previous = 0, -1
+    for piece, word in zip(pieces, encoding["word_ids"], strict=True):
+        surface = unicodedata.normalize("NFKC", piece.replace("\u2581", "")).strip()
+        if word < 0 or not surface or piece in processor.tokenizer.all_special_tokens:
+            continue
+        assert surface in words[word] or words[word] in surface, (piece, word, words)
+        assert word >= previous, "word indices run left to right"
+        previous, checked = word, checked + 1
+    assert checked >= len(words) // 2
+
+
+@pytest.mark.parametrize("processor_name", ["multi30k_processor", "marian_processor"])
+def test_alignment_does_not_depend_on_normalisation(request, processor_name):
+    """The same sentence written with characters NFKC changes and already normalised: the same tokens and the same
+    word of each token."""
+    import unicodedata
+
+    processor = request.getfixturevalue(processor_name)
+    text = ALIGNMENT_TEXTS[0]
+    raw, normalized = processor(text), processor(unicodedata.normalize("NFKC", text))
+    assert raw["input_ids"] == normalized["input_ids"]
+    assert raw["word_ids"] == normalized["word_ids"]
+
+
+@pytest.mark.parametrize("encoder_type", ENCODER_TYPES)
+def test_attention_backends_run_or_say_which_they_support(multi30k_processor, multi30k_val, encoder_type):
+    """eager and sdpa give the same loss for every encoder type; flex attention runs or raises a ValueError naming
+    the backends the variant supports, never a crash inside the kernel."""
+    tokenizer = multi30k_processor.tokenizer
+    config = MgsaConfig(
+        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, decoder_start_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, d_model=32, encoder_layers=2, decoder_layers=1,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_position_embeddings=128, encoder_type=encoder_type, num_phrase_tags=len(multi30k_processor.phrase_tags),
+        dropout=0.0, attention_dropout=0.0,
+    )
+    sources, targets = (sentences[:3] for sentences in multi30k_val)
+    batch = dict(multi30k_processor(sources, text_target=targets, return_tensors="pt"))
+    torch.manual_seed(0)
+    model = MgsaForConditionalGeneration(config).eval()
+    losses = {}
+    for backend in ("eager", "sdpa"):
+        model.set_attn_implementation(backend)
+        with torch.no_grad():
+            losses[backend] = model(**batch).loss
+    torch.testing.assert_close(losses["eager"], losses["sdpa"], atol=1e-5, rtol=1e-5)
+    try:
+        model.set_attn_implementation("flex_attention")
+    except (ValueError, ImportError) as error:  # transformers refuses the backend on this machine
+        pytest.skip(f"flex attention unavailable here: {error}")
+    try:
+        with torch.no_grad():
+            flex = model(**batch).loss
+    except ValueError as error:
+        assert encoder_type in ("phrase_memory", "hybrid"), error
+        assert "runs with attn_implementation in ['eager', 'sdpa']" in str(error)
+    else:
+        assert encoder_type not in ("phrase_memory", "hybrid")
+        torch.testing.assert_close(flex, losses["sdpa"], atol=1e-4, rtol=1e-4)

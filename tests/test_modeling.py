@@ -278,3 +278,23 @@ def test_over_long_sequences_raise_a_clear_error(marian_dir):
                        min_new_tokens=limit + 5)
     model.generate(input_ids=long_ids[:, -limit:], attention_mask=torch.ones_like(long_ids[:, -limit:]),
                    max_new_tokens=2)
+
+
+def test_checkpoint_averaging_reads_sharded_folders(tmp_path, marian_dir):
+    """Averaging two checkpoints, one saved in shards: the element-wise mean of every weight."""
+    from mgsa_hf.evaluation import average_checkpoints
+
+    first = MgsaForConditionalGeneration.from_pretrained(marian_dir)
+    second = MgsaForConditionalGeneration.from_pretrained(marian_dir)
+    with torch.no_grad():
+        for parameter in second.parameters():
+            parameter.add_(1.0)
+    first.save_pretrained(tmp_path / "a")
+    second.save_pretrained(tmp_path / "b", max_shard_size="20KB")
+    assert (tmp_path / "b" / "model.safetensors.index.json").is_file()
+    averaged = average_checkpoints([tmp_path / "a", tmp_path / "b"])
+    parameters = dict(first.named_parameters())
+    compared = [name for name in averaged if name in parameters]
+    assert len(compared) > 10
+    for name in compared:
+        torch.testing.assert_close(averaged[name], parameters[name].detach() + 0.5, msg=name)

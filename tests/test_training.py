@@ -131,17 +131,30 @@ def test_remote_pipeline_without_the_package(trained_tiny, tmp_path):
     assert json.loads(result.stdout.strip().splitlines()[-1]) == expected
 
 
-def test_resume_from_checkpoint_reaches_the_same_step(tmp_path):
-    train(tiny_config(tmp_path, "training.max_steps=4"))
+def test_resume_from_checkpoint_equals_an_uninterrupted_run(tmp_path, one_thread):
+    """Stopped after checkpoint-2 and resumed, a run reaches step 4 with the weights and the logged losses of the
+    uninterrupted run (CPU, one thread: the Trainer restores the data order and the RNG states, dropout included)."""
+    _, model = train(tiny_config(tmp_path, "training.max_steps=4"))
+    uninterrupted = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     checkpoints = tmp_path / "checkpoints"
+    logged = json.loads((checkpoints / "checkpoint-4" / "trainer_state.json").read_text())["log_history"]
     shutil.rmtree(checkpoints / "checkpoint-4")
     assert (checkpoints / "checkpoint-2").is_dir()
     resume = f"resume_from_checkpoint={checkpoints / 'checkpoint-2'}"
-    results, _ = train(tiny_config(tmp_path, "training.max_steps=4", resume))
+    results, model = train(tiny_config(tmp_path, "training.max_steps=4", resume))
     assert results["global_step"] == 4
-    assert (checkpoints / "checkpoint-4").is_dir()
     state = json.loads((checkpoints / "checkpoint-4" / "trainer_state.json").read_text())
     assert state["global_step"] == 4
+
+    def losses(history):
+        entries = [entry for entry in history if "loss" in entry]
+        return [entry["step"] for entry in entries], [entry["loss"] for entry in entries]
+
+    (steps, values), (expected_steps, expected_values) = losses(state["log_history"]), losses(logged)
+    assert steps == expected_steps == [2, 4]
+    assert values == pytest.approx(expected_values, rel=1e-5)
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(tensor, uninterrupted[name], atol=1e-6, rtol=1e-5, msg=name)
     AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
 
 
@@ -201,3 +214,56 @@ def test_demo_runs_every_encoder_type():
     lines = [line for line in result.stdout.splitlines() if "saved, reloaded, generated 2 sentences" in line]
     assert [line.split(":")[0].strip() for line in lines] == [
         "transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe"]
+
+
+def test_corpus_files_through_datasets_loaders(tmp_path):
+    """Split files (plain and gzip) and JSONL files, both record layouts, read through `datasets`' text and JSON
+    loaders; a record without the language fields is named."""
+    import gzip
+
+    from mgsa_hf.data import load_parallel_corpus
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "train.en").write_text("A dog runs.\nTwo cats sleep.\n")
+    with gzip.open(folder / "train.de.gz", "wt", encoding="utf-8") as handle:
+        handle.write("Ein Hund rennt.\nZwei Katzen schlafen.\n")
+    (folder / "val.jsonl").write_text('{"translation": {"en": "Hello.", "de": "Hallo."}}\n\n'
+                                      '{"translation": {"en": "Yes.", "de": "Ja."}}\n')
+    corpus = load_parallel_corpus(folder, "en", "de", {"train": "train", "validation": "val"})
+    assert corpus["train"]["translation"] == [{"en": "A dog runs.", "de": "Ein Hund rennt."},
+                                             {"en": "Two cats sleep.", "de": "Zwei Katzen schlafen."}]
+    assert corpus["validation"]["translation"][1] == {"en": "Yes.", "de": "Ja."}
+    flat = tmp_path / "flat.jsonl"
+    flat.write_text('{"en": "Hello.", "de": "Hallo."}\n{"en": "Bye.", "de": "Tschüss."}\n')
+    assert load_parallel_corpus(flat, "en", "de", {"train": "train"})["train"].num_rows == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"en": "Hello.", "de": "Hallo."}\n{"en": "Bye."}\n')
+    with pytest.raises(ValueError, match="record 2 has no 'en'/'de'"):
+        load_parallel_corpus(bad, "en", "de", {"train": "train"})
+
+
+def test_installed_wheel_trains_with_a_data_path(tmp_path):
+    """`pip install .` (a wheel, not the editable checkout): the package data (default train config, model card
+    template) is inside, and `mgsa-hf train` runs from a folder outside the repository with `data=` given."""
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(wheels), str(REPO)], check=True, capture_output=True, text=True, timeout=300)
+    (wheel,) = wheels.glob("mgsa_hf-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    assert (site / "mgsa_hf" / "default_train_config.yaml").is_file()
+    assert (site / "mgsa_hf" / "model_card_template.md").is_file()
+    overrides = [f"data={DATA}", f"output_dir={tmp_path / 'run'}", "max_train_samples=64", "max_eval_samples=8",
+                 "max_test_samples=8", "vocab_size=300", "model.d_model=32", "model.encoder_layers=1",
+                 "model.decoder_layers=1", "model.encoder_ffn_dim=64", "model.decoder_ffn_dim=64",
+                 "training.max_steps=2", "training.per_device_train_batch_size=16", "training.save_steps=2",
+                 "training.generation_max_length=8", "training.disable_tqdm=true", "examples=[]"]
+    code = ("import sys, mgsa_hf, mgsa_hf.cli; print('FROM', mgsa_hf.__file__, flush=True); "
+            "mgsa_hf.cli.main(['train', *sys.argv[1:]])")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    result = subprocess.run([sys.executable, "-c", code, *overrides], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"FROM {site}" in result.stdout
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["global_step"] == 2

@@ -4,12 +4,9 @@ Every loader returns a `datasets.DatasetDict` whose splits have a `translation` 
 ...}` dicts, the layout of Hub translation datasets. Problems with the files are reported before any training starts.
 """
 
-import json
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_dataset
-
-from .tokenization_utils import read_lines
 
 
 def _find_split_file(folder: Path, split: str, lang: str) -> Path:
@@ -21,12 +18,19 @@ def _find_split_file(folder: Path, split: str, lang: str) -> Path:
     )
 
 
+def _text_lines(path: Path) -> list[str]:
+    """The lines of a text file (`.gz` read compressed), through `datasets`' text loader (cached)."""
+    if path.stat().st_size == 0:
+        return []
+    return load_dataset("text", data_files={"train": str(path)}, split="train")["text"]
+
+
 def read_parallel_split(folder: str | Path, split: str, src_lang: str, tgt_lang: str) -> Dataset:
     """Read `{split}.{src_lang}[.gz]` and `{split}.{tgt_lang}[.gz]` (aligned line by line) as a `translation`
     Dataset."""
     folder = Path(folder)
-    source = list(read_lines(_find_split_file(folder, split, src_lang)))
-    target = list(read_lines(_find_split_file(folder, split, tgt_lang)))
+    source = _text_lines(_find_split_file(folder, split, src_lang))
+    target = _text_lines(_find_split_file(folder, split, tgt_lang))
     if len(source) != len(target):
         raise ValueError(
             f"split {split!r} of {folder}: {len(source)} {src_lang} lines but {len(target)} {tgt_lang} lines; "
@@ -39,19 +43,22 @@ def read_parallel_split(folder: str | Path, split: str, src_lang: str, tgt_lang:
 
 
 def _read_jsonl(path: Path, src_lang: str, tgt_lang: str) -> Dataset:
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            pair = record.get("translation", record)
-            if src_lang not in pair or tgt_lang not in pair:
-                raise ValueError(f"{path}:{number} has no {src_lang!r}/{tgt_lang!r} fields: {line.strip()[:200]}")
-            rows.append({src_lang: pair[src_lang], tgt_lang: pair[tgt_lang]})
-    if not rows:
+    """A JSON-lines file of `{"translation": {src: ..., tgt: ...}}` or `{src: ..., tgt: ...}` records, through
+    `datasets`' JSON loader (cached)."""
+    if path.stat().st_size == 0:
         raise ValueError(f"{path} holds no sentence pairs.")
-    return Dataset.from_dict({"translation": rows})
+    records = load_dataset("json", data_files={"train": str(path)}, split="train")
+    rows = records["translation"] if "translation" in records.column_names else records.to_list()
+    pairs = []
+    for number, record in enumerate(rows, 1):
+        if not isinstance(record, dict) or not isinstance(record.get(src_lang), str) or \
+                not isinstance(record.get(tgt_lang), str):
+            raise ValueError(f"{path}: record {number} has no {src_lang!r}/{tgt_lang!r} text fields: "
+                             f"{str(record)[:200]}")
+        pairs.append({src_lang: record[src_lang], tgt_lang: record[tgt_lang]})
+    if not pairs:
+        raise ValueError(f"{path} holds no sentence pairs.")
+    return Dataset.from_dict({"translation": pairs})
 
 
 def load_parallel_corpus(

@@ -1,5 +1,6 @@
 """Offline translation metrics (sacreBLEU BLEU and chrF) and checkpoint averaging."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -46,12 +47,28 @@ def build_compute_metrics(tokenizer):
     return compute_metrics
 
 
+def load_safetensors_state(folder: str | Path) -> dict[str, torch.Tensor]:
+    """The weights a checkpoint folder holds: `model.safetensors`, or every shard named by
+    `model.safetensors.index.json` (what `save_pretrained` writes past `max_shard_size`)."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        state = {}
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            state.update(load_file(folder / shard))
+        return state
+    if not (folder / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{folder} holds no model.safetensors (or sharded index).")
+    return load_file(folder / "model.safetensors")
+
+
 def average_checkpoints(checkpoint_dirs: list[str | Path]) -> dict[str, torch.Tensor]:
-    """Element-wise mean of the `model.safetensors` weights of several checkpoints (as the papers average the last
-    5-20). Integer buffers are taken from the last checkpoint."""
+    """Element-wise mean of the safetensors weights (single file or shards) of several checkpoints (as the papers
+    average the last 5-20). Integer buffers are taken from the last checkpoint. By hand: no library averages
+    Transformers checkpoints (fairseq's `average_checkpoints.py` reads fairseq's own format)."""
     if not checkpoint_dirs:
         raise ValueError("average_checkpoints needs at least one checkpoint.")
-    state_dicts = [load_file(Path(folder) / "model.safetensors") for folder in checkpoint_dirs]
+    state_dicts = [load_safetensors_state(folder) for folder in checkpoint_dirs]
     averaged = {}
     for name, last in state_dicts[-1].items():
         if last.is_floating_point():

@@ -26,8 +26,12 @@ class HybridAttention(MgsaAttention):
     With `attn_implementation="eager"` both distributions are formed as (B, H, L, L) and their gated mix is returned
     as the attention weights (for analysis). Otherwise the global context comes from the configured kernel (SDPA) and
     the local one from the 2m + 1 keys of each window, so the layer costs about what plain attention does and holds
-    nothing of size L × L; it returns no weights. Attention dropout applies to each distribution.
+    nothing of size L × L; it returns no weights. Attention dropout applies to each distribution. Backends: `eager`
+    and `sdpa` (flex and flash attention's masks cannot take the additive key mask of the global pattern, so they
+    raise).
     """
+
+    supported_attn_implementations = ("eager", "sdpa")
 
     def __init__(self, config, num_heads: int, is_decoder: bool = False, is_causal: bool = False, layer_idx=None,
                  **kwargs):
@@ -88,6 +92,7 @@ class HybridAttention(MgsaAttention):
         """
         if key_value_states is not None or past_key_values is not None:
             raise ValueError("HybridAttention is an encoder self-attention: it takes no key_value_states or cache.")
+        self.check_attn_implementation()
         padding_mask = (
             syntax.padding_mask
             if syntax is not None

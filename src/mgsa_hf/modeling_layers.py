@@ -136,6 +136,9 @@ class MgsaAttention(nn.Module):
     self-attention of a T5 stack owns the bias table (`has_relative_attention_bias`, T5's `relative_attention_bias`).
     """
 
+    # attention backends (`config._attn_implementation`) a subclass runs with; None: every backend transformers has
+    supported_attn_implementations: tuple[str, ...] | None = None
+
     def __init__(
         self,
         config,
@@ -200,6 +203,18 @@ class MgsaAttention(nn.Module):
         """Attention logits (B, H, T, S) of queries and keys (B, H, ·, d_h), with T5's relative bias when given."""
         energy = torch.matmul(query, key.transpose(-1, -2)) * self.scaling
         return energy if position_bias is None else energy + position_bias
+
+    def check_attn_implementation(self) -> None:
+        """A clear error when the configured attention backend is one this variant does not run with (instead of a
+        crash inside the kernel or a silent fallback)."""
+        backend = self.config._attn_implementation
+        supported = self.supported_attn_implementations
+        if supported is not None and backend is not None and backend not in supported:  # None: a bare layer, SDPA
+            raise ValueError(
+                f"{type(self).__name__} (encoder_type={self.config.encoder_type!r}) runs with attn_implementation "
+                f"in {list(supported)}, got {backend!r}: load or build the model with attn_implementation='sdpa' "
+                f"(or 'eager' for the explicit attention weights), or call `model.set_attn_implementation('sdpa')`."
+            )
 
     def attention_dropout(self, weights: torch.Tensor) -> torch.Tensor:
         return nn.functional.dropout(weights, p=self.dropout, training=self.training)

@@ -242,9 +242,14 @@ class PhraseMemoryAttention(MgsaAttention):
     group. On the T5 backbone the word heads add T5's relative position bias; the phrase heads attend over phrases,
     which have no token position, and get none.
 
+    Backends: `eager` (explicit weights) and `sdpa`; the phrase heads' keys are not the tokens', which flex and
+    flash attention's masks cannot express, so they raise.
+
     New modules: `composition` (`sans`: `query_weight`, `key_weight`; `lstm`: `lstm`), `interaction` (`nn.LSTM` or
     [`OnLstm`], shared by the granularities, which run as one batch) and `tag_classifier` (W_t, b_t of Eq. 9).
     """
+
+    supported_attn_implementations = ("eager", "sdpa")
 
     def __init__(self, config, num_heads: int, is_decoder: bool = False, is_causal: bool = False, layer_idx=None,
                  **kwargs):
@@ -288,6 +293,7 @@ class PhraseMemoryAttention(MgsaAttention):
         """
         if syntax is None:
             raise ValueError("PhraseMemoryAttention needs `syntax`: the `MgsaSyntaxInputs` that `MgsaEncoder` passes.")
+        self.check_attn_implementation()
         partition = syntax.cached("phrase_memory.partition", lambda: phrase_partition(self.config, syntax))
         phrases = self.composition(hidden_states, partition)
         if self.tag_classifier is not None and syntax.phrase_tags is not None:

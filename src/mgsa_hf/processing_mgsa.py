@@ -266,11 +266,14 @@ class MgsaProcessor(ProcessorMixin):
         return _token_fields(syntax, token_words, self.phrase_levels, self.tag_vocab, self.pr_phrase_words)
 
     def _piece_offsets(self, text, special_tokens_mask):
-        """Character spans of the tokens of a tokenizer without offsets (content tokens are its pieces of `text`, in
-        order, cut by right truncation)."""
-        spans = iter(piece_offsets(text, self.tokenizer.tokenize(text)))
+        """Character spans of the tokens of a tokenizer without offsets. Its pieces of `text` (surface strings, also
+        for characters its vocabulary lacks) stand one for one with the ids, the special tokens it appends coming
+        last, so piece i is matched in `text` for id i, a special token written in the text (a literal `</s>`)
+        included: no later piece shifts. Special tokens get (0, 0)."""
+        spans = piece_offsets(text, self.tokenizer.tokenize(text))
         end = (len(text), len(text))
-        return [(0, 0) if special else next(spans, end) for special in special_tokens_mask]
+        return [(0, 0) if special else (spans[i] if i < len(spans) else end)
+                for i, special in enumerate(special_tokens_mask)]
 
     def relative_local_positions(self, encoding) -> tuple[torch.Tensor, torch.Tensor]:
         """Dense RHE relative local-phrasal positions of a batch returned with `return_tensors="pt"`, for analysis

@@ -68,6 +68,9 @@ class RheAttention(MgsaAttention):
     head is important iff Syn_attn > Syn_gate. `rhe_mode`: `"rhe"` gives redundant heads the SEA distribution,
     `"rhe_prune"` zeroes them, `"sea_all"` uses SEA on every head (no identification). The labels, (B, H) long with
     1 = important, are recorded as `syntax.record("head_labels", ...)` in the `"rhe"` and `"rhe_prune"` modes.
+
+    Backends: the identification needs every head's full distribution A, so the layer computes its attention
+    explicitly whatever `attn_implementation` says (the model's other layers use the configured kernel).
     """
 
     def __init__(self, config, num_heads: int, is_decoder: bool = False, is_causal: bool = False, layer_idx=None,

@@ -14,6 +14,7 @@ import gzip
 import io
 import json
 import re
+import unicodedata
 from collections.abc import Iterable, Iterator
 from itertools import chain, islice
 from pathlib import Path
@@ -156,21 +157,35 @@ def _train_marian_tokenizer(sentences, vocab_size, model_max_length, output_dir)
 def piece_offsets(text: str, pieces: list[str]) -> list[tuple[int, int]]:
     """Character spans of SentencePiece pieces in `text` (the text they were cut from), end exclusive.
 
-    A piece without its `▁` word-boundary markers is matched at its first occurrence that starts at most
-    [`MAX_PIECE_SKIP`] characters after the previous match and any whitespace following it. A piece that is only
-    `▁`, or that does not occur there (text changed by normalisation, a language code), gets an empty span at the
-    current position, so the spans stay ordered.
+    SentencePiece cuts the NFKC-normalised text (`ﬁ` → `fi`, `…` → `...`, full-width letters → ASCII), so the pieces
+    are matched in the text normalised character by character, and each match is mapped back to the original
+    characters it came from: a piece never points at the wrong characters. A piece without its `▁` word-boundary
+    markers is matched at its first occurrence that starts at most [`MAX_PIECE_SKIP`] characters after the previous
+    match and any whitespace following it. A piece that is only `▁`, or that does not occur there (a language code,
+    an unknown character), gets an empty span at the current position, so the spans stay ordered.
     """
+    normalized, origin = _nfkc_with_origin(text)
     spans, position = [], 0
     for piece in pieces:
-        surface = piece.replace(SPIECE_UNDERLINE, " ").strip()
+        surface = unicodedata.normalize("NFKC", piece.replace(SPIECE_UNDERLINE, " ")).strip()
         if surface:
-            match = _NON_SPACE.search(text, position)
-            search_from = match.start() if match else len(text)
-            start = text.find(surface, search_from, search_from + MAX_PIECE_SKIP + len(surface))
+            match = _NON_SPACE.search(normalized, position)
+            search_from = match.start() if match else len(normalized)
+            start = normalized.find(surface, search_from, search_from + MAX_PIECE_SKIP + len(surface))
             if start >= 0:
                 position = start + len(surface)
-                spans.append((start, position))
+                spans.append((origin[start], origin[position - 1] + 1))
                 continue
-        spans.append((position, position))
+        spans.append((origin[position] if position < len(origin) else len(text),) * 2)
     return spans
+
+
+def _nfkc_with_origin(text: str) -> tuple[str, list[int]]:
+    """`text` NFKC-normalised one character at a time, and for each normalised character the index of the original
+    character it comes from."""
+    pieces, origin = [], []
+    for index, character in enumerate(text):
+        normalized = unicodedata.normalize("NFKC", character)
+        pieces.append(normalized)
+        origin.extend([index] * len(normalized))
+    return "".join(pieces), origin

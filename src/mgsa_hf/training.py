@@ -190,7 +190,8 @@ def _references(dataset, lang: str) -> list[str]:
 
 
 def _checkpoints(folder: Path) -> list[Path]:
-    found = [path for path in folder.glob("checkpoint-*") if (path / "model.safetensors").is_file()]
+    found = [path for path in folder.glob("checkpoint-*")
+             if (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()]
     return sorted(found, key=lambda path: int(path.name.split("-")[-1]))
 
 
