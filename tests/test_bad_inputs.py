@@ -10,6 +10,17 @@ from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration, MgsaProcessor
 ENCODER_TYPES = ["transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe"]
 
 
+def tiny_config(processor, encoder_type: str, **fields) -> MgsaConfig:
+    """A tiny model of `encoder_type` for the processor's vocabulary."""
+    tokenizer = processor.tokenizer
+    return MgsaConfig(
+        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, decoder_start_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, d_model=32, encoder_layers=2, decoder_layers=1,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_position_embeddings=128, encoder_type=encoder_type, num_phrase_tags=len(processor.phrase_tags), **fields,
+    )
+
+
 @pytest.mark.parametrize(
     ("text", "error", "match"),
     [
@@ -50,14 +61,8 @@ def test_pipeline_that_is_not_installed(multi30k_processor):
 def test_over_long_text_without_truncation(multi30k_processor, encoder_type):
     """A 1000-word sentence: truncated with its syntax fields when `truncation=True`; without truncation the model
     raises a clear error naming `truncation=True` and its limit."""
-    tokenizer = multi30k_processor.tokenizer
-    config = MgsaConfig(
-        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, decoder_start_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, d_model=32, encoder_layers=1, decoder_layers=1,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-        max_position_embeddings=128, encoder_type=encoder_type, num_phrase_tags=len(multi30k_processor.phrase_tags),
-        phrase_memory_layers=[0], hybrid_layers=[0], rhe_layers=[0],
-    )
+    config = tiny_config(multi30k_processor, encoder_type, encoder_layers=1, phrase_memory_layers=[0],
+                         hybrid_layers=[0], rhe_layers=[0])
     model = MgsaForConditionalGeneration(config).eval()
     text = " ".join(["a dog runs in the park ."] * 170)  # 1020 words
     truncated = multi30k_processor([text], max_length=128, truncation=True, return_tensors="pt")
@@ -119,14 +124,7 @@ def test_alignment_does_not_depend_on_normalisation(request, processor_name):
 def test_attention_backends_run_or_say_which_they_support(multi30k_processor, multi30k_val, encoder_type):
     """eager and sdpa give the same loss for every encoder type; flex attention runs or raises a ValueError naming
     the backends the variant supports, never a crash inside the kernel."""
-    tokenizer = multi30k_processor.tokenizer
-    config = MgsaConfig(
-        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, decoder_start_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, d_model=32, encoder_layers=2, decoder_layers=1,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-        max_position_embeddings=128, encoder_type=encoder_type, num_phrase_tags=len(multi30k_processor.phrase_tags),
-        dropout=0.0, attention_dropout=0.0,
-    )
+    config = tiny_config(multi30k_processor, encoder_type, dropout=0.0, attention_dropout=0.0)
     sources, targets = (sentences[:3] for sentences in multi30k_val)
     batch = dict(multi30k_processor(sources, text_target=targets, return_tensors="pt"))
     torch.manual_seed(0)
