@@ -13,11 +13,12 @@ ENCODER_TYPES = ["transformer", "phrase_memory", "phrase_representation", "hybri
 def tiny_config(processor, encoder_type: str, **fields) -> MgsaConfig:
     """A tiny model of `encoder_type` for the processor's vocabulary."""
     tokenizer = processor.tokenizer
+    sizes = dict(d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+                 encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128)
     return MgsaConfig(
         vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, decoder_start_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, d_model=32, encoder_layers=2, decoder_layers=1,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-        max_position_embeddings=128, encoder_type=encoder_type, num_phrase_tags=len(processor.phrase_tags), **fields,
+        eos_token_id=tokenizer.eos_token_id, encoder_type=encoder_type, num_phrase_tags=len(processor.phrase_tags),
+        **{**sizes, **fields},
     )
 
 
