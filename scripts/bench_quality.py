@@ -211,9 +211,11 @@ def train(args, name: str, budget: dict) -> None:
 
 def common_step(run_dirs: list[Path]) -> int:
     """The last checkpoint step that every run has reached (its checkpoint still on disk)."""
+    from mgsa_hf.prepared_training import checkpoint_steps
+
     reached = []
     for run_dir in run_dirs:
-        steps = {int(path.stem.split("-")[1]) for path in (run_dir / "checkpoints").glob("step-*.safetensors")}
+        steps = set(checkpoint_steps(run_dir))
         if not steps:
             raise SystemExit(f"{run_dir} has no checkpoint: nothing to finish at.")
         reached.append(steps)

@@ -239,15 +239,15 @@ def peak_memory_cpu_child(args) -> None:
     print(json.dumps({"peak_mib": (peak_kib - rss_kib) / 1024}))
 
 
-def peak_memory_cpu(workdir: Path, backbone: str, size: str, fields: dict) -> float:
-    command = [sys.executable, __file__, "--memory-child", "--memory-batch", str(workdir / "inputs.pt"),
+def peak_memory_cpu(inputs_path: Path, backbone: str, size: str, fields: dict) -> float:
+    command = [sys.executable, __file__, "--memory-child", "--memory-batch", str(inputs_path),
                "--memory-backbone", backbone, "--memory-size", size, "--memory-fields", json.dumps(fields),
                "--threads", str(torch.get_num_threads())]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])["peak_mib"]
 
 
-def benchmark_size(args, inputs: dict, workdir: Path, backbone: str, size: str, device) -> dict:
+def benchmark_size(args, inputs: dict, inputs_path: Path, backbone: str, size: str, device) -> dict:
     train_batches, gen_batches, long_batch = inputs["train_batches"], inputs["gen_batches"], inputs["long_batch"]
     amp = args.dtype == "bf16"
     models = {
@@ -263,7 +263,7 @@ def benchmark_size(args, inputs: dict, workdir: Path, backbone: str, size: str, 
         memory = {name: peak_memory_cuda(model, long_batch, device, amp) for name, model in models.items()}
     else:
         memory = {
-            name: peak_memory_cpu(workdir, backbone, size, fields) for name, fields in args.variants.items()
+            name: peak_memory_cpu(inputs_path, backbone, size, fields) for name, fields in args.variants.items()
         }
     compiled = None
     if args.compile_check and size == args.sizes[0]:
@@ -444,14 +444,16 @@ def main(argv=None) -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA device here.")
-    inputs = torch.load(args.inputs) if args.inputs else build_inputs(args)
     with tempfile.TemporaryDirectory() as folder:
-        workdir = Path(folder)
-        torch.save(inputs, workdir / "inputs.pt")
+        if args.inputs:
+            inputs, inputs_path = torch.load(args.inputs), Path(args.inputs)
+        else:  # the CPU memory probes (subprocesses) read the batches from a file
+            inputs, inputs_path = build_inputs(args), Path(folder) / "inputs.pt"
+            torch.save(inputs, inputs_path)
         results = []
         for backbone in args.backbones:
             for size in args.sizes:  # written after each size, so a long run keeps what it has measured
-                results.append(benchmark_size(args, inputs, workdir, backbone, size, device))
+                results.append(benchmark_size(args, inputs, inputs_path, backbone, size, device))
                 write_results(args, results)
 
 

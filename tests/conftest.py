@@ -67,3 +67,22 @@ def marian_processor(tmp_path_factory):
         tokenizer_type="marian",
     )
     return MgsaProcessor(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_config():
+    """Factory of tiny `MgsaConfig`s (32 wide, 2+1 layers) for a processor's vocabulary and phrase tags:
+    `tiny_config(processor, encoder_type, **fields)`, `fields` overriding sizes and setting variant fields."""
+    from mgsa_hf import MgsaConfig
+
+    def make(processor, encoder_type: str, **fields) -> MgsaConfig:
+        tokenizer = processor.tokenizer
+        sizes = dict(d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128)
+        return MgsaConfig(
+            vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+            decoder_start_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+            encoder_type=encoder_type, num_phrase_tags=len(processor.phrase_tags), **{**sizes, **fields},
+        )
+
+    return make

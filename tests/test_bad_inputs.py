@@ -4,22 +4,10 @@ spaCy: the processor, `syntax()`, and forward/generate of every encoder type."""
 import pytest
 import torch
 
-from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration, MgsaProcessor
+from mgsa_hf import MgsaForConditionalGeneration, MgsaProcessor
 
 
 ENCODER_TYPES = ["transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe"]
-
-
-def tiny_config(processor, encoder_type: str, **fields) -> MgsaConfig:
-    """A tiny model of `encoder_type` for the processor's vocabulary."""
-    tokenizer = processor.tokenizer
-    sizes = dict(d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
-                 encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128)
-    return MgsaConfig(
-        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, decoder_start_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, encoder_type=encoder_type, num_phrase_tags=len(processor.phrase_tags),
-        **{**sizes, **fields},
-    )
 
 
 @pytest.mark.parametrize(
@@ -59,7 +47,7 @@ def test_pipeline_that_is_not_installed(multi30k_processor):
 
 
 @pytest.mark.parametrize("encoder_type", ENCODER_TYPES)
-def test_over_long_text_without_truncation(multi30k_processor, encoder_type):
+def test_over_long_text_without_truncation(multi30k_processor, tiny_config, encoder_type):
     """A 1000-word sentence: truncated with its syntax fields when `truncation=True`; without truncation the model
     raises a clear error naming `truncation=True` and its limit."""
     config = tiny_config(multi30k_processor, encoder_type, encoder_layers=1, phrase_memory_layers=[0],
@@ -122,7 +110,8 @@ def test_alignment_does_not_depend_on_normalisation(request, processor_name):
 
 
 @pytest.mark.parametrize("encoder_type", ENCODER_TYPES)
-def test_attention_backends_run_or_say_which_they_support(multi30k_processor, multi30k_val, encoder_type):
+def test_attention_backends_run_or_say_which_they_support(multi30k_processor, multi30k_val, tiny_config,
+                                                          encoder_type):
     """eager and sdpa give the same loss for every encoder type; flex attention runs or raises a ValueError naming
     the backends the variant supports, never a crash inside the kernel."""
     config = tiny_config(multi30k_processor, encoder_type, dropout=0.0, attention_dropout=0.0)

@@ -38,15 +38,10 @@ def loss_and_gradients(config: MgsaConfig, batch: dict, checkpointing: bool):
 
 
 @pytest.mark.parametrize("encoder_type", list(ROWS))
-def test_gradient_checkpointing_gives_the_same_loss_and_gradients(encoder_type, multi30k_processor, batch):
-    tokenizer = multi30k_processor.tokenizer
-    config = MgsaConfig(
-        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, decoder_start_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, d_model=32, encoder_layers=2, decoder_layers=2,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-        max_position_embeddings=128, dropout=0.0, attention_dropout=0.0, encoder_type=encoder_type,
-        num_phrase_tags=len(multi30k_processor.phrase_tags), **ROWS[encoder_type],
-    )
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients(encoder_type, multi30k_processor, batch,
+                                                                   tiny_config):
+    config = tiny_config(multi30k_processor, encoder_type, decoder_layers=2, dropout=0.0, attention_dropout=0.0,
+                         **ROWS[encoder_type])
     plain, plain_gradients = loss_and_gradients(config, batch, checkpointing=False)
     checkpointed, checkpointed_gradients = loss_and_gradients(config, batch, checkpointing=True)
     torch.testing.assert_close(checkpointed.loss, plain.loss)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-from mgsa_hf import MgsaConfig, MgsaDataCollator, MgsaForConditionalGeneration, MgsaSeq2SeqTrainer
+from mgsa_hf import MgsaDataCollator, MgsaForConditionalGeneration, MgsaSeq2SeqTrainer
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -18,18 +18,12 @@ def features(multi30k_processor, multi30k_val):
     return [{key: encoding[key][i] for key in encoding} for i in range(len(sources))]
 
 
-def make_trainer(trainer_class, processor, features, tmp_path, weight: float, smoothing: float = 0.1,
+def make_trainer(trainer_class, tiny_config, processor, features, tmp_path, weight: float, smoothing: float = 0.1,
                  **arguments):
     torch.manual_seed(0)
-    tokenizer = processor.tokenizer
-    config = MgsaConfig(  # MG-SA Table 3 row 4: syntactic phrases + tag supervision, tiny
-        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, decoder_start_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, d_model=32, encoder_layers=2, decoder_layers=1,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-        max_position_embeddings=128, dropout=0.0, attention_dropout=0.0, encoder_type="phrase_memory",
-        phrase_partition="syntactic", phrase_tag_supervision=True, num_phrase_tags=len(processor.phrase_tags),
-        phrase_tag_loss_weight=weight,
-    )
+    # MG-SA Table 3 row 4: syntactic phrases + tag supervision, tiny
+    config = tiny_config(processor, "phrase_memory", dropout=0.0, attention_dropout=0.0, phrase_partition="syntactic",
+                         phrase_tag_supervision=True, phrase_tag_loss_weight=weight)
     model = MgsaForConditionalGeneration(config)
     args = Seq2SeqTrainingArguments(
         output_dir=str(tmp_path), label_smoothing_factor=smoothing, per_device_train_batch_size=4, max_steps=2,
@@ -43,12 +37,12 @@ def batch_of(trainer, features):
     return trainer._prepare_inputs(trainer.data_collator(features[:4]))
 
 
-def test_label_smoothed_loss_includes_tag_loss(multi30k_processor, features, tmp_path):
+def test_label_smoothed_loss_includes_tag_loss(multi30k_processor, tiny_config, features, tmp_path):
     """Under label smoothing 0.1 the Trainer's loss moves with λ by exactly λ × the model's tag loss; plain
     `Seq2SeqTrainer` drops the term (the reason this class exists)."""
     losses, tag_losses = {}, {}
     for weight in (0.001, 1000.0):
-        trainer = make_trainer(MgsaSeq2SeqTrainer, multi30k_processor, features, tmp_path, weight)
+        trainer = make_trainer(MgsaSeq2SeqTrainer, tiny_config, multi30k_processor, features, tmp_path, weight)
         trainer.model.train()
         torch.manual_seed(1)
         loss, outputs = trainer.compute_loss(trainer.model, batch_of(trainer, features), return_outputs=True)
@@ -60,14 +54,14 @@ def test_label_smoothed_loss_includes_tag_loss(multi30k_processor, features, tmp
 
     plain = []
     for weight in (0.001, 1000.0):
-        trainer = make_trainer(Seq2SeqTrainer, multi30k_processor, features, tmp_path, weight)
+        trainer = make_trainer(Seq2SeqTrainer, tiny_config, multi30k_processor, features, tmp_path, weight)
         torch.manual_seed(1)
         plain.append(trainer.compute_loss(trainer.model, batch_of(trainer, features)).item())
     assert plain[0] == pytest.approx(plain[1])
 
 
-def test_tag_classifier_trains_and_tag_loss_is_logged(multi30k_processor, features, tmp_path):
-    trainer = make_trainer(MgsaSeq2SeqTrainer, multi30k_processor, features, tmp_path, 1.0)
+def test_tag_classifier_trains_and_tag_loss_is_logged(multi30k_processor, tiny_config, features, tmp_path):
+    trainer = make_trainer(MgsaSeq2SeqTrainer, tiny_config, multi30k_processor, features, tmp_path, 1.0)
     classifiers = [layer.self_attn.tag_classifier for layer in trainer.model.get_encoder().layers
                    if getattr(layer.self_attn, "tag_classifier", None) is not None]
     assert classifiers
@@ -78,10 +72,10 @@ def test_tag_classifier_trains_and_tag_loss_is_logged(multi30k_processor, featur
     assert len(logged) == 2 and all(entry["tag_loss"] > 0 for entry in logged)
 
 
-def test_gradient_accumulation_keeps_the_tag_share(multi30k_processor, features, tmp_path):
+def test_gradient_accumulation_keeps_the_tag_share(multi30k_processor, tiny_config, features, tmp_path):
     """With 2 accumulation steps the tag term of each micro-batch is halved when the Trainer normalises the
     translation loss over the accumulated batch, so that λ means the same with and without accumulation."""
-    trainer = make_trainer(MgsaSeq2SeqTrainer, multi30k_processor, features, tmp_path, 1000.0,
+    trainer = make_trainer(MgsaSeq2SeqTrainer, tiny_config, multi30k_processor, features, tmp_path, 1000.0,
                            gradient_accumulation_steps=2)
     trainer.model.train()
     scaled = trainer._translation_loss_scaled_for_accumulation(num_items_in_batch=torch.tensor(10))

@@ -48,9 +48,11 @@ def build_compute_metrics(tokenizer):
 
 
 def load_safetensors_state(folder: str | Path) -> dict[str, torch.Tensor]:
-    """The weights a checkpoint folder holds: `model.safetensors`, or every shard named by
-    `model.safetensors.index.json` (what `save_pretrained` writes past `max_shard_size`)."""
+    """The weights of a checkpoint: a `.safetensors` file, or a folder's `model.safetensors` or every shard named by
+    its `model.safetensors.index.json` (what `save_pretrained` writes past `max_shard_size`)."""
     folder = Path(folder)
+    if folder.suffix == ".safetensors" and folder.is_file():
+        return load_file(folder)
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         state = {}
@@ -63,9 +65,9 @@ def load_safetensors_state(folder: str | Path) -> dict[str, torch.Tensor]:
 
 
 def average_checkpoints(checkpoint_dirs: list[str | Path]) -> dict[str, torch.Tensor]:
-    """Element-wise mean of the safetensors weights (single file or shards) of several checkpoints (as the papers
-    average the last 5-20). Integer buffers are taken from the last checkpoint. By hand: no library averages
-    Transformers checkpoints (fairseq's `average_checkpoints.py` reads fairseq's own format)."""
+    """Element-wise mean of the safetensors weights of several checkpoints (files, or folders of one file or of
+    shards), as the papers average the last 5-20. Integer buffers are taken from the last checkpoint. By hand: no
+    library averages Transformers checkpoints (fairseq's `average_checkpoints.py` reads fairseq's own format)."""
     if not checkpoint_dirs:
         raise ValueError("average_checkpoints needs at least one checkpoint.")
     state_dicts = [load_safetensors_state(folder) for folder in checkpoint_dirs]

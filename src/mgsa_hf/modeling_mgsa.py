@@ -169,8 +169,8 @@ def check_length(tokens: torch.Tensor, past_length: int, limit: int, side: str) 
     longer than the model's `max_position_embeddings`."""
     length = past_length + tokens.shape[1]
     if length > limit:
-        hint = ("tokenize with `truncation=True, max_length=" + str(limit) + "`" if side == "source"
-                else "generate at most " + str(limit) + " tokens (`max_new_tokens`)")
+        hint = (f"tokenize with `truncation=True, max_length={limit}`" if side == "source"
+                else f"generate at most {limit} tokens (`max_new_tokens`)")
         raise ValueError(f"The {side} sequence has {length} tokens but the model has position embeddings for "
                          f"`max_position_embeddings` = {limit}: {hint}.")
 

@@ -457,17 +457,20 @@ def _checkpoints(folder: Path) -> list[Path]:
     return sorted(folder.glob("step-*.safetensors"), key=_step_of)
 
 
+def checkpoint_steps(run_dir: str | Path) -> list[int]:
+    """The steps of the checkpoints a run keeps on disk, in order."""
+    return [_step_of(path) for path in _checkpoints(Path(run_dir) / "checkpoints")]
+
+
 def _finish(corpus, run_dir, model, recipe, row, seed, step, train_seconds, device) -> dict:
-    from safetensors.torch import load_file
+    from .evaluation import average_checkpoints
 
     # a run trained past `max_steps` (the comparison finished at an earlier step) is scored at `max_steps`
     checkpoints = [path for path in _checkpoints(run_dir / "checkpoints") if _step_of(path) <= recipe.max_steps]
     checkpoints = checkpoints[-recipe.average_last :]
     steps_per_second = step / max(train_seconds, 1e-9)
     if checkpoints:  # the element-wise mean of the last checkpoints, as the papers decode
-        states = [load_file(path) for path in checkpoints]
-        model.load_state_dict({name: torch.stack([s[name] for s in states]).mean(0).to(model.device)
-                               for name in states[-1]})
+        model.load_state_dict(average_checkpoints(checkpoints))
         step = min(step, _step_of(checkpoints[-1]))
     tokenizer = corpus.tokenizer()
     target_lang = corpus.manifest["target_lang"]
