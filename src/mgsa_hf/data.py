@@ -1,12 +1,18 @@
 """Parallel corpora: a folder of `{split}.{lang}[.gz]` files (e.g. Multi30k), a JSONL file, or a Hub dataset id.
 
 Every loader returns a `datasets.DatasetDict` whose splits have a `translation` column of `{src_lang: ..., tgt_lang:
-...}` dicts, the layout of Hub translation datasets. Problems with the files are reported before any training starts.
+...}` dicts, the layout of Hub translation datasets, and, when trees of the source sentences are given (tree files or
+a column of the data), a `source_tree` column of PTB bracketed strings (`None`: the processor's own tree). Problems
+with the files are reported before any training starts.
 """
 
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_dataset
+
+
+# the column of the source sentences' PTB trees in the loaded corpus
+TREE_COLUMN = "source_tree"
 
 
 def _find_split_file(folder: Path, split: str, lang: str) -> Path:
@@ -42,13 +48,22 @@ def read_parallel_split(folder: str | Path, split: str, src_lang: str, tgt_lang:
     return Dataset.from_dict({"translation": pairs})
 
 
-def _read_jsonl(path: Path, src_lang: str, tgt_lang: str) -> Dataset:
+def _read_jsonl(path: Path, src_lang: str, tgt_lang: str, tree_column: str | None = None) -> Dataset:
     """A JSON-lines file of `{"translation": {src: ..., tgt: ...}}` or `{src: ..., tgt: ...}` records, through
-    `datasets`' JSON loader (cached)."""
+    `datasets`' JSON loader (cached). `tree_column` names a top-level field of PTB trees of the source sentences
+    (records without it, or with `null` or `""`, have none)."""
     if path.stat().st_size == 0:
         raise ValueError(f"{path} holds no sentence pairs.")
     records = load_dataset("json", data_files={"train": str(path)}, split="train")
     rows = records["translation"] if "translation" in records.column_names else records.to_list()
+    trees = None
+    if tree_column is not None:
+        trees = records[tree_column] if tree_column in records.column_names else [None] * len(records)
+        for number, tree in enumerate(trees, 1):
+            if tree is not None and not isinstance(tree, str):
+                raise ValueError(f"{path}: record {number} has a {type(tree).__name__} as {tree_column!r}, not a PTB "
+                                 "bracketed string (or null).")
+        trees = [tree or None for tree in trees]
     pairs = []
     for number, record in enumerate(rows, 1):
         if not isinstance(record, dict) or not isinstance(record.get(src_lang), str) or \
@@ -58,14 +73,24 @@ def _read_jsonl(path: Path, src_lang: str, tgt_lang: str) -> Dataset:
         pairs.append({src_lang: record[src_lang], tgt_lang: record[tgt_lang]})
     if not pairs:
         raise ValueError(f"{path} holds no sentence pairs.")
-    return Dataset.from_dict({"translation": pairs})
+    if trees is not None:
+        _check_trees(trees, [pair[src_lang] for pair in pairs], f"{path}: the {tree_column!r} tree of record")
+    columns = {"translation": pairs} if trees is None else {"translation": pairs, TREE_COLUMN: trees}
+    return Dataset.from_dict(columns)
 
 
 def load_parallel_corpus(
-    source: str | Path, src_lang: str, tgt_lang: str, splits: dict[str, str], hub_config: str | None = None
+    source: str | Path,
+    src_lang: str,
+    tgt_lang: str,
+    splits: dict[str, str],
+    hub_config: str | None = None,
+    *,
+    tree_files: dict[str, str | Path] | None = None,
+    tree_column: str | None = None,
 ) -> DatasetDict:
     """
-    Load a parallel corpus.
+    Load a parallel corpus, and optionally PTB trees of its source sentences.
 
     Args:
         source: a folder of `{split}.{lang}[.gz]` files, a folder of `{split}.jsonl` files, a `.jsonl` file (used
@@ -74,25 +99,107 @@ def load_parallel_corpus(
         splits: our split name → the corpus' split name, e.g. `{"train": "train", "validation": "val",
             "test": "test_2016_flickr"}`; a split mapped to `None` is skipped.
         hub_config: the Hub dataset's configuration name (e.g. `"de-en"` for `wmt16`), if it has several.
+        tree_files: our split name → a file of PTB bracketed trees (`.gz` read compressed), one line per source
+            sentence of that split in order, an empty line where the processor should use its own tree (see
+            [`read_tree_file`]). Splits without a file get no trees.
+        tree_column: for JSONL files and Hub datasets: the field or column holding the PTB tree of each source
+            sentence (`null` or `""`: none).
 
     Returns:
-        `DatasetDict` with a `translation` column per split.
+        `DatasetDict` with a `translation` column per split, and a `source_tree` column ([`TREE_COLUMN`]) in every
+        split when `tree_files` or `tree_column` is given.
+
+    Raises:
+        `ValueError` for a tree file whose number of lines is not the split's number of sentences, a tree that does
+        not spell its sentence (naming the file and line), an unknown split, or `tree_files` and `tree_column`
+        together.
     """
+    if tree_files and tree_column:
+        raise ValueError("give the trees either as tree files per split or as a column of the data, not both.")
+    if tree_column is not None and (not isinstance(tree_column, str) or not tree_column):
+        raise ValueError(f"tree_column must be the name of a field of the data, got {tree_column!r}.")
     wanted = {name: corpus_split for name, corpus_split in splits.items() if corpus_split}
     path = Path(source)
     if path.is_dir():
         def read(corpus_split):
             jsonl = path / f"{corpus_split}.jsonl"
             if jsonl.is_file():
-                return _read_jsonl(jsonl, src_lang, tgt_lang)
+                return _read_jsonl(jsonl, src_lang, tgt_lang, tree_column)
+            if tree_column is not None:
+                raise ValueError(f"tree_column={tree_column!r} names a field of JSONL records or a column of a Hub "
+                                 f"dataset, but split {corpus_split!r} of {path} is a pair of text files: give its "
+                                 "trees as a tree file (`trees: {train: path}`) instead.")
             return read_parallel_split(path, corpus_split, src_lang, tgt_lang)
 
-        return DatasetDict({name: read(corpus_split) for name, corpus_split in wanted.items()})
-    if path.suffix == ".jsonl":
+        corpus = DatasetDict({name: read(corpus_split) for name, corpus_split in wanted.items()})
+    elif path.suffix == ".jsonl":
         if not path.is_file():
             raise FileNotFoundError(f"corpus file {path} does not exist.")
-        return DatasetDict({"train": _read_jsonl(path, src_lang, tgt_lang)})
-    if path.exists() or str(source).startswith((".", "/")):
+        corpus = DatasetDict({"train": _read_jsonl(path, src_lang, tgt_lang, tree_column)})
+    elif path.exists() or str(source).startswith((".", "/")):
         raise FileNotFoundError(f"corpus {source} is neither a folder of split files nor a .jsonl file.")
-    hub = load_dataset(str(source), hub_config)
-    return DatasetDict({name: hub[corpus_split] for name, corpus_split in wanted.items()})
+    else:
+        hub = load_dataset(str(source), hub_config)
+        corpus = DatasetDict({name: _hub_split(hub[corpus_split], name, tree_column)
+                              for name, corpus_split in wanted.items()})
+    return _with_tree_files(corpus, tree_files, src_lang) if tree_files else corpus
+
+
+def _hub_split(split: Dataset, name: str, tree_column: str | None) -> Dataset:
+    """A Hub split, with its tree column as [`TREE_COLUMN`] when `tree_column` is given."""
+    if tree_column is None:
+        return split
+    if tree_column not in split.column_names:
+        raise ValueError(f"tree_column={tree_column!r} is not a column of split {name!r} ({split.column_names}).")
+    split = split.select_columns(["translation", tree_column])
+    return split if tree_column == TREE_COLUMN else split.rename_column(tree_column, TREE_COLUMN)
+
+
+def _with_tree_files(corpus: DatasetDict, tree_files: dict, src_lang: str) -> DatasetDict:
+    unknown = sorted(set(tree_files) - set(corpus))
+    if unknown:
+        raise ValueError(f"tree files given for split(s) {unknown}, but the corpus has the splits {sorted(corpus)}.")
+    with_trees = {}
+    for name, split in corpus.items():
+        sources = [pair[src_lang] for pair in split["translation"]]
+        trees = read_tree_file(tree_files[name], sources, name) if tree_files.get(name) else [None] * len(sources)
+        with_trees[name] = split.add_column(TREE_COLUMN, trees)
+    return DatasetDict(with_trees)
+
+
+def read_tree_file(path: str | Path, sources: list[str], split: str = "train") -> list[str | None]:
+    """The PTB bracketed trees of a file with one line per source sentence of a split, in order: a tree on one line,
+    or an empty line where the processor should use its own tree (derived from the dependency parse, or from its
+    `tree_parser`). Each tree is read and its leaves checked against its sentence
+    ([`~mgsa_hf.syntax.match_words`]) here, before any training.
+
+    Raises:
+        `FileNotFoundError`; `ValueError` when the file has another number of lines than `sources`, or naming the
+        line of a tree that cannot be read or does not spell its sentence.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"tree file {path} for split {split!r} does not exist.")
+    lines = list(_text_lines(path))
+    if len(lines) != len(sources):
+        raise ValueError(
+            f"tree file {path} has {len(lines)} lines but split {split!r} has {len(sources)} source sentences: write "
+            "one PTB tree per source sentence, in order, on one line each, and an empty line where the processor "
+            "should use its own tree."
+        )
+    trees = [line.strip() or None for line in lines]
+    _check_trees(trees, sources, f"tree file {path}, line")
+    return trees
+
+
+def _check_trees(trees: list[str | None], sources: list[str], where: str) -> None:
+    """Reads every tree and matches its leaves to its sentence; a `ValueError` names `where` and the 1-based number
+    of the first bad one."""
+    from .syntax import match_words, parse_ptb
+
+    for number, (tree, text) in enumerate(zip(trees, sources, strict=True), 1):
+        if tree is not None:
+            try:
+                match_words(text, parse_ptb(tree)[1])
+            except ValueError as error:
+                raise ValueError(f"{where} {number} (sentence {text!r}): {error}") from None

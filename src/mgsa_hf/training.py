@@ -27,6 +27,13 @@ class TrainConfig:
     Everything one training run needs. Unknown keys are errors; `model`, `processor` and `training` hold the fields of
     the backbone's configuration (`MgsaConfig` for `backbone: marian`, `MgsaT5Config` for `backbone: t5`),
     `MgsaProcessor` and `Seq2SeqTrainingArguments` and are checked against them before any work starts.
+
+    Trees of the source sentences replace the processor's own (MG-SA's phrases and tags, PR's parse phrases and RHE's
+    local phrases then come from them): `trees` maps a split (`train`, `validation`, `test`) to a file of PTB
+    bracketed trees, one line per source sentence of that split as the corpus holds it (before
+    `max_*_samples`), an empty line where the processor's own tree is used; or `tree_column` names the field of the
+    JSONL records (or the column of the Hub dataset) that holds them. A plug-in parser for every sentence is a
+    `processor` setting instead (`processor: {tree_parser: "package.module:function"}`).
     """
 
     data: str = "../shared/data/multi30k"
@@ -34,6 +41,8 @@ class TrainConfig:
     target_lang: str = "de"
     splits: dict = field(default_factory=lambda: {"train": "train", "validation": "val", "test": "test_2016_flickr"})
     hub_config: str | None = None
+    trees: dict = field(default_factory=dict)
+    tree_column: str | None = None
     max_train_samples: int | None = None
     max_eval_samples: int | None = None
     max_test_samples: int | None = None
@@ -230,25 +239,33 @@ def _reads_source_syntax(config: TrainConfig) -> bool:
 def prepare(config: TrainConfig, training_args):
     """Corpus, processor and processed splits; the main process works first so the others read its caches. The
     corpus is parsed only when the model reads syntax (set `processor.with_syntax` to choose)."""
-    from .data import load_parallel_corpus
+    from .data import TREE_COLUMN, load_parallel_corpus
     from .processing_mgsa import MgsaProcessor
 
+    if config.trees is not None and not isinstance(config.trees, dict):
+        raise ValueError(f"`trees` maps a split to a file of PTB trees, e.g. {{train: train.trees}}, got "
+                         f"{config.trees!r}.")
     corpus = load_parallel_corpus(config.data, config.source_lang, config.target_lang, config.splits,
-                                  hub_config=config.hub_config)
+                                  hub_config=config.hub_config, tree_files=config.trees or None,
+                                  tree_column=config.tree_column)
     if "train" not in corpus:
         raise ValueError("the corpus needs a `train` split (see `splits`).")
+    tree_column = TREE_COLUMN if TREE_COLUMN in corpus["train"].column_names else None
     limits = {"train": config.max_train_samples, "validation": config.max_eval_samples,
               "test": config.max_test_samples}
     corpus = corpus.__class__({split: _limit(data, limits.get(split)) for split, data in corpus.items()})
     with training_args.main_process_first(desc="tokenizer"):
         tokenizer = _load_or_train_tokenizer(config, corpus["train"])
     processor = MgsaProcessor(tokenizer, **{"with_syntax": _reads_source_syntax(config), **config.processor})
+    if tree_column and not processor.with_syntax:
+        logger.warning("the model reads no syntax (encoder_type transformer): the given trees are not used.")
     flat = corpus.flatten()
     with training_args.main_process_first(desc="parsing"):
         processed = processor.map_dataset(
             flat,
             f"translation.{config.source_lang}",
             f"translation.{config.target_lang}",
+            tree_column,
             max_length=config.max_source_length,
             max_target_length=config.max_target_length,
             truncation=True,

@@ -1,0 +1,314 @@
+"""Constituency trees from a dependency parse, by a conversion learned from Penn Treebank trees.
+
+In a projective dependency tree, the constituents that a head word projects are nested spans: the head, then the
+head with its nearest dependents, then with more of them, up to its whole subtree. With `k` left and `m` right
+dependents (punctuation aside), every candidate is a point `(a, b)` of a `(k + 1) x (m + 1)` grid: the head plus
+its `a` nearest left and `b` nearest right dependents' subtrees. A head's projection chain is a set of grid points
+that grow on both sides (`a` and `b` never decrease), ending at the whole subtree. PTB's conventions pick the chain:
+an NP takes its determiners and adjectives at one level and each post-modifier at a level of its own
+(`(NP (NP a man) (PP in a red shirt))`), a clause takes its auxiliaries one by one (`(VP will (VP be (VP seen)))`)
+and its subject last (`(S (NP he) (VP ...))`).
+
+[`DependencyToConstituency`] scores each grid point with a log-linear model over features of the head and of the
+dependents inside and just outside the point (their dependency labels and POS tags), and picks per head the chain
+of greatest total score, then labels each chosen point with its most probable label chain (`S+VP` for an S whose only
+child is a VP, ...). The model is trained by `scripts/build_tree_model.py` on the gold trees of a Penn Treebank
+sample and parsed with the same spaCy pipeline; the package ships the result (`constituency_conversion.json.gz`).
+"""
+
+import functools
+import gzip
+import json
+from itertools import repeat
+from pathlib import Path
+
+import numpy as np
+
+from .syntax import ConstituencyTree, _projectivize
+
+
+MODEL_FILE = Path(__file__).with_name("constituency_conversion.json.gz")
+NO_CONSTITUENT = "-"
+# dependency labels of punctuation: such dependents are no grid step; they join the smallest chosen point around them
+_PUNCT_DEPS = frozenset({"punct"})
+_SUBJECT_DEPS = frozenset({"nsubj", "nsubjpass", "csubj", "csubjpass", "expl"})
+
+
+def projective_heads(heads: list[int]) -> list[int]:
+    """`heads` (roots pointing to themselves) with non-projective arcs lifted, so that every subtree is contiguous."""
+    return _projectivize(list(heads)) if not _is_projective(heads) else heads
+
+
+def _is_projective(heads) -> bool:
+    left, right, size = list(range(len(heads))), list(range(len(heads))), [1] * len(heads)
+    for word in _bottom_up(heads):
+        head = heads[word]
+        if head != word:
+            left[head], right[head] = min(left[head], left[word]), max(right[head], right[word])
+            size[head] += size[word]
+    return all(right[w] - left[w] + 1 == size[w] for w in range(len(heads)))
+
+
+def _bottom_up(heads) -> list[int]:
+    """Words ordered so that every dependent comes before its head (roots last). Assumes the heads form a forest."""
+    children = [[] for _ in heads]
+    order = [word for word, head in enumerate(heads) if head == word]
+    for word, head in enumerate(heads):
+        if head != word:
+            children[head].append(word)
+    for word in order:  # breadth-first from the roots
+        order += children[word]
+    return order[::-1]
+
+
+class HeadGrid:
+    """The candidate projections of every head of a projective dependency tree.
+
+    Attributes:
+        left_deps, right_deps (`list[list[int]]`): per word, its non-punctuation dependents on each side, nearest
+            first.
+        punct_deps (`list[list[int]]`): per word, its punctuation dependents.
+        first, last (`list[int]`): per word, the first and last word of its subtree.
+    """
+
+    def __init__(self, heads: list[int], deps: list[str]):
+        n = len(heads)
+        self.left_deps, self.right_deps, self.punct_deps = ([[] for _ in range(n)] for _ in range(3))
+        self.first, self.last = list(range(n)), list(range(n))
+        for word in _bottom_up(heads):
+            head = heads[word]
+            if head == word:
+                continue
+            self.first[head] = min(self.first[head], self.first[word])
+            self.last[head] = max(self.last[head], self.last[word])
+            if deps[word] in _PUNCT_DEPS:
+                self.punct_deps[head].append(word)
+            else:
+                (self.left_deps if word < head else self.right_deps)[head].append(word)
+        for word in range(n):
+            self.left_deps[word].sort(reverse=True)
+            self.right_deps[word].sort()
+
+    def span(self, head: int, a: int, b: int) -> tuple[int, int]:
+        """First and last word of point `(a, b)` of `head`; the whole subtree at the last point."""
+        left, right = self.left_deps[head], self.right_deps[head]
+        if a == len(left) and b == len(right):
+            return self.first[head], self.last[head]
+        return (self.first[left[a - 1]] if a else head), (self.last[right[b - 1]] if b else head)
+
+
+def point_features(grid: HeadGrid, head: int, a: int, b: int, tags, deps, heads) -> list[str]:
+    """Features of grid point `(a, b)` of `head`: the head, the nearest dependents outside and the outermost inside
+    on each side, subject inside / outside, whether the point is the whole subtree, the tags at and around its
+    edges."""
+    left, right = grid.left_deps[head], grid.right_deps[head]
+    k, m = len(left), len(right)
+    tag, parent = tags[head], heads[head]
+    first, last = grid.span(head, a, b)
+    inside_left = f"{deps[left[a - 1]]}/{tags[left[a - 1]]}" if a else "^"
+    outside_left = f"{deps[left[a]]}/{tags[left[a]]}" if a < k else "$"
+    inside_right = f"{deps[right[b - 1]]}/{tags[right[b - 1]]}" if b else "^"
+    outside_right = f"{deps[right[b]]}/{tags[right[b]]}" if b < m else "$"
+    subject = "in" if any(deps[w] in _SUBJECT_DEPS for w in left[:a]) else ""
+    subject += "out" if any(deps[w] in _SUBJECT_DEPS for w in left[a:]) else ""
+    full = (a == k) + 2 * (b == m)
+    return [
+        "bias",
+        f"t={tag}",
+        f"td={tag}|{deps[head]}",
+        f"tp={tag}|{tags[parent] if parent != head else 'ROOT'}",
+        f"tab={tag}|{min(a, 3)},{min(b, 3)}|{full}",
+        f"full={full}",
+        f"tfull={tag}|{deps[head]}|{full}",
+        f"il={inside_left}",
+        f"ol={outside_left}",
+        f"ir={inside_right}",
+        f"or={outside_right}",
+        f"til={tag}|{inside_left}",
+        f"tol={tag}|{outside_left}",
+        f"tir={tag}|{inside_right}",
+        f"tor={tag}|{outside_right}",
+        f"tolor={tag}|{outside_left}|{outside_right}",
+        f"tilir={tag}|{inside_left}|{inside_right}",
+        f"tilol={tag}|{inside_left}|{outside_left}",
+        f"tiror={tag}|{inside_right}|{outside_right}",
+        f"subj={tag}|{subject}",
+        f"len={min(last - first + 1, 8)}",
+        f"edges={tags[first]}|{tags[last]}",
+        f"around={tags[first - 1] if first else '^'}|{tags[last + 1] if last + 1 < len(tags) else '$'}",
+    ]
+
+
+def grid_points(grid: HeadGrid, head: int) -> list[tuple[int, int]]:
+    """All points `(a, b)` of `head`'s grid."""
+    return [(a, b) for a in range(len(grid.left_deps[head]) + 1) for b in range(len(grid.right_deps[head]) + 1)]
+
+
+class DependencyToConstituency:
+    """A learned dependency-to-constituency conversion (see the module docstring).
+
+    Args:
+        features (`dict[str, int]`): row of each feature in `weights`.
+        weights (`np.ndarray` of shape `(num_features, num_classes)`): log-linear weights.
+        classes (`list[str]`): label chains, top-down and joined by `+`; [`NO_CONSTITUENT`] is the class of a point
+            that is no constituent.
+    """
+
+    def __init__(self, features: dict[str, int], weights: np.ndarray, classes: list[str]):
+        self.features, self.weights, self.classes = features, np.asarray(weights, dtype=np.float32), list(classes)
+        self.none_class = self.classes.index(NO_CONSTITUENT)
+        self._weights_with_zero_row = np.concatenate([self.weights, np.zeros_like(self.weights[:1])])
+
+    @classmethod
+    def load(cls, path=MODEL_FILE) -> "DependencyToConstituency":
+        with gzip.open(path, "rt") as file:
+            data = json.load(file)
+        weights = np.asarray(data["weights"], dtype=np.float32).reshape(len(data["features"]), len(data["classes"]))
+        return cls({feature: i for i, feature in enumerate(data["features"])}, weights, data["classes"])
+
+    def save(self, path):
+        features = sorted(self.features, key=self.features.get)
+        weights = [round(float(weight), 4) for weight in self.weights.ravel()]
+        data = {"classes": self.classes, "features": features, "weights": weights}
+        with gzip.open(path, "wt") as file:
+            json.dump(data, file, separators=(",", ":"))
+
+    def logits(self, features: list[list[str]]) -> np.ndarray:
+        """Class scores of shape `(len(features), num_classes)` of points given by their feature lists (all of the
+        same length, as [`point_features`] makes them); unknown features score nothing."""
+        if not features:
+            return np.zeros((0, len(self.classes)), np.float32)
+        flat = [feature for point in features for feature in point]
+        # unknown features read the row of zeros after the weights
+        rows = np.fromiter(map(self.features.get, flat, repeat(len(self.features))), np.int64, len(flat))
+        return self._weights_with_zero_row[rows.reshape(len(features), -1)].sum(1)
+
+    def tree(self, heads: list[int], tags: list[str], deps: list[str]) -> ConstituencyTree:
+        """The constituency tree of a sentence from its dependency parse.
+
+        Args:
+            heads: head index of each word, roots pointing to themselves (non-projective arcs are lifted).
+            tags, deps: PTB POS tag and dependency label of each word.
+        """
+        heads = projective_heads(heads)
+        grid = HeadGrid(heads, deps)
+        points, features = [], []
+        for head in range(len(heads)):
+            for a, b in grid_points(grid, head):
+                points.append((head, a, b))
+                features.append(point_features(grid, head, a, b, tags, deps, heads))
+        logits = self.logits(features)
+        chains = _best_chains(grid, points, logits, self.none_class)
+        return _build_tree(grid, heads, tags, chains, self.classes)
+
+
+def _best_chains(grid, points, logits, none_class) -> dict[int, list[tuple[int, int, int]]]:
+    """Per head, the chosen points `(a, b, class, is_constituent)` from the innermost out: the chain of greatest total
+    score `log p(constituent) - log p(none)`. The whole subtree ends every chain of a head with dependents, to hold
+    them; `is_constituent` is false when it scores no more than none, and the tree then leaves that node out."""
+    shifted = logits - logits.max(1, keepdims=True)
+    log_sum = np.log(np.exp(shifted).sum(1))
+    none = shifted[:, none_class] - log_sum
+    label_logits = shifted.copy()
+    label_logits[:, none_class] = -np.inf
+    best_label = label_logits.argmax(1)
+    some = np.log(np.maximum(1.0 - np.exp(none), 1e-12))
+    gain = (some - none).tolist()
+    by_head = {}
+    for index, (head, a, b) in enumerate(points):
+        by_head.setdefault(head, {})[(a, b)] = index
+    chains = {}
+    for head, grid_index in by_head.items():
+        k, m = len(grid.left_deps[head]), len(grid.right_deps[head])
+        has_dependents = k + m + len(grid.punct_deps[head]) > 0
+        # best[a][b]: best total of a chain ending at (a, b) (inclusive); back-pointers by prefix maxima
+        best, back = {}, {}
+        for a in range(k + 1):
+            for b in range(m + 1):
+                score = gain[grid_index[(a, b)]]
+                forced = has_dependents and (a, b) == (k, m)
+                if score <= 0 and not forced:
+                    continue
+                previous = max(((best[p], p) for p in best if p[0] <= a and p[1] <= b), default=(0.0, None))
+                best[(a, b)], back[(a, b)] = previous[0] + score, previous[1]
+        if not best:
+            continue
+        end = (k, m) if has_dependents else max(best, key=best.get)
+        chain = []
+        while end is not None:
+            index = grid_index[end]
+            chain.append((*end, int(best_label[index]), gain[index] > 0))
+            end = back[end]
+        chains[head] = chain[::-1]
+    return chains
+
+
+def _build_tree(grid, heads, tags, chains, classes) -> ConstituencyTree:
+    """The tree of the chosen chains: each chosen point is a node (a unary chain of nodes for a label chain) whose
+    children are the previous point's node and the dependents it adds; punctuation joins the innermost point whose
+    span covers it."""
+    n = len(heads)
+    labels, parent = [], []
+
+    def new_node(label):
+        labels.append(label)
+        parent.append(None)
+        return len(labels) - 1
+
+    leaf = [new_node(tags[w]) for w in range(n)]
+    left_out = set()  # nodes that hold dependents but are no constituent: their children join their parent
+    top = list(leaf)  # per word, the outermost node of its projection
+    for head in _bottom_up(heads):
+        chain = chains.get(head, [])
+        inner = leaf[head]
+        point_nodes = []
+        for a, b, label_class, is_constituent in chain:
+            names = classes[label_class].split("+")
+            outer = new_node(names[0])
+            node = outer
+            for name in names[1:]:
+                child = new_node(name)
+                parent[child] = node
+                node = child
+            if not is_constituent and heads[head] != head:
+                left_out.update(range(outer, node + 1))
+            parent[inner] = node
+            point_nodes.append((a, b, node, outer))
+            inner = outer
+        top[head] = inner
+        left, right = grid.left_deps[head], grid.right_deps[head]
+        for deps, side in ((left, 0), (right, 1)):
+            for i, dep in enumerate(deps, 1):
+                parent[top[dep]] = next(node for a, b, node, _ in point_nodes if (a, b)[side] >= i)
+        for dep in grid.punct_deps[head]:
+            host = None
+            for a, b, node, _ in point_nodes:
+                first, last = grid.span(head, a, b)
+                if first <= dep <= last:
+                    host = node
+                    break
+            parent[top[dep]] = host if host is not None else point_nodes[-1][2]
+    roots = [top[w] for w in range(n) if heads[w] == w]
+    if len(roots) > 1:
+        root = new_node("S")
+        for node in roots:
+            parent[node] = root
+    paths = []
+    for w in range(n):
+        path, node = [], leaf[w]
+        while node is not None:
+            if node not in left_out:
+                path.append(node)
+            node = parent[node]
+        paths.append(path[::-1])
+    return ConstituencyTree(paths, labels)
+
+
+def default_conversion(path=None) -> DependencyToConstituency:
+    """The conversion in the model file `path` (default: the one the package ships), loaded once per process."""
+    return _load_conversion(str(path or MODEL_FILE))
+
+
+@functools.cache
+def _load_conversion(path: str) -> DependencyToConstituency:
+    return DependencyToConstituency.load(path)
