@@ -19,9 +19,10 @@ from mgsa_hf.constituency_conversion import (
     NO_CONSTITUENT,
     DependencyToConstituency,
     HeadGrid,
-    grid_points,
+    head_points,
     point_features,
     projective_heads,
+    word_dep_tags,
 )
 from mgsa_hf.syntax import _word_arrays, load_spacy_pipeline
 from mgsa_hf.treebank import gold_sentences, is_punctuation, parse_file_ranges, ptb_files
@@ -72,10 +73,11 @@ def examples(sentences, nlp):
         words = [text[start:end] for start, end in spans]
         heads = projective_heads(heads)
         grid, chains = HeadGrid(heads, deps), gold_chains(tree, leaves, leaf_spans)
+        dep_tags = word_dep_tags(tags, deps)
         for head in range(len(heads)):
-            for a, b in grid_points(grid, head):
-                span, _ = content_span(*grid.span(head, a, b), words, spans)
-                features.append(point_features(grid, head, a, b, tags, deps, heads))
+            for _, _, first, last, *keys in head_points(grid, head, tags, deps, heads, dep_tags):
+                span, _ = content_span(first, last, words, spans)
+                features.append(point_features(*keys))
                 targets.append(chains.get(span, NO_CONSTITUENT) if span is not None else NO_CONSTITUENT)
     return features, targets
 

@@ -32,6 +32,7 @@ NO_CONSTITUENT = "-"
 # dependency labels of punctuation: such dependents are no grid step; they join the smallest chosen point around them
 _PUNCT_DEPS = frozenset({"punct"})
 _SUBJECT_DEPS = frozenset({"nsubj", "nsubjpass", "csubj", "csubjpass", "expl"})
+_CACHE_SIZE = 1 << 16  # scored values kept per feature group
 
 
 def projective_heads(heads: list[int]) -> list[int]:
@@ -97,29 +98,49 @@ class HeadGrid:
         return (self.first[left[a - 1]] if a else head), (self.last[right[b - 1]] if b else head)
 
 
-def point_features(grid: HeadGrid, head: int, a: int, b: int, tags, deps, heads) -> list[str]:
-    """Features of grid point `(a, b)` of `head`: the head, the nearest dependents outside and the outermost inside
-    on each side, subject inside / outside, whether the point is the whole subtree, the tags at and around its
-    edges."""
+def head_points(grid: HeadGrid, head: int, tags, deps, heads, dep_tags) -> list[tuple]:
+    """The grid points of `head` as `(a, b, first, last, head_key, chain_key, span_key)`: the point, the first and
+    last word of its span, and what its features depend on, in three groups (each scored once per distinct value, see
+    [`DependencyToConstituency.tree`]): the head (its tag, dependency label, its head's tag); the point (the
+    dependents just inside and outside it on each side, subject inside / outside, whether it is the whole subtree);
+    its span (length, the tags at and around its edges). `dep_tags[w]` is `"{deps[w]}/{tags[w]}"`."""
     left, right = grid.left_deps[head], grid.right_deps[head]
-    k, m = len(left), len(right)
-    tag, parent = tags[head], heads[head]
-    first, last = grid.span(head, a, b)
-    inside_left = f"{deps[left[a - 1]]}/{tags[left[a - 1]]}" if a else "^"
-    outside_left = f"{deps[left[a]]}/{tags[left[a]]}" if a < k else "$"
-    inside_right = f"{deps[right[b - 1]]}/{tags[right[b - 1]]}" if b else "^"
-    outside_right = f"{deps[right[b]]}/{tags[right[b]]}" if b < m else "$"
-    subject = "in" if any(deps[w] in _SUBJECT_DEPS for w in left[:a]) else ""
-    subject += "out" if any(deps[w] in _SUBJECT_DEPS for w in left[a:]) else ""
-    full = (a == k) + 2 * (b == m)
+    k, m, n = len(left), len(right), len(tags)
+    tag, dep, parent = tags[head], deps[head], heads[head]
+    head_key = (tag, dep, tags[parent] if parent != head else "ROOT")
+    subjects = [i for i, word in enumerate(left) if deps[word] in _SUBJECT_DEPS]
+    # per a (b): the first (last) word of the point's span, the dependent just inside and just outside it
+    firsts, lasts = [head] + [grid.first[w] for w in left], [head] + [grid.last[w] for w in right]
+    inside_left, outside_left = ["^"] + [dep_tags[w] for w in left], [dep_tags[w] for w in left] + ["$"]
+    inside_right, outside_right = ["^"] + [dep_tags[w] for w in right], [dep_tags[w] for w in right] + ["$"]
+    points = []
+    for a in range(k + 1):
+        subject = ("in" if subjects and subjects[0] < a else "") + ("out" if subjects and subjects[-1] >= a else "")
+        for b in range(m + 1):
+            full = (a == k) + 2 * (b == m)
+            first, last = (grid.first[head], grid.last[head]) if full == 3 else (firsts[a], lasts[b])
+            chain_key = (tag, dep, min(a, 3), min(b, 3), full, inside_left[a], outside_left[a], inside_right[b],
+                         outside_right[b], subject)
+            span_key = (min(last - first + 1, 8), tags[first], tags[last], tags[first - 1] if first else "^",
+                        tags[last + 1] if last + 1 < n else "$")
+            points.append((a, b, first, last, head_key, chain_key, span_key))
+    return points
+
+
+def word_dep_tags(tags, deps) -> list[str]:
+    """`"{dep}/{tag}"` of every word, the form in which [`head_points`] describes dependents."""
+    return [f"{dep}/{tag}" for dep, tag in zip(deps, tags, strict=True)]
+
+
+def head_features(tag, dep, parent_tag) -> list[str]:
+    return ["bias", f"t={tag}", f"td={tag}|{dep}", f"tp={tag}|{parent_tag}"]
+
+
+def chain_features(tag, dep, a, b, full, inside_left, outside_left, inside_right, outside_right, subject) -> list[str]:
     return [
-        "bias",
-        f"t={tag}",
-        f"td={tag}|{deps[head]}",
-        f"tp={tag}|{tags[parent] if parent != head else 'ROOT'}",
-        f"tab={tag}|{min(a, 3)},{min(b, 3)}|{full}",
+        f"tab={tag}|{a},{b}|{full}",
         f"full={full}",
-        f"tfull={tag}|{deps[head]}|{full}",
+        f"tfull={tag}|{dep}|{full}",
         f"il={inside_left}",
         f"ol={outside_left}",
         f"ir={inside_right}",
@@ -133,15 +154,16 @@ def point_features(grid: HeadGrid, head: int, a: int, b: int, tags, deps, heads)
         f"tilol={tag}|{inside_left}|{outside_left}",
         f"tiror={tag}|{inside_right}|{outside_right}",
         f"subj={tag}|{subject}",
-        f"len={min(last - first + 1, 8)}",
-        f"edges={tags[first]}|{tags[last]}",
-        f"around={tags[first - 1] if first else '^'}|{tags[last + 1] if last + 1 < len(tags) else '$'}",
     ]
 
 
-def grid_points(grid: HeadGrid, head: int) -> list[tuple[int, int]]:
-    """All points `(a, b)` of `head`'s grid."""
-    return [(a, b) for a in range(len(grid.left_deps[head]) + 1) for b in range(len(grid.right_deps[head]) + 1)]
+def span_features(length, first_tag, last_tag, before_tag, after_tag) -> list[str]:
+    return [f"len={length}", f"edges={first_tag}|{last_tag}", f"around={before_tag}|{after_tag}"]
+
+
+def point_features(head_key, chain_key, span_key) -> list[str]:
+    """The features of a grid point from its keys (see [`head_points`])."""
+    return head_features(*head_key) + chain_features(*chain_key) + span_features(*span_key)
 
 
 class DependencyToConstituency:
@@ -158,6 +180,7 @@ class DependencyToConstituency:
         self.features, self.weights, self.classes = features, np.asarray(weights, dtype=np.float32), list(classes)
         self.none_class = self.classes.index(NO_CONSTITUENT)
         self._weights_with_zero_row = np.concatenate([self.weights, np.zeros_like(self.weights[:1])])
+        self._groups = tuple(_GroupScores(self, make) for make in (head_features, chain_features, span_features))
 
     @classmethod
     def load(cls, path=MODEL_FILE) -> "DependencyToConstituency":
@@ -175,7 +198,7 @@ class DependencyToConstituency:
 
     def logits(self, features: list[list[str]]) -> np.ndarray:
         """Class scores of shape `(len(features), num_classes)` of points given by their feature lists (all of the
-        same length, as [`point_features`] makes them); unknown features score nothing."""
+        same length); unknown features score nothing."""
         if not features:
             return np.zeros((0, len(self.classes)), np.float32)
         flat = [feature for point in features for feature in point]
@@ -192,14 +215,39 @@ class DependencyToConstituency:
         """
         heads = projective_heads(heads)
         grid = HeadGrid(heads, deps)
-        points, features = [], []
+        dep_tags = word_dep_tags(tags, deps)
+        points, head_rows, chain_rows, span_rows = [], [], [], []
+        head_group, chain_group, span_group = self._groups
         for head in range(len(heads)):
-            for a, b in grid_points(grid, head):
+            for a, b, _, _, head_key, chain_key, span_key in head_points(grid, head, tags, deps, heads, dep_tags):
                 points.append((head, a, b))
-                features.append(point_features(grid, head, a, b, tags, deps, heads))
-        logits = self.logits(features)
+                head_rows.append(head_group.row(head_key))
+                chain_rows.append(chain_group.row(chain_key))
+                span_rows.append(span_group.row(span_key))
+        # the model is linear: a point's logits are the sum of its feature groups' summed weights
+        logits = head_group.table[head_rows] + chain_group.table[chain_rows] + span_group.table[span_rows]
         chains = _best_chains(grid, points, logits, self.none_class)
         return _build_tree(grid, heads, tags, chains, self.classes)
+
+
+class _GroupScores:
+    """The summed weights of one feature group per distinct key, as rows of a table filled on first use: the keys
+    recur across sentences, so most points cost a dictionary lookup per group."""
+
+    def __init__(self, conversion: DependencyToConstituency, make_features):
+        self.conversion, self.make_features = conversion, make_features
+        self.rows, self.table = {}, np.zeros((1024, len(conversion.classes)), np.float32)
+
+    def row(self, key) -> int:
+        row = self.rows.get(key)
+        if row is None:
+            if len(self.rows) == _CACHE_SIZE:
+                self.rows.clear()
+            row = self.rows[key] = len(self.rows)
+            if row == len(self.table):
+                self.table = np.concatenate([self.table, np.zeros_like(self.table)])
+            self.table[row] = self.conversion.logits([self.make_features(*key)])[0]
+        return row
 
 
 def _best_chains(grid, points, logits, none_class) -> dict[int, list[tuple[int, int, int]]]:
