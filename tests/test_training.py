@@ -329,6 +329,9 @@ def test_training_reads_tree_files(tmp_path):
     assert results["global_step"] == 2 and {row["split"] for row in results["scores"]} == {"validation", "test"}
 
     processor = MgsaProcessor.from_pretrained(tmp_path / "run")
+    card = (tmp_path / "run" / "README.md").read_text()
+    assert "conversion learned from Penn Treebank trees" in card and "given trees where the training data had" in card
+    assert (tmp_path / "run" / "constituency_conversion.json.gz").is_file()
     _, _, processed = prepare(config, _training_arguments(config))
     assert trained.dataset[:] == processed["train"][:]
     options = dict(max_length=32, truncation=True)

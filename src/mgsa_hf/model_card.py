@@ -56,13 +56,15 @@ def build_model_card(
     hyperparameters: dict,
     results: list[dict],
     parser: str | None,
+    tree_source: str | None = None,
     example_source: str = "A man rides a bike.",
 ) -> ModelCard:
     """
     Fill the card template.
 
     `results` is a list of `{"split": ..., "bleu": ..., "chrf": ..., "bleu_signature": ...}`; each score goes into the
-    card's `model-index` as an evaluation result on `dataset_name`.
+    card's `model-index` as an evaluation result on `dataset_name`. `tree_source` says where the constituency trees
+    come from (see [`describe_tree_source`]).
     """
     summary, paper = VARIANTS[config.encoder_type]
     eval_results = [
@@ -90,6 +92,11 @@ def build_model_card(
         metrics=["bleu", "chrf"],
         eval_results=eval_results or None,
     )
+    if parser is None:
+        processor_summary = "the tokenizer alone: this model reads no syntax"
+    else:
+        processor_summary = f"tokenizer + spaCy parser, `{parser}`"
+        processor_summary += f"; constituency trees {tree_source}" if tree_source else ""
     return ModelCard.from_template(
         card_data,
         template_path=str(TEMPLATE),
@@ -100,8 +107,7 @@ def build_model_card(
         encoder_type=config.encoder_type,
         method_summary=summary,
         paper=paper,
-        parser=(f"tokenizer + spaCy parser, `{parser}`" if parser
-                else "the tokenizer alone: this model reads no syntax"),
+        parser=processor_summary,
         dataset_name=dataset_name,
         train_size=train_size,
         d_model=config.d_model,
@@ -115,3 +121,15 @@ def build_model_card(
         bleu_signature=results[0].get("bleu_signature", "") if results else "",
         example_source=example_source,
     )
+
+
+def describe_tree_source(tree_parser: str | None, given_trees: bool = False) -> str:
+    """Where a processor's constituency trees come from, for the model card."""
+    if tree_parser is None:
+        source = ("derived from the dependency parse by the conversion learned from Penn Treebank trees "
+                  "(`constituency_conversion.json.gz` in this folder)")
+    elif tree_parser == "rules":
+        source = "derived from the dependency parse by hand-written rules"
+    else:
+        source = f"from the parser plug-in `{tree_parser}`"
+    return source + ("; given trees where the training data had them" if given_trees else "")

@@ -351,6 +351,7 @@ def train(config: TrainConfig, callbacks: list | None = None):
 
 
 def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores: list[dict], build_model_card):
+    from .model_card import describe_tree_source
     from .pipeline_translation import add_remote_pipeline
 
     output_dir = Path(config.output_dir)
@@ -370,6 +371,7 @@ def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores
         hyperparameters=hyperparameters,
         results=results["scores"],
         parser=processor.parser.resolved_name if processor.with_syntax else None,
+        tree_source=describe_tree_source(processor.parser.tree_parser, bool(config.trees or config.tree_column)),
     )
     card.save(output_dir / "README.md")
     for row in scores:
