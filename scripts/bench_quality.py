@@ -157,7 +157,7 @@ def recipe_of(budget: dict, max_steps: int | None):
 
 def prepare(args, name: str, budget: dict) -> Path:
     """The prepared corpus of the budget (`prepare_corpus` with its `prepare` settings and the tree options); an
-    existing one is reused when it was prepared with the same trees."""
+    existing one is reused when it was prepared with the same trees (given ones, and what derived the others)."""
     from mgsa_hf.prepared_training import prepare_corpus
 
     settings = dict(budget.get("prepare", {}))
@@ -167,9 +167,15 @@ def prepare(args, name: str, budget: dict) -> Path:
         settings["tree_column"] = args.tree_column
     folder = prepared_folder(args, name)
     if (folder / "manifest.json").is_file():
+        from mgsa_hf.processing_mgsa import derived_tree_source
+
         manifest = json.loads((folder / "manifest.json").read_text())
+        processor_kwargs = settings.get("processor_kwargs") or {}
         wanted = {"trees": {split: str(path) for split, path in settings["trees"].items()},
-                  "tree_column": settings.get("tree_column")}
+                  "tree_column": settings.get("tree_column"),
+                  # a corpus whose derived trees came from another conversion (or rules, or plug-in) is stale
+                  "derived_trees": derived_tree_source(processor_kwargs.get("tree_parser"))
+                  if manifest.get("with_syntax", True) else None}
         found = {key: manifest.get(key, {} if key == "trees" else None) for key in wanted}
         if found != wanted:
             raise SystemExit(f"prepared corpus {folder} was prepared with {found}, not {wanted}: remove it, or "

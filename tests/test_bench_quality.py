@@ -248,6 +248,7 @@ def test_prepare_reads_tree_files(tmp_path):
     folder = tmp_path / "runs" / "dry-run" / "prepared"
     prepared = PreparedCorpus(folder)
     assert prepared.manifest["trees"] == {"train": str(tmp_path / "train.ptb")}
+    assert prepared.manifest["derived_trees"].startswith("learned conversion ")
     processor = MgsaProcessor.from_pretrained(folder / "processor")
     batch = prepared.split("train").batch([0, 1, 4])
     expected = processor([sources[i] for i in (0, 1, 4)], trees=[trees[i] for i in (0, 1, 4)], max_length=32,
@@ -258,3 +259,8 @@ def test_prepare_reads_tree_files(tmp_path):
     assert batch["phrase_ids"][1].tolist() != derived["phrase_ids"][1].tolist()
     with pytest.raises(SystemExit, match="was prepared with"):
         bench_quality.main(["prepare", *common])
+    # the same tree files, but the derived trees of another conversion: stale
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "derived_trees": "learned conversion 0123"}))
+    with pytest.raises(SystemExit, match="learned conversion 0123"):
+        bench_quality.main(["prepare", *common, "--train-trees", str(tmp_path / "train.ptb")])

@@ -79,7 +79,7 @@ def prepare_corpus(
     from transformers import AutoTokenizer
 
     from .data import TREE_COLUMN, load_parallel_corpus
-    from .processing_mgsa import MgsaProcessor
+    from .processing_mgsa import MgsaProcessor, derived_tree_source
     from .syntax import TreeError
     from .tokenization_utils import train_joint_tokenizer
 
@@ -144,6 +144,8 @@ def prepare_corpus(
         "with_syntax": processor.with_syntax,
         "trees": {split: str(path) for split, path in (trees or {}).items()},
         "tree_column": tree_column,
+        "derived_trees": derived_tree_source(processor.parser.tree_parser, processor.parser.conversion_file)
+        if processor.with_syntax else None,
     }
     (output_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return output_dir

@@ -497,6 +497,15 @@ def _cyclic_gc_paused():
             gc.enable()
 
 
+def derived_tree_source(tree_parser: str | None = None, conversion_file=None) -> str:
+    """What derives a processor's constituency trees, for the records of prepared data: the learned conversion with
+    the hash of its model file, `"rules"`, or the plug-in's name."""
+    if tree_parser is None:
+        digest = hashlib.sha256(Path(conversion_file or MODEL_FILE).read_bytes()).hexdigest()
+        return f"learned conversion {digest[:16]}"
+    return str(tree_parser)
+
+
 def _as_batch(text, name) -> tuple[list[str], bool]:
     """`text` as a list of strings, and whether it was one."""
     if isinstance(text, str):
