@@ -18,14 +18,13 @@ import torch
 from mgsa_hf.constituency_conversion import (
     NO_CONSTITUENT,
     DependencyToConstituency,
-    HeadGrid,
     head_points,
     point_features,
-    projective_heads,
+    projective_grid,
     word_dep_tags,
 )
 from mgsa_hf.syntax import _word_arrays, load_spacy_pipeline
-from mgsa_hf.treebank import gold_sentences, is_punctuation, parse_file_ranges, ptb_files
+from mgsa_hf.treebank import base_label, content_span, content_words, gold_sentences, parse_file_ranges, ptb_files
 
 
 def parse_args():
@@ -41,26 +40,17 @@ def parse_args():
     return parser.parse_args()
 
 
-def content_span(first, last, words, spans):
-    """Character span from the first to the last non-punctuation word of words first..last, and their count."""
-    content = [i for i in range(first, last + 1) if not is_punctuation(words[i])]
-    if not content:
-        return None, 0
-    return (spans[content[0]][0], spans[content[-1]][1]), len(content)
-
-
-def gold_chains(tree, leaves, spans) -> dict:
+def gold_chains(tree, words, spans) -> dict:
     """Label chain (top-down, `+`-joined, function tags dropped) of the gold constituents per character span."""
     depth = {}
     for path in tree.paths:
         for node_depth, node in enumerate(path[:-1]):  # preterminals are not constituents
             depth[node] = node_depth
-    by_span = {}
+    by_span, content = {}, content_words(words)
     for node in sorted(depth, key=depth.get):
-        span, _ = content_span(tree.start[node], tree.end[node] - 1, leaves, spans)
+        span, _ = content_span(tree.start[node], tree.end[node], content, spans)
         if span is not None:
-            label = tree.label[node].split("-")[0].split("=")[0] or tree.label[node]
-            by_span.setdefault(span, []).append(label)
+            by_span.setdefault(span, []).append(base_label(tree.label[node]))
     return {span: "+".join(labels) for span, labels in by_span.items()}
 
 
@@ -68,15 +58,15 @@ def examples(sentences, nlp):
     """Feature lists and gold label chains of every grid point of every sentence."""
     features, targets = [], []
     docs = nlp.pipe([text for text, *_ in sentences], batch_size=256)
-    for (text, tree, leaves, leaf_spans), doc in zip(sentences, docs, strict=True):
+    for (text, tree, gold_words, gold_spans), doc in zip(sentences, docs, strict=True):
         heads, tags, deps, spans = _word_arrays(doc)
-        words = [text[start:end] for start, end in spans]
-        heads = projective_heads(heads)
-        grid, chains = HeadGrid(heads, deps), gold_chains(tree, leaves, leaf_spans)
+        content = content_words([text[start:end] for start, end in spans])
+        heads, grid = projective_grid(heads, deps)
+        chains = gold_chains(tree, gold_words, gold_spans)
         dep_tags = word_dep_tags(tags, deps)
         for head in range(len(heads)):
             for _, _, first, last, *keys in head_points(grid, head, tags, deps, heads, dep_tags):
-                span, _ = content_span(first, last, words, spans)
+                span, _ = content_span(first, last + 1, content, spans)
                 features.append(point_features(*keys))
                 targets.append(chains.get(span, NO_CONSTITUENT) if span is not None else NO_CONSTITUENT)
     return features, targets

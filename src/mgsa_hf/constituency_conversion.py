@@ -35,19 +35,14 @@ _SUBJECT_DEPS = frozenset({"nsubj", "nsubjpass", "csubj", "csubjpass", "expl"})
 _CACHE_SIZE = 1 << 16  # scored values kept per feature group
 
 
-def projective_heads(heads: list[int]) -> list[int]:
-    """`heads` (roots pointing to themselves) with non-projective arcs lifted, so that every subtree is contiguous."""
-    return _projectivize(list(heads)) if not _is_projective(heads) else heads
-
-
-def _is_projective(heads) -> bool:
-    left, right, size = list(range(len(heads))), list(range(len(heads))), [1] * len(heads)
-    for word in _bottom_up(heads):
-        head = heads[word]
-        if head != word:
-            left[head], right[head] = min(left[head], left[word]), max(right[head], right[word])
-            size[head] += size[word]
-    return all(right[w] - left[w] + 1 == size[w] for w in range(len(heads)))
+def projective_grid(heads: list[int], deps: list[str]) -> tuple[list[int], "HeadGrid"]:
+    """`heads` (roots pointing to themselves) with non-projective arcs lifted, so that every subtree is contiguous,
+    and their [`HeadGrid`]."""
+    grid = HeadGrid(heads, deps)
+    if grid.is_projective:
+        return heads, grid
+    heads = _projectivize(list(heads))
+    return heads, HeadGrid(heads, deps)
 
 
 def _bottom_up(heads) -> list[int]:
@@ -70,18 +65,22 @@ class HeadGrid:
             first.
         punct_deps (`list[list[int]]`): per word, its punctuation dependents.
         first, last (`list[int]`): per word, the first and last word of its subtree.
+        size (`list[int]`): per word, the number of words of its subtree.
+        order (`list[int]`): the words, every dependent before its head (roots last).
     """
 
     def __init__(self, heads: list[int], deps: list[str]):
         n = len(heads)
         self.left_deps, self.right_deps, self.punct_deps = ([[] for _ in range(n)] for _ in range(3))
-        self.first, self.last = list(range(n)), list(range(n))
-        for word in _bottom_up(heads):
+        self.first, self.last, self.size = list(range(n)), list(range(n)), [1] * n
+        self.order = _bottom_up(heads)
+        for word in self.order:
             head = heads[word]
             if head == word:
                 continue
             self.first[head] = min(self.first[head], self.first[word])
             self.last[head] = max(self.last[head], self.last[word])
+            self.size[head] += self.size[word]
             if deps[word] in _PUNCT_DEPS:
                 self.punct_deps[head].append(word)
             else:
@@ -89,6 +88,12 @@ class HeadGrid:
         for word in range(n):
             self.left_deps[word].sort(reverse=True)
             self.right_deps[word].sort()
+
+    @property
+    def is_projective(self) -> bool:
+        """Whether every subtree covers a contiguous span of words."""
+        extents = zip(self.first, self.last, self.size, strict=True)
+        return all(last - first + 1 == size for first, last, size in extents)
 
     def span(self, head: int, a: int, b: int) -> tuple[int, int]:
         """First and last word of point `(a, b)` of `head`; the whole subtree at the last point."""
@@ -213,8 +218,7 @@ class DependencyToConstituency:
             heads: head index of each word, roots pointing to themselves (non-projective arcs are lifted).
             tags, deps: PTB POS tag and dependency label of each word.
         """
-        heads = projective_heads(heads)
-        grid = HeadGrid(heads, deps)
+        heads, grid = projective_grid(heads, deps)
         dep_tags = word_dep_tags(tags, deps)
         points, head_rows, chain_rows, span_rows = [], [], [], []
         head_group, chain_group, span_group = self._groups
@@ -250,7 +254,7 @@ class _GroupScores:
         return row
 
 
-def _best_chains(grid, points, logits, none_class) -> dict[int, list[tuple[int, int, int]]]:
+def _best_chains(grid, points, logits, none_class) -> dict[int, list[tuple[int, int, int, bool]]]:
     """Per head, the chosen points `(a, b, class, is_constituent)` from the innermost out: the chain of greatest total
     score `log p(constituent) - log p(none)`. The whole subtree ends every chain of a head with dependents, to hold
     them; `is_constituent` is false when it scores no more than none, and the tree then leaves that node out."""
@@ -306,7 +310,7 @@ def _build_tree(grid, heads, tags, chains, classes) -> ConstituencyTree:
     leaf = [new_node(tags[w]) for w in range(n)]
     left_out = set()  # nodes that hold dependents but are no constituent: their children join their parent
     top = list(leaf)  # per word, the outermost node of its projection
-    for head in _bottom_up(heads):
+    for head in grid.order:
         chain = chains.get(head, [])
         inner = leaf[head]
         point_nodes = []
@@ -321,16 +325,16 @@ def _build_tree(grid, heads, tags, chains, classes) -> ConstituencyTree:
             if not is_constituent and heads[head] != head:
                 left_out.update(range(outer, node + 1))
             parent[inner] = node
-            point_nodes.append((a, b, node, outer))
+            point_nodes.append((a, b, node))
             inner = outer
         top[head] = inner
         left, right = grid.left_deps[head], grid.right_deps[head]
         for deps, side in ((left, 0), (right, 1)):
             for i, dep in enumerate(deps, 1):
-                parent[top[dep]] = next(node for a, b, node, _ in point_nodes if (a, b)[side] >= i)
+                parent[top[dep]] = next(node for a, b, node in point_nodes if (a, b)[side] >= i)
         for dep in grid.punct_deps[head]:
             host = None
-            for a, b, node, _ in point_nodes:
+            for a, b, node in point_nodes:
                 first, last = grid.span(head, a, b)
                 if first <= dep <= last:
                     host = node

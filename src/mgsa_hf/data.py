@@ -195,11 +195,11 @@ def read_tree_file(path: str | Path, sources: list[str], split: str = "train") -
 def _check_trees(trees: list[str | None], sources: list[str], where: str) -> None:
     """Reads every tree and matches its leaves to its sentence; a `ValueError` names `where` and the 1-based number
     of the first bad one."""
-    from .syntax import match_words, parse_ptb
+    from .syntax import TreeError, read_tree
 
     for number, (tree, text) in enumerate(zip(trees, sources, strict=True), 1):
         if tree is not None:
             try:
-                match_words(text, parse_ptb(tree)[1])
-            except ValueError as error:
-                raise ValueError(f"{where} {number} (sentence {text!r}): {error}") from None
+                read_tree(text, tree, number, None)
+            except TreeError as error:
+                raise ValueError(f"{where} {number} (sentence {text!r}): {error.reason}") from None

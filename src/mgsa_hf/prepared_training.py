@@ -144,7 +144,7 @@ def prepare_corpus(
         "with_syntax": processor.with_syntax,
         "trees": {split: str(path) for split, path in (trees or {}).items()},
         "tree_column": tree_column,
-        "derived_trees": derived_tree_source(processor.parser.tree_parser, processor.parser.conversion_file)
+        "derived_trees": derived_tree_source(processor.parser.tree_parser, processor.conversion_path)
         if processor.with_syntax else None,
     }
     (output_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

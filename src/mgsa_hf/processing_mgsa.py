@@ -173,6 +173,11 @@ class MgsaProcessor(ProcessorMixin):
         """Whether the trees are derived by the learned conversion (syntax fields made, no other tree source)."""
         return self.with_syntax and self.parser.tree_parser is None
 
+    @property
+    def conversion_path(self) -> Path:
+        """The learned conversion's model file: the one saved with this processor, or the package's."""
+        return Path(self.parser.conversion_file or MODEL_FILE)
+
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
         """Saves the processor (see [`~ProcessorMixin.save_pretrained`]) and, when its trees are derived by the learned
         conversion, that conversion's model file (`constituency_conversion.json.gz`): the folder keeps the trees it
@@ -182,8 +187,8 @@ class MgsaProcessor(ProcessorMixin):
         files = super().save_pretrained(save_directory, **kwargs)
         if self.uses_conversion:
             target = Path(save_directory) / CONVERSION_FILE
-            if not target.exists() or not target.samefile(self.parser.conversion_file or MODEL_FILE):
-                shutil.copyfile(self.parser.conversion_file or MODEL_FILE, target)
+            if not target.exists() or not target.samefile(self.conversion_path):
+                shutil.copyfile(self.conversion_path, target)
             files.append(str(target))
         if push_to_hub:  # the whole folder, conversion file included
             from huggingface_hub import create_repo, upload_folder
@@ -468,7 +473,7 @@ class MgsaProcessor(ProcessorMixin):
         modules = ("processing_mgsa.py", "syntax.py", "constituency_conversion.py", "tokenization_utils.py")
         code = b"".join(Path(__file__).with_name(name).read_bytes() for name in modules)
         if self.uses_conversion:
-            code += Path(self.parser.conversion_file or MODEL_FILE).read_bytes()
+            code += self.conversion_path.read_bytes()
         return Hasher.hash(
             [
                 self.to_json_string(),
@@ -497,11 +502,11 @@ def _cyclic_gc_paused():
             gc.enable()
 
 
-def derived_tree_source(tree_parser: str | None = None, conversion_file=None) -> str:
+def derived_tree_source(tree_parser: str | None = None, conversion_path=MODEL_FILE) -> str:
     """What derives a processor's constituency trees, for the records of prepared data: the learned conversion with
     the hash of its model file, `"rules"`, or the plug-in's name."""
     if tree_parser is None:
-        digest = hashlib.sha256(Path(conversion_file or MODEL_FILE).read_bytes()).hexdigest()
+        digest = hashlib.sha256(Path(conversion_path).read_bytes()).hexdigest()
         return f"learned conversion {digest[:16]}"
     return str(tree_parser)
 

@@ -638,33 +638,35 @@ class SyntaxParser:
                                     "parser returns a PTB bracketed string, or None for the derived tree.")
             if tree is None:
                 continue
-            given[i] = _read_tree(text, tree, i, plugin)
+            given[i] = read_tree(text, tree, i, plugin)
             inputs[i] = _leaf_doc(nlp, text, given[i][1], Doc)
         docs = nlp.pipe(inputs, batch_size=batch_size, n_process=n_process)
+        derive = derive_constituency_tree if self.tree_parser == RULES_TREE_PARSER else self.conversion.tree
         pairs = enumerate(zip(texts, docs, strict=True))
-        return (self._sentence(i, text, doc, given.get(i)) for i, (text, doc) in pairs)
+        return (self._sentence(i, text, doc, given.get(i), derive) for i, (text, doc) in pairs)
 
-    def _sentence(self, index, text, doc, given) -> SentenceSyntax:
+    def _sentence(self, index, text, doc, given, derive) -> SentenceSyntax:
+        """The analysis of one parsed text: `given` is its `(tree, spans)` when a tree was given, `derive` makes the
+        tree from the dependency parse otherwise."""
         heads, tags, deps, spans = _word_arrays(doc)
         if given is None and self.tree_extension is not None:
             tree = _component_tree(doc, self.tree_extension, index, self.tree_parser)
             if tree is not None:
-                given = _read_tree(text, tree, index, self.tree_parser)
+                given = read_tree(text, tree, index, self.tree_parser)
                 if given[1] != spans:  # the component's leaves are not spaCy's words: heads from a parse of its leaves
                     from spacy.tokens import Doc
 
                     heads = _word_arrays(self.nlp(_leaf_doc(self.nlp, text, given[1], Doc)))[0]
-        if given is None and self.tree_parser == RULES_TREE_PARSER:
-            tree = derive_constituency_tree(heads, tags, deps)
-        elif given is None:
-            tree = self.conversion.tree(heads, tags, deps)
+        if given is None:
+            tree = derive(heads, tags, deps)
         else:
             tree, spans = given
         return SentenceSyntax(text, spans, _join_roots(heads), tree)
 
 
-def _read_tree(text, tree, index, tree_parser):
-    """The tree of a PTB string and the character spans of its leaves in `text`, or a [`TreeError`]."""
+def read_tree(text: str, tree: str, index: int, tree_parser: str | None):
+    """The tree of a PTB string and the character spans of its leaves in `text`, or a [`TreeError`] naming sentence
+    `index` (and `tree_parser`, the plug-in that made the tree)."""
     try:
         parsed, leaves = parse_ptb(tree)
         return parsed, match_words(text, leaves)
@@ -899,7 +901,7 @@ def _load_spacy_pipeline(name: str, every_component: bool = False):
         factory = re.search(r"\[E002\] Can't find factory for '([^']+)'", str(error))
         if factory is None:
             raise
-        hint = f"Install benepar: {BENEPAR_INSTALL}" if factory.group(1) == "benepar" else (
+        hint = _install_hint("benepar") if factory.group(1) == "benepar" else (
             "Install the package that provides it, or name the module that registers it with `parser_code=` (or "
             "import that module first)")
         raise ImportError(f"The spaCy pipeline {name} has a component {factory.group(1)!r} that no imported package "

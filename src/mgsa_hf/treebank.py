@@ -72,25 +72,36 @@ def is_punctuation(word: str) -> bool:
     return all(unicodedata.category(char).startswith("P") for char in word)
 
 
-def _base_label(label: str) -> str:
+def base_label(label: str) -> str:
+    """A PTB label without function tags and indices (`NP-SBJ-1` is `NP`); `-LRB-` and the like stay as they are."""
     return label if label.startswith("-") else re.split(r"[-=]", label, maxsplit=1)[0]
+
+
+def content_words(words: list[str]) -> list[int]:
+    """The indices of the words that are not punctuation."""
+    return [i for i, word in enumerate(words) if not is_punctuation(word)]
+
+
+def content_span(start: int, end: int, content: list[int], spans) -> tuple[tuple[int, int] | None, int]:
+    """The character span from the first to the last non-punctuation word among the words `start .. end - 1`, and
+    how many there are (`None, 0` for none); `content` is [`content_words`] of the sentence, `spans` the words'
+    character spans."""
+    first, stop = bisect_left(content, start), bisect_left(content, end)
+    if first == stop:
+        return None, 0
+    return (spans[content[first]][0], spans[content[stop - 1]][1]), stop - first
 
 
 def tree_brackets(tree: ConstituencyTree, words: list[str], spans: list[tuple[int, int]]) -> Counter:
     """Labeled brackets `(start_char, end_char, label)` of the inner constituents of `tree` (see the module
     docstring), as a multiset. `words[i]` covers the characters `spans[i]`."""
-    content = [i for i, word in enumerate(words) if not is_punctuation(word)]
+    content = content_words(words)
     brackets = Counter()
-    if not content:
-        return brackets
-    sentence = (spans[content[0]][0], spans[content[-1]][1])
+    sentence, _ = content_span(0, len(words), content, spans)
     for node, label in enumerate(tree.label):
-        first, last = bisect_left(content, tree.start[node]), bisect_left(content, tree.end[node]) - 1
-        if last - first < 1:
-            continue
-        span = (spans[content[first]][0], spans[content[last]][1])
-        if span != sentence:
-            brackets[(*span, _base_label(label))] += 1
+        span, count = content_span(tree.start[node], tree.end[node], content, spans)
+        if count >= 2 and span != sentence:
+            brackets[(*span, base_label(label))] += 1
     return brackets
 
 
