@@ -44,7 +44,7 @@ TREES = [
     [[2], [1, 1], [1, 1]],
     [[3, 4], [1, 2, 2, 2], [1, 2, 1, 1, 1, 1]],
 ]
-NEW_MODULES = ("composition", "interaction", "tag_classifier")
+NEW_MODULES = ("composition", "interaction", "tag_classifier", "phrase_key_value")
 
 
 def mgsa_config(row: str | None = None, **kwargs) -> MgsaConfig:
@@ -182,7 +182,8 @@ def test_on_lstm_matches_reference():
 
 @pytest.mark.parametrize("composition", ["max", "mean", "sans", "lstm"])
 def test_compositions_match_per_phrase_reference(composition):
-    """Eq. 8 computed for all phrases at once equals COM applied to each phrase's word vectors on its own."""
+    """Eq. 8 computed for all phrases at once equals COM applied to each phrase's word vectors on its own (SANs:
+    each phrase head with its own W_q^h, W_k^h)."""
     torch.manual_seed(0)
     attention = PhraseMemoryAttention(mgsa_config("syntactic", phrase_composition=composition), 4, layer_idx=0)
     module = attention.composition
@@ -190,25 +191,94 @@ def test_compositions_match_per_phrase_reference(composition):
     hidden = torch.randn(*batch["input_ids"].shape, 32)
     partition = phrase_partition(attention.config, syntax_of(batch))
     phrases = module(hidden, partition)
+    assert phrases.shape[-1] == (32 if composition in ("max", "mean") else 3 * 8)  # 3 phrase heads of d_h = 8
 
-    def reference(words, granularity):
+    def reference(words):
         if composition == "max":
             return words.max(0).values
         if composition == "mean":
             return words.mean(0)
         if composition == "lstm":
             return module.lstm(words.unsqueeze(0))[1][0][-1, 0]
-        query = words.max(0).values @ module.query_weight[granularity]
-        scores = (words @ module.key_weight[granularity]) @ query / module.composition_dim**0.5
-        return torch.softmax(scores, 0) @ words
+        heads = []
+        for head in range(3):
+            rows = slice(8 * head, 8 * head + 8)
+            query = words.max(0).values @ module.query_proj.weight[rows].T
+            keys = words @ module.key_proj.weight[rows].T
+            heads.append(torch.softmax(keys @ query / 8**0.5, 0) @ keys)
+        return torch.cat(heads)
 
     for row in range(len(TREES)):
         for granularity in range(3):
             ids = partition.phrase_ids[row, granularity]
             for phrase in range(int(ids.max()) + 1):
-                expected = reference(hidden[row, ids == phrase], granularity)
+                expected = reference(hidden[row, ids == phrase])
                 torch.testing.assert_close(phrases[row, granularity, phrase], expected, atol=1e-5, rtol=1e-5)
             assert (phrases[row, granularity, int(ids.max()) + 1 :] == 0).all()
+
+
+def test_head_space_memory_is_read_by_each_head():
+    """A head-space memory (SANs): phrase head h of granularity g attends over keys H_g^h W_K^h and values
+    H_g^h W_V^h of its own d_h-wide part of g's memory (Eq. 5), checked against an explicit loop over heads."""
+    torch.manual_seed(0)
+    config = mgsa_config("syntactic", attn_implementation="eager", phrase_heads_per_granularity=[1, 0, 2])
+    attention = PhraseMemoryAttention(config, 4, layer_idx=0).eval()
+    assert attention.memory_in_head_space
+    batch = make_batch(TREES)
+    syntax = syntax_of(batch)
+    hidden = torch.randn(*batch["input_ids"].shape, 32)
+    output, weights = attention(hidden, syntax=syntax)
+    partition = syntax.cache["phrase_memory.partition"]
+    memory = attention.composition(hidden, partition)  # (B, G, P, 24)
+    query = attention.split_heads(attention.query_proj(hidden))
+    padding = batch["attention_mask"].bool()
+    word_keys = attention.split_heads(attention.key_proj(hidden))[:, 0]
+    word_values = attention.split_heads(attention.value_proj(hidden))[:, 0]
+    scores = (query[:, 0] @ word_keys.transpose(1, 2) / 8**0.5).masked_fill(~padding[:, None], float("-inf"))
+    contexts = [torch.softmax(scores, -1) @ word_values]
+    for head, granularity in ((1, 0), (2, 2), (3, 2)):
+        part = memory[:, granularity, :, 8 * (head - 1) : 8 * head]
+        keys = part @ attention.phrase_key_value.key_weight[head - 1]
+        values = part @ attention.phrase_key_value.value_weight[head - 1]
+        scores = query[:, head] @ keys.transpose(1, 2) / 8**0.5
+        scores = scores.masked_fill(~partition.phrase_mask[:, granularity, None, :], float("-inf"))
+        expected = torch.softmax(scores, -1)
+        torch.testing.assert_close(weights[:, head, :, : partition.num_phrases], expected, atol=1e-5, rtol=1e-5)
+        contexts.append(expected @ values)
+    expected_output = attention.output_proj(torch.cat(contexts, -1))
+    torch.testing.assert_close(output, expected_output, atol=1e-5, rtol=1e-5)
+
+
+# parameters each MG-SA row adds to Transformer-base (512d, 6+6, 8 heads: 2 word heads and 6 phrase heads), in
+# millions: Tables 1-3 (88.0M baseline; Table 1 rows in all 6 layers, Table 2 per layer range, Table 3 bottom layer)
+PAPER_ADDED = {
+    "ngram_max_layers_0-5": 0.0,  # Table 1 MAX-POOLING 88.0M
+    "ngram_sans_layers_0-5": 2.4,  # Table 1 SANs 90.4M
+    "ngram_lstm_layers_0-5": 8.1,  # Table 1 LSTM 96.1M
+    "ngram_sans_layers_0-2": 1.2,  # Table 2 [1-3] 89.2M
+    "ngram_sans_layer_0": 0.4,  # Table 2 [1] 88.4M
+    "syntactic": 0.4,  # Table 3 row 3
+    "syntactic_tag": 0.4,  # row 4
+    "syntactic_tag_lstm": 1.5,  # row 5, 89.5M
+    "syntactic_tag_on_lstm": 1.9,  # row 6, 89.9M
+}
+
+
+@pytest.mark.parametrize("row", sorted(PAPER_ADDED))
+def test_table_parameter_counts_at_base_size(row):
+    """Every row's added parameters are the paper's within 15% (plus the 0.1M to which the paper rounds its two
+    counts); the baseline row adds nothing."""
+    base = dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8,
+                encoder_ffn_dim=2048, decoder_ffn_dim=2048, vocab_size=32000, pad_token_id=2,
+                decoder_start_token_id=2, eos_token_id=0, num_phrase_tags=64)
+    fields = json.loads((CONFIG_DIR / f"{row}.json").read_text())
+    with torch.device("meta"):
+        plain = MgsaForConditionalGeneration(MgsaConfig(**base)).num_parameters()
+        added = (MgsaForConditionalGeneration(MgsaConfig(**{**base, **fields})).num_parameters() - plain) / 1e6
+    paper = PAPER_ADDED[row]
+    assert abs(added - paper) <= 0.15 * paper + 0.1, (row, added, paper)
+    if paper == 0.0:
+        assert added == 0.0
 
 
 @pytest.mark.parametrize("row", ROWS)

@@ -24,7 +24,7 @@ T5_VERSIONS = {
     "v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),
 }
 VARIANTS = {
-    "phrase_memory": {"encoder_type": "phrase_memory", "phrase_interaction": "on_lstm"},
+    "phrase_memory": {"encoder_type": "phrase_memory", "phrase_interaction": "on_lstm", "on_lstm_chunk_size": 2},
     "phrase_memory (syntactic, tags)": {
         "encoder_type": "phrase_memory", "phrase_partition": "syntactic", "phrase_tag_supervision": True,
     },

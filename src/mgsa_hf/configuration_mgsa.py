@@ -51,8 +51,8 @@ class MgsaVariantConfig:
             attends inside the phrase) or `"lstm"` (last state).
         phrase_interaction (`str`, defaults to `"none"`):
             MG-SA: interaction over the phrase sequence: `"none"`, `"lstm"` or `"on_lstm"` (ordered neurons).
-        on_lstm_chunk_size (`int`, defaults to 8):
-            MG-SA: chunk size of the ON-LSTM master gates (hidden size must be divisible by it).
+        on_lstm_chunk_size (`int`, defaults to 4):
+            MG-SA: chunk size of the ON-LSTM master gates (the phrase heads' width must be divisible by it).
         phrase_tag_supervision (`bool`, defaults to `False`):
             MG-SA: predict the tag of each syntactic phrase from its composed vector.
         phrase_tag_loss_weight (`float`, defaults to 0.001):
@@ -115,7 +115,7 @@ class MgsaVariantConfig:
     phrase_heads_per_granularity: list[int] | None = None
     phrase_composition: str = "sans"
     phrase_interaction: str = "none"
-    on_lstm_chunk_size: int = 8
+    on_lstm_chunk_size: int = 4
     phrase_tag_supervision: bool = False
     phrase_tag_loss_weight: float = 0.001
     num_phrase_tags: int = 64
@@ -265,6 +265,15 @@ class MgsaVariantConfig:
             raise ValueError(
                 f"`phrase_word_heads` ({word_heads}) + `phrase_heads_per_granularity` ({per_granularity}) must add up "
                 f"to `encoder_attention_heads` ({heads})."
+            )
+        head_dim = getattr(self, "d_kv", None) or self.d_model // heads
+        phrase_width = (heads - word_heads) * head_dim
+        if self.encoder_type == "phrase_memory" and self.phrase_interaction == "on_lstm" and (
+            phrase_width % self.on_lstm_chunk_size
+        ):
+            raise ValueError(
+                f"The ON-LSTM interaction is as wide as the phrase heads ({heads - word_heads} × {head_dim} = "
+                f"{phrase_width}), which `on_lstm_chunk_size` ({self.on_lstm_chunk_size}) must divide."
             )
 
 

@@ -7,15 +7,21 @@ H_g is made from the layer input H by
 
 1. partition: non-overlapping n-grams (one granularity per size in `phrase_ngram_sizes`) or the top K levels of the
    constituency tree (`phrase_ids` from the processor);
-2. composition COM (Eq. 8): `max` pooling, `mean` pooling, `sans` (the max-pooled vector is the query of an attention
-   over the phrase's words) or `lstm` (last state of an LSTM over the phrase's words);
+2. composition COM (Eq. 8): `max` pooling, `mean` pooling, `sans` (per phrase head, the max-pooled vector is the
+   query of an attention over the phrase's words) or `lstm` (last state of an LSTM over the phrase's words);
 3. optionally, a phrase-tag classifier on the composed vectors of syntactic levels (Eq. 9-10);
 4. optionally, an interaction REC over the phrase sequence (Eq. 11): an `lstm` or an `on_lstm` (ordered neurons).
 
 Every step works on all sentences, granularities and phrases at once: phrases are a padded `(B, G, P, D)` tensor
 built with segment operations (a segment max over tokens sorted by phrase, membership-masked matmuls), recurrences
 run once over the real phrases of all granularities packed together, and padded phrases are masked out of the
-attention. The interaction's parameters are shared by the granularities, the SANs composition's are not.
+attention. Every module's parameters are shared by the granularities.
+
+Sizes. F_h (Eq. 4) has "its own trainable parameters" per head and g_m ∈ R^{d_h} (Eq. 8): the `sans` and `lstm`
+compositions and the interactions give each phrase head a d_h-wide memory, d_m = (phrase heads) × d_h wide in all. With
+this reading a Transformer-base model (8 heads, 6 of them phrase heads, d_m = 384) has the parameter counts of
+Tables 1-3 within 15%: SANs +0.44M per layer (paper +0.4M), LSTM composition +1.43M (+1.35M), LSTM interaction +1.18M
+(+1.1M), ON-LSTM interaction +1.33M (+1.5M); `tests/test_phrase_memory.py` lists them.
 
 Partitions are `(B, G, L)` phrase indices, -1 on padding. N-gram phrases are taken over the real tokens (left to
 right, the last one shorter if needed) and the final EOS token is a phrase of its own, as in the syntactic
@@ -134,15 +140,30 @@ def phrase_partition(config, syntax: MgsaSyntaxInputs) -> PhrasePartition:
     return PhrasePartition(phrase_ids, max(num_phrases, 1))
 
 
+def attention_head_dim(config) -> int:
+    """d_h: T5's `d_kv`, else d_model / heads."""
+    return getattr(config, "d_kv", None) or config.d_model // config.encoder_attention_heads
+
+
+def phrase_head_width(config) -> int:
+    """d_m = (phrase heads) × d_h: the width of the head-space phrase memory (384 at Transformer-base)."""
+    word_heads, _ = config.phrase_head_allocation()
+    return (config.encoder_attention_heads - word_heads) * attention_head_dim(config)
+
+
 class MaxComposition(nn.Module):
-    """COM = max pooling (the paper's CNN composition, Eq. 8)."""
+    """COM = max pooling (the paper's CNN composition, Eq. 8): phrase vectors in the model's space, (B, G, P, D)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.output_dim = config.d_model
 
     def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
         return partition.max_pool(hidden_states)
 
 
-class MeanComposition(nn.Module):
-    """COM = mean of the phrase's word vectors."""
+class MeanComposition(MaxComposition):
+    """COM = mean of the phrase's word vectors, (B, G, P, D)."""
 
     def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
         weights = partition.membership.to(hidden_states.dtype)
@@ -152,38 +173,44 @@ class MeanComposition(nn.Module):
 
 class SansComposition(nn.Module):
     r"""
-    COM = SANs (Eq. 8): the max-pooled phrase vector m is the query of a dot-product attention over the phrase's word
-    vectors x_i, g = Σ_i softmax_i((m W_q)(x_i W_k)ᵀ / √d_c) x_i, with W_q, W_k ∈ R^{D×d_c} per granularity
-    (d_c = head size), so that g stays in the space of H that the key/value projections read.
+    COM = SANs (Eq. 8), one per phrase head ("F_h ... with its own trainable parameters", Eq. 4): head h scores the
+    phrase's words x_i against the max-pooled phrase vector m, g^h = Σ_i softmax_i((m W_q^h)(x_i W_k^h)ᵀ / √d_h)
+    (x_i W_k^h), with W_q^h, W_k^h ∈ R^{D×d_h}, so that g^h ∈ R^{d_h} as Eq. 8 states. 2 × 6 × 512 × 64 = 0.39M
+    parameters per layer at Transformer-base, Table 1-3's +0.4M. Every head composes the phrases of every granularity
+    (a head reads its own granularity's; the interaction reads all heads'): (B, L, D) → (B, G, P, d_m), the heads'
+    g^h side by side.
     """
 
     def __init__(self, config):
         super().__init__()
-        num_granularities = config.num_phrase_granularities
-        self.composition_dim = config.d_model // config.encoder_attention_heads
-        self.query_weight = nn.Parameter(torch.empty(num_granularities, config.d_model, self.composition_dim))
-        self.key_weight = nn.Parameter(torch.empty(num_granularities, config.d_model, self.composition_dim))
-        self.init_variant_parameters(config)
-
-    def init_variant_parameters(self, config):
-        init.normal_(self.query_weight, std=config.variant_init_std)
-        init.normal_(self.key_weight, std=config.variant_init_std)
+        self.head_dim = attention_head_dim(config)
+        self.output_dim = phrase_head_width(config)
+        self.query_proj = nn.Linear(config.d_model, self.output_dim, bias=False)  # W_q^h of every phrase head
+        self.key_proj = nn.Linear(config.d_model, self.output_dim, bias=False)  # W_k^h
 
     def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
-        query = torch.einsum("bgpd,gdc->bgpc", partition.max_pool(hidden_states), self.query_weight)
-        key = torch.einsum("bld,gdc->bglc", hidden_states, self.key_weight)
-        scores = (query @ key.transpose(-1, -2)) * self.composition_dim**-0.5
-        scores = scores.masked_fill(~partition.membership, torch.finfo(scores.dtype).min)
-        weights = nn.functional.softmax(scores, dim=-1) * partition.phrase_mask.unsqueeze(-1)  # empty phrases: 0
-        return weights @ hidden_states.unsqueeze(1)
+        batch_size, num_granularities, num_phrases = partition.phrase_mask.shape
+        heads = self.output_dim // self.head_dim
+        query = self.query_proj(partition.max_pool(hidden_states))
+        query = query.view(batch_size, num_granularities, num_phrases, heads, self.head_dim).transpose(2, 3)
+        key = self.key_proj(hidden_states).view(batch_size, 1, -1, heads, self.head_dim).transpose(2, 3)
+        scores = (query @ key.transpose(-1, -2)) * self.head_dim**-0.5  # (B, G, heads, P, L)
+        scores = scores.masked_fill(~partition.membership.unsqueeze(2), torch.finfo(scores.dtype).min)
+        weights = nn.functional.softmax(scores, dim=-1) * partition.phrase_mask[:, :, None, :, None]  # empty: 0
+        return (weights @ key).transpose(2, 3).reshape(batch_size, num_granularities, num_phrases, self.output_dim)
 
 
 class LstmComposition(nn.Module):
-    """COM = the last hidden state of an LSTM run over the phrase's words (Eq. 8), all phrases in one packed batch."""
+    """
+    COM = the last hidden state of an LSTM run over the phrase's words (Eq. 8), D → d_m: head h's g^h ∈ R^{d_h} is
+    its d_h-wide part (4 × 384 × (512 + 384) = 1.38M parameters per layer at Transformer-base, Table 1's
+    (96.1 − 88.0) / 6 = 1.35M). All phrases of all granularities run as one packed batch; (B, L, D) → (B, G, P, d_m).
+    """
 
     def __init__(self, config):
         super().__init__()
-        self.lstm = nn.LSTM(config.d_model, config.d_model, batch_first=True)
+        self.output_dim = phrase_head_width(config)
+        self.lstm = nn.LSTM(config.d_model, self.output_dim, batch_first=True)
 
     def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
         batch_size, num_granularities, length = partition.phrase_ids.shape
@@ -200,9 +227,9 @@ class LstmComposition(nn.Module):
         phrase, step = index // width, index % width
         words = hidden_states.reshape(-1, dim).index_select(0, tokens[starts[phrase] + step])
         _, (last_hidden, _) = self.lstm(PackedSequence(words, batch_sizes))
-        phrases = hidden_states.new_zeros(lengths.shape[0], dim)
+        phrases = hidden_states.new_zeros(lengths.shape[0], self.output_dim)
         phrases = phrases.index_copy(0, phrase[: batch_sizes[0]], last_hidden[-1])
-        return phrases.view(batch_size, num_granularities, partition.num_phrases, dim)
+        return phrases.view(batch_size, num_granularities, partition.num_phrases, self.output_dim)
 
 
 def packing_index(lengths: torch.LongTensor, num_steps: int) -> tuple[torch.LongTensor, torch.LongTensor]:
@@ -221,32 +248,60 @@ def packing_index(lengths: torch.LongTensor, num_steps: int) -> tuple[torch.Long
     return index, batch_sizes[batch_sizes > 0]
 
 
+class HeadSpaceKeyValue(nn.Module):
+    """Eq. 5 for a head-space phrase memory: each phrase head's own W_K^h, W_V^h ∈ R^{d_h×d_h}."""
+
+    def __init__(self, config, num_heads: int, head_dim: int):
+        super().__init__()
+        self.key_weight = nn.Parameter(torch.empty(num_heads, head_dim, head_dim))
+        self.value_weight = nn.Parameter(torch.empty(num_heads, head_dim, head_dim))
+        self.init_variant_parameters(config)
+
+    def init_variant_parameters(self, config):
+        init.normal_(self.key_weight, std=config.variant_init_std)
+        init.normal_(self.value_weight, std=config.variant_init_std)
+
+    def forward(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """memory (B, heads, P, d_h) → keys, values (B, heads, P, d_h)."""
+        return (
+            torch.einsum("bhpc,hcd->bhpd", memory, self.key_weight),
+            torch.einsum("bhpc,hcd->bhpd", memory, self.value_weight),
+        )
+
+
 PHRASE_COMPOSITIONS: dict[str, Callable[..., nn.Module]] = {
-    "max": lambda config: MaxComposition(),
-    "mean": lambda config: MeanComposition(),
+    "max": MaxComposition,
+    "mean": MeanComposition,
     "sans": SansComposition,
     "lstm": LstmComposition,
 }
 
+# REC of Eq. 11, input width → d_m: an LSTM of 384 → 384 is 1.18M parameters at Transformer-base (Table 3 row 5,
+# +1.1M), an ON-LSTM with chunks of 4 is 1.33M (row 6, +1.5M)
 PHRASE_INTERACTIONS: dict[str, Callable[..., nn.Module]] = {
-    "lstm": lambda config: nn.LSTM(config.d_model, config.d_model, batch_first=True),
-    "on_lstm": lambda config: OnLstm(config.d_model, config.d_model, config.on_lstm_chunk_size),
+    "lstm": lambda config, input_dim: nn.LSTM(input_dim, phrase_head_width(config), batch_first=True),
+    "on_lstm": lambda config, input_dim: OnLstm(input_dim, phrase_head_width(config), config.on_lstm_chunk_size),
 }
 
 
 class PhraseMemoryAttention(MgsaAttention):
     """
     MG-SA encoder self-attention (Eq. 4-7). Heads `[0, word_heads)` attend over the words; then each granularity's
-    head group, in order, attends over that granularity's phrase memory. The projections are [`MgsaAttention`]'s
-    (loadable from Marian or T5); the phrase memory H_g goes through the rows of the key/value projections of its head
-    group. On the T5 backbone the word heads add T5's relative position bias; the phrase heads attend over phrases,
-    which have no token position, and get none.
+    head group, in order, attends over that granularity's phrase memory H_g. The projections are [`MgsaAttention`]'s
+    (loadable from Marian or T5). On the T5 backbone the word heads add T5's relative position bias; the phrase heads
+    attend over phrases, which have no token position, and get none.
+
+    Where the phrase memory lives: `max`/`mean` composition without interaction keeps it in the model's space (D), and
+    the phrase heads read it through their rows of the key/value projections, as word heads read H. The `sans` and
+    `lstm` compositions and every interaction make it head-space, g^h ∈ R^{d_h} per head (Eq. 8); Eq. 5's W_K^h, W_V^h
+    are then the head's own d_h × d_h matrices ([`HeadSpaceKeyValue`]).
 
     Backends: `eager` (explicit weights) and `sdpa`; the phrase heads' keys are not the tokens', which flex and
     flash attention's masks cannot express, so they raise.
 
-    New modules: `composition` (`sans`: `query_weight`, `key_weight`; `lstm`: `lstm`), `interaction` (`nn.LSTM` or
-    [`OnLstm`], shared by the granularities, which run as one batch) and `tag_classifier` (W_t, b_t of Eq. 9).
+    New modules: `composition` (`sans`: `query_proj`, `key_proj`; `lstm`: `lstm`), `interaction` (`nn.LSTM` or
+    [`OnLstm`], shared by the granularities, which run as one batch), `tag_classifier` (W_t, b_t of Eq. 9) and, for a
+    head-space memory, `phrase_key_value`.
     """
 
     supported_attn_implementations = ("eager", "sdpa")
@@ -263,10 +318,17 @@ class PhraseMemoryAttention(MgsaAttention):
         self.head_granularity = [g for g, heads in enumerate(self.heads_per_granularity) for _ in range(heads)]
         self.composition = PHRASE_COMPOSITIONS[config.phrase_composition](config)
         self.interaction = (
-            PHRASE_INTERACTIONS[config.phrase_interaction](config) if config.phrase_interaction != "none" else None
+            PHRASE_INTERACTIONS[config.phrase_interaction](config, self.composition.output_dim)
+            if config.phrase_interaction != "none"
+            else None
         )
         self.tag_classifier = (
-            nn.Linear(config.d_model, config.num_phrase_tags) if config.phrase_tag_supervision else None
+            nn.Linear(self.composition.output_dim, config.num_phrase_tags) if config.phrase_tag_supervision else None
+        )
+        self.memory_in_head_space = config.phrase_composition in ("sans", "lstm") or self.interaction is not None
+        phrase_heads = num_heads - self.word_heads
+        self.phrase_key_value = (
+            HeadSpaceKeyValue(config, phrase_heads, self.head_dim) if self.memory_in_head_space else None
         )
 
     def forward(
@@ -295,12 +357,12 @@ class PhraseMemoryAttention(MgsaAttention):
             raise ValueError("PhraseMemoryAttention needs `syntax`: the `MgsaSyntaxInputs` that `MgsaEncoder` passes.")
         self.check_attn_implementation()
         partition = syntax.cached("phrase_memory.partition", lambda: phrase_partition(self.config, syntax))
-        phrases = self.composition(hidden_states, partition)
+        phrases = self.composition(hidden_states, partition)  # Eq. 8, (B, G, P, D or d_m)
         if self.tag_classifier is not None and syntax.phrase_tags is not None:
             syntax.require("phrase_tags", needed_by="MG-SA phrase tag supervision")
             syntax.record("tag_loss", self.tag_loss(phrases, partition, syntax.phrase_tags))
         if self.interaction is not None:
-            phrases = self.interact(phrases, partition)
+            phrases = self.interact(phrases, partition)  # Eq. 11, (B, G, P, d_m)
 
         query_states = self.split_heads(self.query_proj(hidden_states))
         key_states, value_states = self.memory_keys_values(hidden_states, phrases)
@@ -327,34 +389,45 @@ class PhraseMemoryAttention(MgsaAttention):
 
     def interact(self, phrases: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
         """
-        REC over each phrase sequence (Eq. 11): (B, G, P, D) → same. The granularities are stacked into the batch
-        and the sequences packed, so the recurrence runs once and only over real phrases (padded slots become 0).
+        REC over each phrase sequence (Eq. 11): (B, G, P, D or d_m) → (B, G, P, d_m). The granularities are stacked
+        into the batch and the sequences packed, so the recurrence runs once and only over real phrases (padded slots
+        become 0).
         """
-        num_phrases, dim = phrases.shape[2:]
+        batch_size, num_granularities, num_phrases, dim = phrases.shape
         index, batch_sizes = packing_index((partition.phrase_ids.amax(-1) + 1).flatten(), num_phrases)
-        flat = phrases.reshape(-1, dim)
-        outputs, _ = self.interaction(PackedSequence(flat.index_select(0, index), batch_sizes))
-        return torch.zeros_like(flat).index_copy(0, index, outputs.data).view_as(phrases)
+        outputs, _ = self.interaction(PackedSequence(phrases.reshape(-1, dim).index_select(0, index), batch_sizes))
+        memory = outputs.data.new_zeros(batch_size * num_granularities * num_phrases, outputs.data.shape[-1])
+        return memory.index_copy(0, index, outputs.data).view(batch_size, num_granularities, num_phrases, -1)
 
     def memory_keys_values(self, hidden_states: torch.Tensor, phrases: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """
-        Eq. 5: keys and values (B, H, L, d_h) of every head — word heads project H, the heads of granularity g
-        project H_g (B, P, D); phrase memories are zero-padded from P to L slots.
+        Eq. 5: keys and values (B, H, L, d_h) of every head. Word heads project H (B, L, D). The heads of granularity
+        g read its phrase memory H_g: a (B, P, D) memory through their rows of the key/value projections, a head-space
+        (B, P, d_m) one through each head's own W_K^h, W_V^h on its d_h-wide part. Phrase keys and values are
+        zero-padded from P to L slots.
         """
         word_rows = slice(0, self.word_heads * self.head_dim)
-        keys = [self.project(self.key_proj, hidden_states, word_rows)]
-        values = [self.project(self.value_proj, hidden_states, word_rows)]
-        start = word_rows.stop
-        phrase_keys, phrase_values = [], []
-        for memory, heads in zip(phrases.unbind(1), self.heads_per_granularity, strict=True):
-            rows = slice(start, start + heads * self.head_dim)
-            phrase_keys.append(self.project(self.key_proj, memory, rows))
-            phrase_values.append(self.project(self.value_proj, memory, rows))
-            start = rows.stop
+        word_keys = self.project(self.key_proj, hidden_states, word_rows)
+        word_values = self.project(self.value_proj, hidden_states, word_rows)
+        if self.memory_in_head_space:
+            parts, start = [], 0
+            for memory, heads in zip(phrases.unbind(1), self.heads_per_granularity, strict=True):
+                parts.append(self.split_heads(memory[..., start : start + heads * self.head_dim]))
+                start += heads * self.head_dim
+            memory = torch.cat(parts, 1)  # (B, phrase heads, P, d_h)
+            phrase_keys, phrase_values = self.phrase_key_value(memory)
+        else:
+            phrase_keys, phrase_values, start = [], [], word_rows.stop
+            for memory, heads in zip(phrases.unbind(1), self.heads_per_granularity, strict=True):
+                rows = slice(start, start + heads * self.head_dim)
+                phrase_keys.append(self.project(self.key_proj, memory, rows))
+                phrase_values.append(self.project(self.value_proj, memory, rows))
+                start = rows.stop
+            phrase_keys, phrase_values = torch.cat(phrase_keys, 1), torch.cat(phrase_values, 1)
         padding = (0, 0, 0, hidden_states.shape[1] - phrases.shape[2])
-        keys.append(nn.functional.pad(torch.cat(phrase_keys, 1), padding))
-        values.append(nn.functional.pad(torch.cat(phrase_values, 1), padding))
-        return torch.cat(keys, 1), torch.cat(values, 1)
+        keys = torch.cat([word_keys, nn.functional.pad(phrase_keys, padding)], 1)
+        values = torch.cat([word_values, nn.functional.pad(phrase_values, padding)], 1)
+        return keys, values
 
     def project(self, projection: nn.Linear, states: torch.Tensor, rows: slice) -> torch.Tensor:
         """The heads `rows` of a key/value projection: (B, T, D) → (B, heads, T, d_h)."""
@@ -397,4 +470,4 @@ class PhraseMemoryAttention(MgsaAttention):
         return losses / tags.ne(-100).flatten(1).sum(-1).clamp(min=1)
 
 
-__all__ = ["PhraseMemoryAttention", "PhrasePartition", "ngram_phrase_ids", "phrase_partition"]
+__all__ = ["PhraseMemoryAttention", "PhrasePartition", "ngram_phrase_ids", "phrase_head_width", "phrase_partition"]
