@@ -75,10 +75,10 @@ def test_gate_zero_is_plain_attention():
     hybrid, plain = paired_attention(-1e4)  # σ = 0 exactly
     hidden, padding_mask, additive = padded_inputs()
     syntax = MgsaSyntaxInputs(padding_mask=padding_mask)
-    actual, _ = hybrid(hidden, attention_mask=additive, syntax=syntax)
+    actual, _, contribution = hybrid(hidden, attention_mask=additive, syntax=syntax)
     expected, _ = plain(hidden, attention_mask=additive)
     assert torch.equal(actual[padding_mask], expected[padding_mask])
-    assert torch.equal(syntax.records["gates"][0], torch.zeros(2, 7))
+    assert torch.equal(contribution.gates, torch.zeros(2, 7))
     # against the SDPA kernel too, to float tolerance
     plain.config._attn_implementation = "sdpa"
     torch.testing.assert_close(actual[padding_mask], plain(hidden, attention_mask=additive)[0][padding_mask])
@@ -87,12 +87,12 @@ def test_gate_zero_is_plain_attention():
 def test_gate_one_with_window_over_the_sentence_is_plain_attention():
     hidden, padding_mask, additive = padded_inputs()
     hybrid, plain = paired_attention(1e4, hybrid_window=7)  # σ = 1 exactly, m ≥ L
-    actual, _ = hybrid(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
+    actual, _, _ = hybrid(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
     expected, _ = plain(hidden, attention_mask=additive)
     torch.testing.assert_close(actual[padding_mask], expected[padding_mask], atol=1e-6, rtol=1e-6)
     # not vacuous: with m = 1 the local pattern differs from the global one
     narrow, _ = paired_attention(1e4, hybrid_window=1)
-    local, _ = narrow(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
+    local, _, _ = narrow(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
     assert (local - expected)[padding_mask].abs().max() > 1e-2
 
 
@@ -105,12 +105,13 @@ def test_local_combination_is_the_local_pattern_alone():
     local = HybridAttention(hybrid_config(hybrid_combination="local", attn_implementation="eager"), 4).eval()
     assert not any(name.startswith(("gate_proj", "concat_proj")) for name, _ in local.named_parameters())
     local.load_state_dict(gated.state_dict(), strict=False)
-    expected, _ = gated(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
-    actual, weights = local(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
+    expected, _, _ = gated(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
+    actual, weights, contribution = local(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
+    assert contribution.gates is None
     torch.testing.assert_close(actual[padding_mask], expected[padding_mask])
     assert weights is not None and (weights[..., 0, 3:] == 0).all()  # nothing outside |i - j| <= 1
     local.config._attn_implementation = "sdpa"
-    fused, no_weights = local(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
+    fused, no_weights, _ = local(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
     torch.testing.assert_close(fused[padding_mask], expected[padding_mask], atol=1e-6, rtol=1e-5)
     assert no_weights is None
 
@@ -302,9 +303,9 @@ def test_fused_path_matches_the_explicit_distributions(fields):
     fused.load_state_dict(explicit.state_dict())
     hidden, padding_mask, _ = padded_inputs(lengths=(9, 5), width=9)
     for position_bias in (None, torch.randn(1, 4, 9, 9)):
-        expected, weights = explicit(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask),
-                                     position_bias=position_bias)
-        actual, no_weights = fused(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask),
-                                   position_bias=position_bias)
+        expected, weights, _ = explicit(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask),
+                                        position_bias=position_bias)
+        actual, no_weights, _ = fused(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask),
+                                      position_bias=position_bias)
         torch.testing.assert_close(actual[padding_mask], expected[padding_mask], atol=1e-5, rtol=1e-5)
         assert weights.shape == (2, 4, 9, 9) and no_weights is None

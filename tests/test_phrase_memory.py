@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
 from mgsa_hf.modeling_layers import MgsaAttention, MgsaSyntaxInputs
 from mgsa_hf.on_lstm import OnLstm
-from mgsa_hf.phrase_memory import PhraseMemoryAttention, ngram_phrase_ids, phrase_partition
+from mgsa_hf.phrase_memory import PhraseMemoryAttention, PhraseMemoryInputs, ngram_phrase_ids, phrase_partition
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "phrase_memory"
@@ -112,6 +112,11 @@ def syntax_of(batch: dict) -> MgsaSyntaxInputs:
     return MgsaSyntaxInputs(
         padding_mask=batch["attention_mask"].bool(), phrase_ids=batch["phrase_ids"], phrase_tags=batch["phrase_tags"]
     )
+
+
+def inputs_of(config: MgsaConfig, batch: dict) -> PhraseMemoryInputs:
+    """What the encoder passes the MG-SA layers for `batch`."""
+    return PhraseMemoryInputs.from_syntax(config, syntax_of(batch))
 
 
 def test_ngram_partition():
@@ -225,10 +230,10 @@ def test_head_space_memory_is_read_by_each_head():
     attention = PhraseMemoryAttention(config, 4, layer_idx=0).eval()
     assert attention.memory_in_head_space
     batch = make_batch(TREES)
-    syntax = syntax_of(batch)
+    inputs = inputs_of(config, batch)
     hidden = torch.randn(*batch["input_ids"].shape, 32)
-    output, weights = attention(hidden, syntax=syntax)
-    partition = syntax.cache["phrase_memory.partition"]
+    output, weights, _ = attention(hidden, syntax=inputs)
+    partition = inputs.partition
     memory = attention.composition(hidden, partition)  # (B, G, P, 24)
     query = attention.split_heads(attention.query_proj(hidden))
     padding = batch["attention_mask"].bool()
@@ -318,7 +323,7 @@ def test_phrase_size_one_is_word_attention(sizes, word_heads):
     hidden = torch.randn(2, 7, 32)
     additive = torch.zeros(2, 1, 7, 7).masked_fill(~padding_mask[:, None, None], torch.finfo(torch.float).min)
     expected, _ = plain(hidden, attention_mask=additive)
-    actual, _ = mgsa(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
+    actual, _, _ = mgsa(hidden, syntax=PhraseMemoryInputs.from_syntax(config, MgsaSyntaxInputs(padding_mask)))
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
 
     # the same at model level: logits equal those of the plain Transformer with the same weights
@@ -371,9 +376,9 @@ def test_padded_phrases_get_zero_attention(partition):
     config = mgsa_config(phrase_partition=partition, phrase_interaction="on_lstm", attn_implementation="eager")
     attention = PhraseMemoryAttention(config, 4, layer_idx=0).eval()
     batch = make_batch(TREES)
-    syntax = syntax_of(batch)
-    _, weights = attention(torch.randn(*batch["input_ids"].shape, 32), syntax=syntax)
-    real_phrases = syntax.cache["phrase_memory.partition"].phrase_mask.sum(-1)  # (B, G)
+    inputs = inputs_of(config, batch)
+    _, weights, _ = attention(torch.randn(*batch["input_ids"].shape, 32), syntax=inputs)
+    real_phrases = inputs.partition.phrase_mask.sum(-1)  # (B, G)
     lengths = batch["attention_mask"].sum(-1)
     for row in range(len(TREES)):
         word_weights = weights[row, 0]
@@ -394,9 +399,7 @@ def test_tag_loss_matches_per_phrase_cross_entropy():
     # values at padding positions must not matter
     batch["phrase_tags"] = batch["phrase_tags"].masked_fill(batch["phrase_ids"] < 0, 5)
     hidden = torch.randn(*batch["input_ids"].shape, 32)
-    syntax = syntax_of(batch)
-    attention(hidden, syntax=syntax)
-    (tag_loss,) = syntax.records["tag_loss"]
+    tag_loss = attention(hidden, syntax=inputs_of(config, batch))[2].tag_loss
 
     expected = []
     for row, levels in enumerate(TREES):
@@ -441,7 +444,7 @@ class OpCounter(TorchDispatchMode):
 def count_ops(attention: PhraseMemoryAttention, batch: dict) -> Counter:
     hidden = torch.randn(*batch["input_ids"].shape, 32)
     with torch.no_grad(), OpCounter() as counter:
-        attention(hidden, syntax=syntax_of(batch))
+        attention(hidden, syntax=inputs_of(attention.config, batch))
     return counter.counts
 
 
@@ -468,15 +471,17 @@ def test_forward_is_vectorised(fields):
 
 def test_clear_errors():
     padding_mask = torch.ones(2, 5, dtype=torch.bool)
-    attention = PhraseMemoryAttention(mgsa_config("syntactic"), 4, layer_idx=0)
+    config = mgsa_config("syntactic")
+    attention = PhraseMemoryAttention(config, 4, layer_idx=0)
     with pytest.raises(ValueError, match="phrase_ids"):
-        attention(torch.randn(2, 5, 32), syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
+        PhraseMemoryInputs.from_syntax(config, MgsaSyntaxInputs(padding_mask=padding_mask))
     with pytest.raises(ValueError, match="levels"):
-        attention(
-            torch.randn(2, 5, 32),
-            syntax=MgsaSyntaxInputs(padding_mask=padding_mask, phrase_ids=torch.zeros(2, 2, 5, dtype=torch.long)),
+        PhraseMemoryInputs.from_syntax(
+            config, MgsaSyntaxInputs(padding_mask=padding_mask, phrase_ids=torch.zeros(2, 2, 5, dtype=torch.long))
         )
-    with pytest.raises(ValueError, match="syntax"):
+    with pytest.raises(ValueError, match="PhraseMemoryInputs"):
         attention(torch.randn(2, 5, 32))
+    with pytest.raises(ValueError, match="PhraseMemoryInputs"):
+        attention(torch.randn(2, 5, 32), syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
     with pytest.raises(ValueError, match="phrase_partition='syntactic'"):
         PhraseMemoryAttention(mgsa_config(phrase_tag_supervision=True), 4, layer_idx=0)

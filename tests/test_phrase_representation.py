@@ -16,6 +16,7 @@ from mgsa_hf.phrase_representation import (
     AttentivePhrasePooling,
     PhraseRepresentationDecoderLayer,
     PhraseRepresentationEncoderLayer,
+    PhraseRepresentationInputs,
     fixed_phrase_ids,
     segment_phrases,
 )
@@ -301,9 +302,11 @@ def test_zeroed_phrase_path_reduces_to_the_plain_layers():
     hidden = torch.randn(2, 7, config.d_model)
     padding_mask = torch.ones(2, 7, dtype=torch.bool)
     with torch.no_grad():
-        actual = pr_encoder(hidden, None, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
-        expected = plain_encoder(pr_encoder.phrase_combination_layer_norm(hidden), None, syntax=None)
+        inputs = PhraseRepresentationInputs.from_syntax(config, MgsaSyntaxInputs(padding_mask=padding_mask))
+        actual, contribution = pr_encoder(hidden, None, syntax=inputs)
+        expected, _ = plain_encoder(pr_encoder.phrase_combination_layer_norm(hidden), None, syntax=None)
         torch.testing.assert_close(actual, expected)
+        assert len(contribution.phrase_states) == 1 and contribution.phrase_mask.all()
 
         target = torch.randn(2, 4, config.d_model)
         phrases = torch.randn(2, config.encoder_layers + 1, 3, config.d_model)

@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
 from mgsa_hf.modeling_layers import MgsaAttention, MgsaSyntaxInputs
-from mgsa_hf.rhe import RheAttention, redundant_head_rate
+from mgsa_hf.rhe import RheAttention, RheInputs, redundant_head_rate
 from mgsa_hf.syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 
 
@@ -62,21 +62,27 @@ def syntax_of(batch) -> MgsaSyntaxInputs:
     return MgsaSyntaxInputs(padding_mask=batch["attention_mask"].bool(), **fields)
 
 
+def inputs_of(config, batch) -> RheInputs:
+    """What the encoder passes the RHE layers for `batch`."""
+    return RheInputs.from_syntax(config, syntax_of(batch))
+
+
 def layer_weights(config, batch, seed=0):
-    """The attention weights (B, H, L, L) of an RHE layer on random states, with the syntax of `batch`."""
+    """An RHE layer on random states with the syntax of `batch`: `(attention, hidden, inputs, weights (B, H, L, L),
+    contribution)`."""
     torch.manual_seed(seed)
     attention = RheAttention(config, 4, layer_idx=0).eval()
     hidden = torch.randn(*batch["input_ids"].shape, 32)
-    syntax = syntax_of(batch)
+    inputs = inputs_of(config, batch)
     with torch.no_grad():
-        _, weights = attention(hidden, syntax=syntax)
-    return attention, hidden, syntax, weights
+        _, weights, contribution = attention(hidden, syntax=inputs)
+    return attention, hidden, inputs, weights, contribution
 
 
 def test_dea_is_zero_off_dependencies_on_real_parses(multi30k_processor, multi30k_val, real_batches):
     """Eq. 5 at subword level, checked against the parser's words and heads."""
     batch = real_batches[0]
-    _, _, _, weights = layer_weights(rhe_config(rhe_attention="dea", rhe_mode="sea_all"), batch)
+    _, _, _, weights, _ = layer_weights(rhe_config(rhe_attention="dea", rhe_mode="sea_all"), batch)
     subword_words = 0
     for row, text in enumerate(multi30k_val[0][:6]):
         heads = multi30k_processor.syntax(text).heads
@@ -97,7 +103,7 @@ def test_lpea_masks_and_bias_on_real_parses(multi30k_processor, real_batches):
     batch = real_batches[0]
     k = multi30k_processor.max_relative_position
     config = rhe_config(rhe_mode="sea_all", rhe_max_relative_position=k, rhe_out_of_phrase="mask")
-    attention, hidden, syntax, weights = layer_weights(config, batch)
+    attention, hidden, syntax, weights, _ = layer_weights(config, batch)
     positions, in_phrase = multi30k_processor.relative_local_positions(batch)
     real_rows = batch["attention_mask"].bool()[:, :, None].expand_as(in_phrase)
     assert (weights.permute(1, 0, 2, 3)[:, real_rows & ~in_phrase] == 0).all()
@@ -126,7 +132,7 @@ def test_lpea_bias_depends_only_on_the_clipped_label():
         tree_depth=depth,
     )
     with torch.no_grad():
-        bias = attention.syntax_bias(syntax, torch.float32)[0, 0]
+        bias = attention.syntax_bias(RheInputs.from_syntax(config, syntax), torch.float32)[0, 0]
         table = attention.relative_phrasal_bias()
     assert table.shape == (5,) and (table < 0).all() and table.unique().numel() == 5
     relative = depth[0, None, :6] - depth[0, :6, None]
@@ -142,7 +148,9 @@ def test_out_of_phrase_pairs_clip_to_k_against_a_loop(multi30k_processor, real_b
     against the explicit rule on real parses with words outside each other's local phrase."""
     batch = real_batches[0]
     k = 3
-    attention, _, syntax, weights = layer_weights(rhe_config(rhe_mode="sea_all", rhe_max_relative_position=k), batch)
+    attention, _, syntax, weights, _ = layer_weights(
+        rhe_config(rhe_mode="sea_all", rhe_max_relative_position=k), batch
+    )
     assert attention.out_of_phrase == "clip"
     with torch.no_grad():
         bias = attention.syntax_bias(syntax, torch.float32)[:, 0]
@@ -224,7 +232,8 @@ def test_modes_replace_prune_or_keep_heads(real_batches):
     batch = real_batches[0]
     syntax_attention = layer_weights(rhe_config(rhe_mode="sea_all"), batch)[3]
     # at initialisation every head falls below the dynamic gate σ(h_conf) ≥ 0.5; a fixed gate of 0.3 gives both labels
-    attention, hidden, syntax, mixed = layer_weights(rhe_config(rhe_mode="rhe", rhe_fixed_gate=0.3), batch)
+    attention, hidden, syntax, mixed, contribution = layer_weights(rhe_config(rhe_mode="rhe", rhe_fixed_gate=0.3),
+                                                                    batch)
     plain = MgsaAttention(rhe_config(attn_implementation="eager"), 4, layer_idx=0)
     plain.load_state_dict(attention.state_dict(), strict=False)
     additive = torch.zeros(batch["input_ids"].shape[0], 1, 1, batch["input_ids"].shape[1]).masked_fill(
@@ -232,7 +241,7 @@ def test_modes_replace_prune_or_keep_heads(real_batches):
     )
     with torch.no_grad():
         plain_weights = plain(hidden, attention_mask=additive)[1]
-    labels = syntax.records["head_labels"][0]
+    labels = contribution.head_labels
     assert labels.shape == (6, 4) and labels.dtype == torch.long and 0 < labels.sum() < labels.numel()
     important = labels.bool()[:, :, None, None].expand_as(mixed)
     real = syntax.padding_mask[:, None, :, None].expand_as(mixed)
@@ -244,10 +253,27 @@ def test_modes_replace_prune_or_keep_heads(real_batches):
         weights = layer_weights(rhe_config(rhe_fixed_gate=gate), batch)[3]
         torch.testing.assert_close(weights[real], expected[real])
     pruned_config = rhe_config(rhe_mode="rhe_prune", rhe_fixed_gate=1.0)
-    pruned_attention, _, pruned_syntax, pruned = layer_weights(pruned_config, batch)
-    assert (pruned == 0).all() and (pruned_syntax.records["head_labels"][0] == 0).all()
-    output, _ = pruned_attention(hidden, syntax=syntax_of(batch))
+    pruned_attention, _, pruned_inputs, pruned, pruned_contribution = layer_weights(pruned_config, batch)
+    assert (pruned == 0).all() and (pruned_contribution.head_labels == 0).all()
+    output, _, _ = pruned_attention(hidden, syntax=pruned_inputs)
     torch.testing.assert_close(output, pruned_attention.out_proj.bias.expand_as(output))
+
+    # pruning with both labels: the kept heads' contexts as plain attention's, the pruned heads' 0, computed only for
+    # the kept (sentence, head) pairs
+    pruned_config = rhe_config(rhe_mode="rhe_prune", rhe_fixed_gate=0.3)
+    pruned_attention, pruned_hidden, pruned_inputs, pruned, pruned_contribution = layer_weights(pruned_config, batch)
+    kept = pruned_contribution.head_labels.bool()
+    assert 0 < kept.sum() < kept.numel()
+    plain.load_state_dict(pruned_attention.state_dict(), strict=False)
+    with torch.no_grad():
+        plain_weights = plain(pruned_hidden, attention_mask=additive)[1]
+        output, _, _ = pruned_attention(pruned_hidden, syntax=pruned_inputs)
+        value = pruned_attention.split_heads(pruned_attention.v_proj(pruned_hidden))
+        expected = pruned_attention.merge_heads(torch.matmul(plain_weights * kept[:, :, None, None], value))
+    kept_pairs = kept[:, :, None, None].expand_as(pruned) & real
+    torch.testing.assert_close(pruned[kept_pairs], plain_weights[kept_pairs])
+    assert (pruned[~kept_pairs & real] == 0).all()
+    torch.testing.assert_close(output[syntax.padding_mask], expected[syntax.padding_mask])
 
 
 def test_no_n_by_n_by_head_dim_tensor(real_batches):
@@ -269,7 +295,7 @@ def test_no_n_by_n_by_head_dim_tensor(real_batches):
     attention = RheAttention(rhe_config(), 4, layer_idx=0)
     hidden = torch.randn(batch_size, length, 32, requires_grad=True)
     with LargestOutput():
-        output, _ = attention(hidden, syntax=syntax_of(batch))
+        output, _, _ = attention(hidden, syntax=inputs_of(attention.config, batch))
         output.sum().backward()
     assert batch_size * 4 * length * length <= LargestOutput.largest < batch_size * length * length * 8
 

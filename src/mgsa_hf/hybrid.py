@@ -7,7 +7,13 @@ import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .modeling_layers import SYNTAX_INPUT_NAMES, MgsaAttention, MgsaSyntaxInputs, eager_attention_forward
+from .modeling_layers import (
+    SYNTAX_INPUT_NAMES,
+    MgsaAttention,
+    MgsaLayerOutput,
+    MgsaSyntaxInputs,
+    eager_attention_forward,
+)
 
 
 class HybridAttention(MgsaAttention):
@@ -21,7 +27,7 @@ class HybridAttention(MgsaAttention):
       `"concat"`: the paper's ablation, a linear projection of [global_i ; local_i] before the output projection;
       `"local"`: the local pattern alone (Table 1's "+LOCAL PATTERN" row).
 
-    The gates are recorded as `syntax.record("gates", ...)`: (B, L) per token or (B, H, L) per head.
+    The layer returns its gates in its [`MgsaLayerOutput`]: (B, L) per token or (B, H, L) per head.
 
     With `attn_implementation="eager"` both distributions are formed as (B, H, L, L) and their gated mix is returned
     as the attention weights (for analysis). Otherwise the global context comes from the configured kernel (SDPA) and
@@ -80,15 +86,16 @@ class HybridAttention(MgsaAttention):
         syntax: MgsaSyntaxInputs | None = None,
         position_bias: torch.Tensor | None = None,
         **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, MgsaLayerOutput]:
         """
         Encoder self-attention. `hidden_states` (B, L, D). Padding comes from `syntax.padding_mask` (B, L) (all real
         when `syntax` is None); the additive `attention_mask` is not read. T5's `position_bias` (1, H, L, L) joins the
         energy that both distributions share.
 
         Returns:
-            `(output (B, L, D), attention weights (B, H, L, L))`: the gated mix of the two distributions, the global
-            one for `"concat"`, the local one for `"local"`; None unless `attn_implementation="eager"`.
+            `(output (B, L, D), attention weights (B, H, L, L), MgsaLayerOutput with the gates)`: the weights are the
+            gated mix of the two distributions, the global one for `"concat"`, the local one for `"local"`, and None
+            unless `attn_implementation="eager"`; the gates are None for `"concat"` and `"local"`.
         """
         if key_value_states is not None or past_key_values is not None:
             raise ValueError("HybridAttention is an encoder self-attention: it takes no key_value_states or cache.")
@@ -105,8 +112,9 @@ class HybridAttention(MgsaAttention):
             if self.config._attn_implementation == "eager":
                 _, local_weights = self.attention_distributions(query, key, padding_mask, position_bias)
                 context = torch.matmul(self.attention_dropout(local_weights), value)
-                return self.merge_heads(context), local_weights
-            return self.merge_heads(self.local_context(query, key, value, padding_mask, position_bias)), None
+                return self.merge_heads(context), local_weights, MgsaLayerOutput()
+            context = self.local_context(query, key, value, padding_mask, position_bias)
+            return self.merge_heads(context), None, MgsaLayerOutput()
         if self.config._attn_implementation == "eager":
             global_weights, local_weights = self.attention_distributions(query, key, padding_mask, position_bias)
             global_context = torch.matmul(self.attention_dropout(global_weights), value)  # Eq. 2
@@ -118,17 +126,16 @@ class HybridAttention(MgsaAttention):
 
         if self.combination == "concat":
             context = torch.cat([global_context, local_context], dim=1).transpose(1, 2).flatten(2)  # [global ; local]
-            return self.output_proj(self.concat_proj(context)), global_weights
+            return self.output_proj(self.concat_proj(context)), global_weights, MgsaLayerOutput()
 
         gates = torch.sigmoid(self.gate_proj(hidden_states)).transpose(1, 2)  # Eq. 5, (B, 1 or H, L)
-        if syntax is not None:
-            syntax.record("gates", gates if self.per_head_gate else gates.squeeze(1))
         # Eq. 4: (1 - g_i) softmax(ξ_i) V + g_i softmax(B(ξ_i)) V
         context = torch.lerp(global_context, local_context, gates.unsqueeze(-1))
         weights = None
         if global_weights is not None:
             weights = torch.lerp(global_weights, local_weights, gates.unsqueeze(-1))
-        return self.merge_heads(context), weights
+        contribution = MgsaLayerOutput(gates=gates if self.per_head_gate else gates.squeeze(1))
+        return self.merge_heads(context), weights, contribution
 
     def global_context(
         self,

@@ -6,7 +6,7 @@ The attention variants (`phrase_memory.py`, `phrase_representation.py`, `hybrid.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -24,8 +24,9 @@ class MgsaSyntaxInputs:
     The source-side inputs of one encoder forward pass, beyond the tokens themselves.
 
     Field names, shapes and padding values are those of `syntax_fields.py`; every tensor is batch first and aligned
-    with `input_ids` (length `L`). `padding_mask` (B, L) is `True` on real tokens. Variants record what they want to
-    return (losses, analysis tensors, phrase memories) with [`record`]; the encoder gathers it into its output.
+    with `input_ids` (length `L`). `padding_mask` (B, L) is `True` on real tokens. A variant turns the fields it reads
+    into what its layers share (phrase partitions, relations) once per forward: `PhraseMemoryInputs`,
+    `PhraseRepresentationInputs` and `RheInputs` in the variants' modules.
     """
 
     padding_mask: torch.BoolTensor
@@ -37,8 +38,6 @@ class MgsaSyntaxInputs:
     local_phrase_start: torch.LongTensor | None = None
     local_phrase_end: torch.LongTensor | None = None
     tree_depth: torch.LongTensor | None = None
-    records: dict[str, list] = field(default_factory=dict)
-    cache: dict[str, object] = field(default_factory=dict)
 
     @classmethod
     def for_batch(
@@ -68,15 +67,34 @@ class MgsaSyntaxInputs:
                     "fields must be padded and truncated together with the tokens."
                 )
 
-    def record(self, key: str, value) -> None:
-        """Keep `value` for the encoder output under `key` (one entry per layer that records it)."""
-        self.records.setdefault(key, []).append(value)
 
-    def cached(self, key: str, compute: Callable[[], object]):
-        """A per-forward cache, so layers sharing a derived tensor (partitions, masks) compute it once."""
-        if key not in self.cache:
-            self.cache[key] = compute()
-        return self.cache[key]
+@dataclass
+class MgsaLayerOutput:
+    """
+    What an encoder layer contributes besides its hidden states: a variant layer returns it (its self-attention
+    returns it as a third output), the encoder gathers the layers' into [`MgsaEncoderOutput`]. Plain layers return it
+    empty.
+
+    Attributes:
+        tag_loss (`(B,)`): MG-SA phrase-tag cross-entropy per sentence (Eq. 10).
+        gates (`(B, L)` or `(B, H, L)`): hybrid local/global gates (Eq. 5).
+        head_labels (`(B, H)`): RHE head labels, 1 = important, 0 = redundant (Eq. 10).
+        phrase_states (tuple of `(B, P, D)`): PR phrase vectors pooled by this layer, from its input (level k for layer
+            k) and, in the last layer, from its output (level d).
+        phrase_mask (`(B, P)`): PR, `True` on real phrases.
+    """
+
+    tag_loss: torch.Tensor | None = None
+    gates: torch.Tensor | None = None
+    head_labels: torch.LongTensor | None = None
+    phrase_states: tuple[torch.Tensor, ...] = ()
+    phrase_mask: torch.BoolTensor | None = None
+
+
+def split_self_attention_outputs(outputs: tuple) -> tuple[torch.Tensor, MgsaLayerOutput]:
+    """An encoder self-attention's `(output, weights)` or, for a variant that contributes something,
+    `(output, weights, MgsaLayerOutput)` → `(output, contribution)`."""
+    return outputs[0], outputs[2] if len(outputs) > 2 else MgsaLayerOutput()
 
 
 SYNTAX_INPUT_NAMES = tuple(SOURCE_SYNTAX_PAD_VALUES)
@@ -341,15 +359,24 @@ class MgsaEncoderLayer(MgsaPostNormLayer):
         attention_mask: torch.Tensor | None,
         syntax: MgsaSyntaxInputs | None = None,
         **kwargs,
-    ) -> torch.Tensor:
-        """hidden_states (B, L, D), attention_mask additive (B, 1, L, L) or None → (B, L, D)."""
-        attn_output, _ = self.self_attn(hidden_states, attention_mask=attention_mask, syntax=syntax, **kwargs)
+    ) -> tuple[torch.Tensor, MgsaLayerOutput]:
+        """
+        Args:
+            hidden_states: (B, L, D); attention_mask: additive (B, 1, L, L) or None.
+            syntax: what the self-attention reads: [`MgsaSyntaxInputs`] or the variant's inputs made from them.
+
+        Returns:
+            `(hidden_states (B, L, D), what the self-attention contributed)`.
+        """
+        attn_output, contribution = split_self_attention_outputs(
+            self.self_attn(hidden_states, attention_mask=attention_mask, syntax=syntax, **kwargs)
+        )
         hidden_states = self.residual_block(hidden_states, attn_output, self.self_attn_layer_norm)
         hidden_states = self.feed_forward(hidden_states)
         if hidden_states.dtype == torch.float16 and not torch.isfinite(hidden_states).all():
             clamp_value = torch.finfo(hidden_states.dtype).max - 1000
             hidden_states = torch.clamp(hidden_states, min=-clamp_value, max=clamp_value)
-        return hidden_states
+        return hidden_states, contribution
 
 
 class MgsaDecoderLayer(MgsaPostNormLayer):

@@ -30,15 +30,19 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .configuration_mgsa import MgsaConfig
 from .hybrid import HybridAttention
 from .modeling_layers import (
-    SYNTAX_INPUT_NAMES,
     MgsaAttention,
     MgsaDecoderLayer,
     MgsaEncoderLayer,
+    MgsaLayerOutput,
     MgsaSyntaxInputs,
 )
-from .phrase_memory import PhraseMemoryAttention
-from .phrase_representation import PhraseRepresentationDecoderLayer, PhraseRepresentationEncoderLayer
-from .rhe import RheAttention
+from .phrase_memory import PhraseMemoryAttention, PhraseMemoryInputs
+from .phrase_representation import (
+    PhraseRepresentationDecoderLayer,
+    PhraseRepresentationEncoderLayer,
+    PhraseRepresentationInputs,
+)
+from .rhe import RheAttention, RheInputs
 
 
 logger = logging.get_logger(__name__)
@@ -48,6 +52,18 @@ ENCODER_SELF_ATTENTIONS = {"phrase_memory": PhraseMemoryAttention, "hybrid": Hyb
 # encoder_type -> layer classes that replace whole encoder / decoder layers
 ENCODER_LAYERS = {"phrase_representation": PhraseRepresentationEncoderLayer}
 DECODER_LAYERS = {"phrase_representation": PhraseRepresentationDecoderLayer}
+
+
+def variant_inputs(config, syntax: MgsaSyntaxInputs, dtype: torch.dtype):
+    """What the variant's layers read, made once per forward from the source syntax (either backbone): MG-SA's phrase
+    partition, PR's segmentation (for hidden states of `dtype`), RHE's relations; the syntax itself for the others."""
+    if config.encoder_type == "phrase_memory":
+        return PhraseMemoryInputs.from_syntax(config, syntax)
+    if config.encoder_type == "phrase_representation":
+        return PhraseRepresentationInputs.from_syntax(config, syntax, dtype)
+    if config.encoder_type == "rhe":
+        return RheInputs.from_syntax(config, syntax)
+    return syntax
 
 
 def build_encoder_self_attention(config, layer_idx: int, **kwargs) -> MgsaAttention:
@@ -92,6 +108,13 @@ class MgsaEncoderOutput(BaseModelOutput):
     head_labels: tuple[torch.LongTensor, ...] | None = None
     phrase_states: torch.FloatTensor | None = None
     phrase_mask: torch.BoolTensor | None = None
+
+    def source_memories(self) -> dict[str, torch.Tensor]:
+        """What a variant's decoder layers read from the source besides its hidden states, as keyword arguments for
+        the decoder (PR: `encoder_phrase_states`, `encoder_phrase_mask`); empty for the other variants."""
+        if self.phrase_states is None:
+            return {}
+        return {"encoder_phrase_states": self.phrase_states, "encoder_phrase_mask": self.phrase_mask}
 
 
 @dataclass
@@ -151,16 +174,21 @@ class MgsaPreTrainedModel(PreTrainedModel):
         return {"attention_mask": input_ids.ne(pad_token), "input_ids": input_ids, "decoder_input_ids": input_ids}
 
 
-def encoder_output(hidden_states: torch.Tensor, records: dict[str, list]) -> MgsaEncoderOutput:
-    """The encoder output: the last hidden states and what the variant layers recorded (either backbone)."""
-    tag_losses = records.get("tag_loss")
+def encoder_output(hidden_states: torch.Tensor, layer_outputs: list[MgsaLayerOutput]) -> MgsaEncoderOutput:
+    """The encoder output: the last hidden states and what the layers contributed, in layer order (either
+    backbone): the mean of the tag losses, the gates and head labels per variant layer, PR's phrase levels stacked."""
+    tag_losses = [output.tag_loss for output in layer_outputs if output.tag_loss is not None]
+    gates = tuple(output.gates for output in layer_outputs if output.gates is not None)
+    head_labels = tuple(output.head_labels for output in layer_outputs if output.head_labels is not None)
+    phrase_states = [states for output in layer_outputs for states in output.phrase_states]
+    phrase_masks = [output.phrase_mask for output in layer_outputs if output.phrase_mask is not None]
     return MgsaEncoderOutput(
         last_hidden_state=hidden_states,
         tag_loss=torch.stack(tag_losses).mean(0) if tag_losses else None,
-        gates=tuple(records["gates"]) if "gates" in records else None,
-        head_labels=tuple(records["head_labels"]) if "head_labels" in records else None,
-        phrase_states=torch.stack(records["phrase_states"], dim=1) if "phrase_states" in records else None,
-        phrase_mask=records["phrase_mask"][0] if "phrase_mask" in records else None,
+        gates=gates or None,
+        head_labels=head_labels or None,
+        phrase_states=torch.stack(phrase_states, dim=1) if phrase_states else None,
+        phrase_mask=phrase_masks[0] if phrase_masks else None,
     )
 
 
@@ -246,14 +274,17 @@ class MgsaEncoder(MgsaPreTrainedModel):
             local_phrase_end=local_phrase_end,
             tree_depth=tree_depth,
         )
+        layer_syntax = variant_inputs(self.config, syntax, hidden_states.dtype)
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
         )
+        layer_outputs = []
         for encoder_layer in self.layers:
             if self.training and self.layerdrop > 0.0 and torch.rand([]) < self.layerdrop:
                 continue
-            hidden_states = encoder_layer(hidden_states, attention_mask, syntax=syntax, **kwargs)
-        return encoder_output(hidden_states, syntax.records)
+            hidden_states, contribution = encoder_layer(hidden_states, attention_mask, syntax=layer_syntax, **kwargs)
+            layer_outputs.append(contribution)
+        return encoder_output(hidden_states, layer_outputs)
 
 
 class MgsaDecoder(MgsaPreTrainedModel):
@@ -291,14 +322,12 @@ class MgsaDecoder(MgsaPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         position_ids: torch.LongTensor | None = None,
-        encoder_phrase_states: torch.FloatTensor | None = None,
-        encoder_phrase_mask: torch.BoolTensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         r"""
-        encoder_phrase_states (`(batch_size, encoder_layers + 1, num_phrases, d_model)`), encoder_phrase_mask
-        (`(batch_size, num_phrases)`):
-            PR source phrase memories, passed to every decoder layer (plain layers ignore them).
+        kwargs:
+            Passed to every decoder layer, with the source memories a variant's layers read besides
+            `encoder_hidden_states` ([`MgsaEncoderOutput.source_memories`]; plain layers ignore them).
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of decoder_input_ids or decoder_inputs_embeds")
@@ -344,8 +373,6 @@ class MgsaDecoder(MgsaPreTrainedModel):
                 encoder_attention_mask=encoder_attention_mask,
                 past_key_values=past_key_values,
                 use_cache=use_cache,
-                encoder_phrase_states=encoder_phrase_states,
-                encoder_phrase_mask=encoder_phrase_mask,
                 **kwargs,
             )
         return BaseModelOutputWithPastAndCrossAttentions(
@@ -382,7 +409,8 @@ def encoder_decoder_forward(
 ) -> MgsaSeq2SeqModelOutput:
     """
     The encoder-decoder pass of both backbones: encode the source with its syntax fields (unless `encoder_outputs`
-    are given, as `generate` does), then decode against the source states and, for PR, the source phrases.
+    are given, as `generate` does), then decode against the source states and the variant's other source memories
+    (PR's phrases).
     """
     if encoder_outputs is None:
         encoder_outputs = model.get_encoder()(
@@ -401,8 +429,7 @@ def encoder_decoder_forward(
         past_key_values=past_key_values,
         inputs_embeds=decoder_inputs_embeds,
         use_cache=use_cache,
-        encoder_phrase_states=encoder_outputs.phrase_states,
-        encoder_phrase_mask=encoder_outputs.phrase_mask,
+        **encoder_outputs.source_memories(),
         **kwargs,
     )
     return MgsaSeq2SeqModelOutput(
@@ -509,7 +536,16 @@ class MgsaModel(MgsaPreTrainedModel):
         r"""
         Arguments are those of [`~transformers.MarianModel`] plus the source syntax fields of [`MgsaEncoder`].
         """
-        syntax_fields = {name: value for name, value in locals().items() if name in SYNTAX_INPUT_NAMES}
+        syntax_fields = {
+            "word_ids": word_ids,
+            "head_word_ids": head_word_ids,
+            "phrase_ids": phrase_ids,
+            "phrase_tags": phrase_tags,
+            "pr_phrase_ids": pr_phrase_ids,
+            "local_phrase_start": local_phrase_start,
+            "local_phrase_end": local_phrase_end,
+            "tree_depth": tree_depth,
+        }
         return encoder_decoder_forward(
             self,
             input_ids,
@@ -640,7 +676,16 @@ class MgsaForConditionalGeneration(BaseModelAutoMapMixin, MgsaPreTrainedModel, G
                 decoder_input_ids = shift_tokens_right(
                     labels, self.config.pad_token_id, self.config.decoder_start_token_id
                 )
-        syntax_fields = {name: value for name, value in locals().items() if name in SYNTAX_INPUT_NAMES}
+        syntax_fields = {
+            "word_ids": word_ids,
+            "head_word_ids": head_word_ids,
+            "phrase_ids": phrase_ids,
+            "phrase_tags": phrase_tags,
+            "pr_phrase_ids": pr_phrase_ids,
+            "local_phrase_start": local_phrase_start,
+            "local_phrase_end": local_phrase_end,
+            "tree_depth": tree_depth,
+        }
         outputs = encoder_decoder_forward(
             self.model,
             input_ids,

@@ -33,7 +33,7 @@ from transformers.utils.generic import can_return_tuple, merge_with_config_defau
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_mgsa import MgsaT5Config
-from .modeling_layers import SYNTAX_INPUT_NAMES, MgsaAttention, MgsaSyntaxInputs
+from .modeling_layers import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, split_self_attention_outputs
 from .modeling_mgsa import (
     BaseModelAutoMapMixin,
     MgsaEncoderOutput,
@@ -43,6 +43,7 @@ from .modeling_mgsa import (
     encoder_decoder_forward,
     encoder_output,
     language_model_output,
+    variant_inputs,
 )
 from .phrase_representation import PhraseRepresentationDecoderMixin, PhraseRepresentationEncoderMixin
 
@@ -83,9 +84,14 @@ class MgsaT5LayerSelfAttention(nn.Module):
         self.layer_norm = T5LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
         self.dropout = nn.Dropout(config.dropout_rate)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs) -> torch.Tensor:
-        attn_output, _ = self.SelfAttention(self.layer_norm(hidden_states), attention_mask=attention_mask, **kwargs)
-        return hidden_states + self.dropout(attn_output)
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs
+    ) -> tuple[torch.Tensor, MgsaLayerOutput]:
+        """`(hidden_states + dropout(attention(RMSNorm(hidden_states))), what the attention contributed)`."""
+        attn_output, contribution = split_self_attention_outputs(
+            self.SelfAttention(self.layer_norm(hidden_states), attention_mask=attention_mask, **kwargs)
+        )
+        return hidden_states + self.dropout(attn_output), contribution
 
 
 class MgsaT5LayerCrossAttention(nn.Module):
@@ -164,12 +170,15 @@ class MgsaT5EncoderBlock(MgsaT5Block):
         syntax: MgsaSyntaxInputs | None = None,
         position_bias: torch.Tensor | None = None,
         **kwargs,
-    ) -> torch.Tensor:
-        """hidden_states (B, L, D), attention_mask for (B, 1, L, L) or None, position_bias (1, H, L, L) → (B, L, D)."""
-        hidden_states = self.layer[0](
+    ) -> tuple[torch.Tensor, MgsaLayerOutput]:
+        """
+        hidden_states (B, L, D), attention_mask for (B, 1, L, L) or None, position_bias (1, H, L, L), `syntax` what
+        the self-attention reads → `(hidden_states (B, L, D), what the self-attention contributed)`.
+        """
+        hidden_states, contribution = self.layer[0](
             hidden_states, attention_mask, syntax=syntax, position_bias=position_bias, **kwargs
         )
-        return self.feed_forward(clamp_inf(hidden_states))
+        return self.feed_forward(clamp_inf(hidden_states)), contribution
 
 
 class MgsaT5DecoderBlock(MgsaT5Block):
@@ -216,11 +225,10 @@ class MgsaT5DecoderBlock(MgsaT5Block):
             position_bias: (1, H, T, T_past + T) relative position bias of the self-attention.
             kwargs: extra source memories a variant's block reads (PR: `encoder_phrase_states`, `encoder_phrase_mask`).
         """
-        hidden_states = clamp_inf(
-            self.layer[0](
-                hidden_states, attention_mask, position_bias=position_bias, past_key_values=past_key_values
-            )
+        hidden_states, _ = self.layer[0](
+            hidden_states, attention_mask, position_bias=position_bias, past_key_values=past_key_values
         )
+        hidden_states = clamp_inf(hidden_states)
         if encoder_hidden_states is not None:
             hidden_states = self.cross_attention(
                 hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values, **kwargs
@@ -390,10 +398,15 @@ class MgsaT5Encoder(MgsaT5Stack):
         bias_table = self.block[0].layer[0].SelfAttention
         position_bias = relative_position_bias(bias_table, length, length, bidirectional=True)
         hidden_states = self.dropout(inputs_embeds)
+        block_syntax = variant_inputs(self.config, syntax, hidden_states.dtype)
+        block_outputs = []
         for block in self.block:
-            hidden_states = block(hidden_states, attention_mask, syntax=syntax, position_bias=position_bias, **kwargs)
+            hidden_states, contribution = block(
+                hidden_states, attention_mask, syntax=block_syntax, position_bias=position_bias, **kwargs
+            )
+            block_outputs.append(contribution)
         hidden_states = self.dropout(self.final_layer_norm(hidden_states))
-        return encoder_output(hidden_states, syntax.records)
+        return encoder_output(hidden_states, block_outputs)
 
 
 class MgsaT5Decoder(MgsaT5Stack):
@@ -419,14 +432,12 @@ class MgsaT5Decoder(MgsaT5Stack):
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        encoder_phrase_states: torch.FloatTensor | None = None,
-        encoder_phrase_mask: torch.BoolTensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         r"""
-        encoder_phrase_states (`(batch_size, encoder_layers + 1, num_phrases, d_model)`), encoder_phrase_mask
-        (`(batch_size, num_phrases)`):
-            PR source phrase memories, passed to every decoder block (plain blocks ignore them).
+        kwargs:
+            Passed to every decoder block, with the source memories a variant's blocks read besides
+            `encoder_hidden_states` ([`MgsaEncoderOutput.source_memories`]; plain blocks ignore them).
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of decoder_input_ids or decoder_inputs_embeds")
@@ -467,8 +478,6 @@ class MgsaT5Decoder(MgsaT5Stack):
                 encoder_attention_mask=encoder_attention_mask,
                 past_key_values=past_key_values,
                 position_bias=position_bias,
-                encoder_phrase_states=encoder_phrase_states,
-                encoder_phrase_mask=encoder_phrase_mask,
                 **kwargs,
             )
         hidden_states = self.dropout(self.final_layer_norm(hidden_states))
@@ -532,7 +541,16 @@ class MgsaT5Model(MgsaT5PreTrainedModel):
         r"""
         Arguments are those of [`~transformers.T5Model`] plus the source syntax fields of [`MgsaT5Encoder`].
         """
-        syntax_fields = {name: value for name, value in locals().items() if name in SYNTAX_INPUT_NAMES}
+        syntax_fields = {
+            "word_ids": word_ids,
+            "head_word_ids": head_word_ids,
+            "phrase_ids": phrase_ids,
+            "phrase_tags": phrase_tags,
+            "pr_phrase_ids": pr_phrase_ids,
+            "local_phrase_start": local_phrase_start,
+            "local_phrase_end": local_phrase_end,
+            "tree_depth": tree_depth,
+        }
         return encoder_decoder_forward(
             self,
             input_ids,
@@ -630,7 +648,16 @@ class MgsaT5ForConditionalGeneration(BaseModelAutoMapMixin, MgsaT5PreTrainedMode
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self._shift_right(labels)
-        syntax_fields = {name: value for name, value in locals().items() if name in SYNTAX_INPUT_NAMES}
+        syntax_fields = {
+            "word_ids": word_ids,
+            "head_word_ids": head_word_ids,
+            "phrase_ids": phrase_ids,
+            "phrase_tags": phrase_tags,
+            "pr_phrase_ids": pr_phrase_ids,
+            "local_phrase_start": local_phrase_start,
+            "local_phrase_end": local_phrase_end,
+            "tree_depth": tree_depth,
+        }
         outputs = encoder_decoder_forward(
             self,
             input_ids,

@@ -38,7 +38,7 @@ from torch.nn.utils.rnn import PackedSequence
 from transformers import initialization as init
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .modeling_layers import MgsaAttention, MgsaSyntaxInputs, eager_attention_forward
+from .modeling_layers import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, eager_attention_forward
 from .on_lstm import OnLstm
 
 
@@ -149,6 +149,36 @@ def phrase_head_width(config) -> int:
     """d_m = (phrase heads) × d_h: the width of the head-space phrase memory (384 at Transformer-base)."""
     word_heads, _ = config.phrase_head_allocation()
     return (config.encoder_attention_heads - word_heads) * attention_head_dim(config)
+
+
+@dataclass
+class PhraseMemoryInputs:
+    """
+    What the MG-SA layers of one forward read, made once from the source syntax ([`from_syntax`]).
+
+    Attributes:
+        padding_mask: (B, L), `True` on real tokens.
+        partition: the phrases of every granularity.
+        phrase_tags: (B, levels, L) phrase tag ids for tag supervision (Eq. 9-10), or None (no tag loss).
+    """
+
+    padding_mask: torch.BoolTensor
+    partition: PhrasePartition
+    phrase_tags: torch.LongTensor | None = None
+
+    @classmethod
+    def from_syntax(cls, config, syntax: MgsaSyntaxInputs) -> "PhraseMemoryInputs":
+        partition = phrase_partition(config, syntax)
+        phrase_tags = syntax.phrase_tags if config.phrase_tag_supervision else None
+        if phrase_tags is not None:
+            syntax.require("phrase_tags", needed_by="MG-SA phrase tag supervision")
+            levels = partition.phrase_ids.shape[1]
+            if phrase_tags.dim() != 3 or phrase_tags.shape[1] < levels:
+                raise ValueError(
+                    f"`phrase_tags` must be (batch, levels >= {levels}, seq_len) like `phrase_ids`, got "
+                    f"{tuple(phrase_tags.shape)}."
+                )
+        return cls(padding_mask=syntax.padding_mask, partition=partition, phrase_tags=phrase_tags)
 
 
 class MaxComposition(nn.Module):
@@ -337,30 +367,32 @@ class PhraseMemoryAttention(MgsaAttention):
         key_value_states: torch.Tensor | None = None,
         past_key_values=None,
         attention_mask: torch.Tensor | None = None,
-        syntax: MgsaSyntaxInputs | None = None,
+        syntax: PhraseMemoryInputs | None = None,
         position_bias: torch.Tensor | None = None,
         **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, MgsaLayerOutput]:
         """
         Args:
             hidden_states: (B, L, D), the layer input H.
             attention_mask: unused; keys are masked from `syntax.padding_mask` and the phrase partition.
             position_bias: T5's relative position bias (1, H, L, L), added to the word heads only.
-            syntax: the source syntax (`padding_mask`; `phrase_ids` for the syntactic partition; `phrase_tags`
-                for tag supervision).
+            syntax: the batch's [`PhraseMemoryInputs`] (the encoder makes them once per forward).
 
         Returns:
-            `(output (B, L, D), weights (B, H, L, L) or None)`: for phrase heads the last dimension of the weights
-            indexes phrases (slots past the last phrase are 0).
+            `(output (B, L, D), weights (B, H, L, L) or None, MgsaLayerOutput with the tag_loss (B,) or None)`: for
+            phrase heads the last dimension of the weights indexes phrases (slots past the last phrase are 0).
         """
-        if syntax is None:
-            raise ValueError("PhraseMemoryAttention needs `syntax`: the `MgsaSyntaxInputs` that `MgsaEncoder` passes.")
+        if not isinstance(syntax, PhraseMemoryInputs):
+            raise ValueError(
+                "PhraseMemoryAttention needs `syntax=PhraseMemoryInputs.from_syntax(config, MgsaSyntaxInputs(...))`, "
+                f"as `MgsaEncoder` passes it; got {type(syntax).__name__}."
+            )
         self.check_attn_implementation()
-        partition = syntax.cached("phrase_memory.partition", lambda: phrase_partition(self.config, syntax))
+        partition = syntax.partition
         phrases = self.composition(hidden_states, partition)  # Eq. 8, (B, G, P, D or d_m)
+        tag_loss = None
         if self.tag_classifier is not None and syntax.phrase_tags is not None:
-            syntax.require("phrase_tags", needed_by="MG-SA phrase tag supervision")
-            syntax.record("tag_loss", self.tag_loss(phrases, partition, syntax.phrase_tags))
+            tag_loss = self.tag_loss(phrases, partition, syntax.phrase_tags)
         if self.interaction is not None:
             phrases = self.interact(phrases, partition)  # Eq. 11, (B, G, P, d_m)
 
@@ -385,7 +417,7 @@ class PhraseMemoryAttention(MgsaAttention):
             **kwargs,
         )
         attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
-        return self.output_proj(attn_output), attn_weights
+        return self.output_proj(attn_output), attn_weights, MgsaLayerOutput(tag_loss=tag_loss)
 
     def interact(self, phrases: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
         """
@@ -451,11 +483,6 @@ class PhraseMemoryAttention(MgsaAttention):
         real, tagged phrases of all levels (EOS and padding carry -100 and are ignored). Returns (B,).
         """
         num_levels = partition.phrase_ids.shape[1]
-        if phrase_tags.dim() != 3 or phrase_tags.shape[1] < num_levels:
-            raise ValueError(
-                f"`phrase_tags` must be (batch, levels >= {num_levels}, seq_len) like `phrase_ids`, got "
-                f"{tuple(phrase_tags.shape)}."
-            )
         token_tags = phrase_tags[:, :num_levels].masked_fill(partition.phrase_ids < 0, -100)
         if int(token_tags.max()) >= self.config.num_phrase_tags:
             raise ValueError(
@@ -470,4 +497,11 @@ class PhraseMemoryAttention(MgsaAttention):
         return losses / tags.ne(-100).flatten(1).sum(-1).clamp(min=1)
 
 
-__all__ = ["PhraseMemoryAttention", "PhrasePartition", "ngram_phrase_ids", "phrase_head_width", "phrase_partition"]
+__all__ = [
+    "PhraseMemoryAttention",
+    "PhraseMemoryInputs",
+    "PhrasePartition",
+    "ngram_phrase_ids",
+    "phrase_head_width",
+    "phrase_partition",
+]

@@ -18,7 +18,13 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.masking_utils import create_bidirectional_mask
 
-from .modeling_layers import MgsaAttention, MgsaDecoderLayer, MgsaEncoderLayer, MgsaSyntaxInputs
+from .modeling_layers import (
+    MgsaAttention,
+    MgsaDecoderLayer,
+    MgsaEncoderLayer,
+    MgsaLayerOutput,
+    MgsaSyntaxInputs,
+)
 
 
 @dataclass
@@ -106,10 +112,24 @@ def segment_phrases(phrase_ids: torch.LongTensor, dtype: torch.dtype = torch.flo
     )
 
 
-def source_phrase_segmentation(syntax: MgsaSyntaxInputs, config, dtype: torch.dtype) -> PhraseSegmentation:
-    """The segmentation of the forward's source, computed by the first layer that asks and shared by all."""
+@dataclass
+class PhraseRepresentationInputs:
+    """
+    What the PR encoder layers of one forward read, made once from the source syntax ([`from_syntax`]).
 
-    def compute() -> PhraseSegmentation:
+    Attributes:
+        padding_mask: (B, L), `True` on real tokens.
+        segmentation: the source phrases, fixed-size (`pr_segmentation="fixed"`) or from the parse (`"parse"`).
+    """
+
+    padding_mask: torch.BoolTensor
+    segmentation: PhraseSegmentation
+
+    @classmethod
+    def from_syntax(
+        cls, config, syntax: MgsaSyntaxInputs, dtype: torch.dtype = torch.float32
+    ) -> "PhraseRepresentationInputs":
+        """The segmentation for hidden states of `dtype`."""
         if config.pr_segmentation == "parse":
             needed_by = 'encoder_type="phrase_representation" with pr_segmentation="parse"'
             syntax.require("pr_phrase_ids", needed_by=needed_by)
@@ -118,11 +138,7 @@ def source_phrase_segmentation(syntax: MgsaSyntaxInputs, config, dtype: torch.dt
             phrase_ids = fixed_phrase_ids(
                 syntax.padding_mask, config.pr_max_phrase_tokens, config.pr_min_phrase_tokens, config.pr_length_ratio
             )
-        segmentation = segment_phrases(phrase_ids, dtype)
-        syntax.record("phrase_mask", segmentation.mask)
-        return segmentation
-
-    return syntax.cached("pr_segmentation", compute)
+        return cls(padding_mask=syntax.padding_mask, segmentation=segment_phrases(phrase_ids, dtype))
 
 
 class AttentivePhrasePooling(nn.Module):
@@ -212,11 +228,11 @@ class PhraseRepresentationEncoderMixin:
     (Eq. 2-5) → attentive combination with them (Eq. 7-8, wrapped as the backbone wraps a sub-layer: residual and
     post-LN on Marian, pre-RMSNorm and residual on T5) → the backbone's self-attention → feed-forward.
 
-    Each layer records its input's phrases as `phrase_states` (level k for layer k, level 0 being the embeddings); the
-    last layer also pools its output (level d), so the encoder returns the d + 1 levels that Transparent Attention
-    mixes (Eq. 6, "0 corresponds to the embedding layer"; footnote 4's 7 × 6 weights for 6 encoder layers). On a
-    pre-norm backbone the phrases are pooled from normalised states: the sub-layer's norm for the input, an own norm
-    (`output_phrase_layer_norm`) for the last layer's output.
+    Each layer returns its input's phrases in its [`MgsaLayerOutput`] (level k for layer k, level 0 being the
+    embeddings); the last layer also pools its output (level d), so the encoder gathers the d + 1 levels that
+    Transparent Attention mixes (Eq. 6, "0 corresponds to the embedding layer"; footnote 4's 7 × 6 weights for 6
+    encoder layers). On a pre-norm backbone the phrases are pooled from normalised states: the sub-layer's norm for
+    the input, an own norm (`output_phrase_layer_norm`) for the last layer's output.
     """
 
     def __init__(self, config, self_attn: MgsaAttention, layer_idx: int):
@@ -235,39 +251,44 @@ class PhraseRepresentationEncoderMixin:
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        syntax: MgsaSyntaxInputs | None = None,
+        syntax: PhraseRepresentationInputs | None = None,
         **kwargs,
-    ) -> torch.Tensor:
-        """hidden_states (B, L, D), attention_mask additive (B, 1, L, L) or None → (B, L, D)."""
-        if syntax is None:
+    ) -> tuple[torch.Tensor, MgsaLayerOutput]:
+        """
+        Args:
+            hidden_states: (B, L, D); attention_mask: additive (B, 1, L, L) or None.
+            syntax: the batch's [`PhraseRepresentationInputs`] (the encoder makes them once per forward).
+
+        Returns:
+            `(hidden_states (B, L, D), MgsaLayerOutput with this layer's phrase_states and the phrase_mask)`.
+        """
+        if not isinstance(syntax, PhraseRepresentationInputs):
             raise ValueError(
-                'encoder_type="phrase_representation" needs the source padding mask: call the layer with '
-                "`syntax=MgsaSyntaxInputs(padding_mask=...)` (the encoder does this)."
+                'encoder_type="phrase_representation" needs the source phrases: call the layer with '
+                "`syntax=PhraseRepresentationInputs.from_syntax(config, MgsaSyntaxInputs(padding_mask=...))` (the "
+                "encoder does this)."
             )
-        segmentation = source_phrase_segmentation(syntax, self.config, hidden_states.dtype)
+        segmentation = syntax.segmentation
+        phrase_states = []
 
         def combine_with_phrases(states: torch.Tensor) -> torch.Tensor:
-            phrase_states = self.phrase_pooling(states, segmentation)
-            syntax.record("phrase_states", phrase_states)
-            phrase_attention_mask = syntax.cached(
-                "pr_phrase_attention_mask",
-                lambda: create_bidirectional_mask(
-                    config=self.config,
-                    inputs_embeds=states,
-                    attention_mask=segmentation.mask,
-                    encoder_hidden_states=phrase_states,
-                ),
+            phrase_states.append(self.phrase_pooling(states, segmentation))
+            phrase_attention_mask = create_bidirectional_mask(
+                config=self.config,
+                inputs_embeds=states,
+                attention_mask=segmentation.mask,
+                encoder_hidden_states=phrase_states[-1],
             )
-            return self.phrase_combination(states, phrase_states, phrase_attention_mask)
+            return self.phrase_combination(states, phrase_states[-1], phrase_attention_mask)
 
         hidden_states = self.sublayer(hidden_states, combine_with_phrases, self.phrase_combination_layer_norm)
-        hidden_states = super().forward(hidden_states, attention_mask, syntax=syntax, **kwargs)
+        hidden_states, _ = super().forward(hidden_states, attention_mask, syntax=syntax, **kwargs)
         if self.is_last:
             states = hidden_states if self.output_phrase_layer_norm is None else self.output_phrase_layer_norm(
                 hidden_states
             )
-            syntax.record("phrase_states", self.output_phrase_pooling(states, segmentation))
-        return hidden_states
+            phrase_states.append(self.output_phrase_pooling(states, segmentation))
+        return hidden_states, MgsaLayerOutput(phrase_states=tuple(phrase_states), phrase_mask=segmentation.mask)
 
 
 class PhraseRepresentationEncoderLayer(PhraseRepresentationEncoderMixin, MgsaEncoderLayer):

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .hybrid import encoder_outputs
-from .modeling_layers import MgsaAttention, MgsaSyntaxInputs
+from .modeling_layers import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs
 
 
 def dependency_relation(syntax: MgsaSyntaxInputs) -> torch.BoolTensor:
@@ -52,6 +52,53 @@ def sea_allowed(syntax: MgsaSyntaxInputs, relation: torch.BoolTensor) -> torch.B
     return (relation | diagonal | ~real[:, :, None]) & real[:, None, :]
 
 
+def required_syntax_fields(config) -> tuple[str, ...]:
+    """The syntax fields RHE layers read: dependencies for DEA and for head identification, the local phrases and
+    tree depths for LPEA (unless its heads are only pruned)."""
+    fields = ("word_ids", "head_word_ids") if config.rhe_mode != "sea_all" or config.rhe_attention == "dea" else ()
+    if config.rhe_attention == "lpea" and config.rhe_mode != "rhe_prune":
+        fields += ("local_phrase_start", "local_phrase_end", "tree_depth")
+    return fields
+
+
+@dataclass
+class RheInputs:
+    """
+    What the RHE layers of one forward read, made once from the source syntax ([`from_syntax`]).
+
+    Attributes:
+        padding_mask: (B, L), `True` on real tokens.
+        dependency: (B, L, L) Dep_mask (for DEA and head identification), or None when no layer reads it.
+        sea_allowed: (B, L, L) or (B, 1, L) the key pairs the syntax-enhanced attention keeps, or None (`"rhe_prune"`).
+        phrasal_labels: (B, L, L) LPEA's relative local-phrasal labels in [0, 2k] (Eq. 7), or None for DEA.
+    """
+
+    padding_mask: torch.BoolTensor
+    dependency: torch.BoolTensor | None = None
+    sea_allowed: torch.BoolTensor | None = None
+    phrasal_labels: torch.LongTensor | None = None
+
+    @classmethod
+    def from_syntax(cls, config, syntax: MgsaSyntaxInputs) -> "RheInputs":
+        syntax.require(*required_syntax_fields(config), needed_by=f'encoder_type="rhe" ({config.rhe_attention})')
+        dependency = dependency_relation(syntax) if syntax.word_ids is not None else None
+        inputs = cls(padding_mask=syntax.padding_mask, dependency=dependency)
+        if config.rhe_mode == "rhe_prune":
+            return inputs
+        if config.rhe_attention == "dea":  # Eq. 5's D: the dependency-related pairs
+            inputs.sea_allowed = sea_allowed(syntax, dependency)
+            return inputs
+        k = config.rhe_max_relative_position
+        allowed = sea_allowed(syntax, local_phrase_relation(syntax))
+        labels = relative_phrasal_labels(syntax, k)
+        if config.rhe_out_of_phrase == "clip":
+            # Eq. 7: out of one local phrase RP_ij = ∞, clipped to k (label 2k); only padding keys are dropped
+            labels = labels.masked_fill(~allowed, 2 * k)
+            allowed = syntax.padding_mask[:, None, :]
+        inputs.sea_allowed, inputs.phrasal_labels = allowed, labels
+        return inputs
+
+
 class RheAttention(MgsaAttention):
     """
     Multi-head self-attention whose redundant heads are replaced by a syntax-enhanced attention (SEA).
@@ -66,8 +113,9 @@ class RheAttention(MgsaAttention):
     Redundant-head identification, per sentence and head, from the plain attention A (Eqs. 3, 9, 10):
     h_conf = mean_i max_j A_ij, Syn_attn = mean_i Σ_j Dep_ij A_ij, Syn_gate = σ(h_conf) (or `rhe_fixed_gate`); the
     head is important iff Syn_attn > Syn_gate. `rhe_mode`: `"rhe"` gives redundant heads the SEA distribution,
-    `"rhe_prune"` zeroes them, `"sea_all"` uses SEA on every head (no identification). The labels, (B, H) long with
-    1 = important, are recorded as `syntax.record("head_labels", ...)` in the `"rhe"` and `"rhe_prune"` modes.
+    `"rhe_prune"` drops them (their context is not computed), `"sea_all"` uses SEA on every head (no
+    identification). The labels, (B, H) long with 1 = important, are returned in the layer's [`MgsaLayerOutput`] in
+    the `"rhe"` and `"rhe_prune"` modes.
 
     Backends: the identification needs every head's full distribution A, so the layer computes its attention
     explicitly whatever `attn_implementation` says (the model's other layers use the configured kernel).
@@ -88,42 +136,18 @@ class RheAttention(MgsaAttention):
             self.relative_proj = nn.Linear(self.head_dim, self.head_dim)
             self.relative_score = nn.Linear(self.head_dim, 1, bias=False)
 
-    def required_syntax(self) -> tuple[str, ...]:
-        """The syntax fields this layer reads: dependencies for DEA and for head identification, the local phrases
-        and tree depths for LPEA."""
-        fields = ("word_ids", "head_word_ids") if self.mode != "sea_all" or self.syntax_attention == "dea" else ()
-        if self.uses_phrases:
-            fields += ("local_phrase_start", "local_phrase_end", "tree_depth")
-        return fields
-
     def relative_phrasal_bias(self) -> torch.Tensor:
         """P for the 2k + 1 labels (Eq. 8): -|tanh(W_P w + b_P) U_P|, shape (2k + 1,)."""
         hidden = torch.tanh(self.relative_proj(self.relative_embeddings.weight))
         return -self.relative_score(hidden).squeeze(-1).abs()
 
-    def syntax_bias(self, syntax: MgsaSyntaxInputs, dtype: torch.dtype) -> torch.Tensor:
+    def syntax_bias(self, syntax: RheInputs, dtype: torch.dtype) -> torch.Tensor:
         """The SEA bias (B, 1, L, L): D of Eq. 5 or P of Eq. 8, with the dtype's minimum on dropped pairs."""
-        minimum = torch.finfo(dtype).min
         if self.syntax_attention == "dea":
-
-            def dea_bias():
-                allowed = sea_allowed(syntax, self.dependency(syntax))
-                return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, minimum)
-
-            return syntax.cached(f"rhe_dea_bias_{dtype}", dea_bias).unsqueeze(1)
-        k = self.max_relative_position
-        allowed = syntax.cached("rhe_lpea_allowed", lambda: sea_allowed(syntax, local_phrase_relation(syntax)))
-        labels = syntax.cached(f"rhe_labels_{k}", lambda: relative_phrasal_labels(syntax, k))
-        if self.out_of_phrase == "clip":
-            # Eq. 7: out of one local phrase RP_ij = ∞, clipped to k (label 2k); only padding keys are dropped
-            labels = syntax.cached(f"rhe_clipped_labels_{k}", lambda: labels.masked_fill(~allowed, 2 * k))
-            allowed = syntax.padding_mask[:, None, :]
-        bias = self.relative_phrasal_bias().to(dtype)[labels]  # gathered by label, never (B, L, L, d_h)
-        return bias.masked_fill(~allowed, minimum).unsqueeze(1)
-
-    @staticmethod
-    def dependency(syntax: MgsaSyntaxInputs) -> torch.BoolTensor:
-        return syntax.cached("rhe_dependency", lambda: dependency_relation(syntax))
+            bias = torch.zeros(syntax.sea_allowed.shape, dtype=dtype, device=syntax.sea_allowed.device)
+        else:
+            bias = self.relative_phrasal_bias().to(dtype)[syntax.phrasal_labels]  # by label, never (B, L, L, d_h)
+        return bias.masked_fill(~syntax.sea_allowed, torch.finfo(dtype).min).unsqueeze(1)
 
     @torch.no_grad()
     def identify_important_heads(
@@ -151,44 +175,51 @@ class RheAttention(MgsaAttention):
         key_value_states: torch.Tensor | None = None,
         past_key_values=None,
         attention_mask: torch.Tensor | None = None,
-        syntax: MgsaSyntaxInputs | None = None,
+        syntax: RheInputs | None = None,
         position_bias: torch.Tensor | None = None,
         **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, MgsaLayerOutput]:
         """
-        Encoder self-attention. `hidden_states` (B, L, D); `syntax` carries the padding mask and the source syntax
-        fields (`word_ids`, `head_word_ids` for DEA and identification; `local_phrase_start`, `local_phrase_end`,
-        `tree_depth` for LPEA). `attention_mask` is not read: padding comes from `syntax.padding_mask`. T5's
+        Encoder self-attention. `hidden_states` (B, L, D); `syntax` the batch's [`RheInputs`] (the encoder makes them
+        once per forward). `attention_mask` is not read: padding comes from `syntax.padding_mask`. T5's
         `position_bias` (1, H, L, L) is part of the energy ξ, so both the plain and the SEA distributions carry it.
 
         Returns:
-            `(output (B, L, D), attention weights (B, H, L, L) after head replacement, before dropout)`.
+            `(output (B, L, D), attention weights (B, H, L, L) after head replacement, before dropout,
+            MgsaLayerOutput with the head labels (B, H) or None for "sea_all")`.
         """
         if key_value_states is not None or past_key_values is not None:
             raise ValueError("RheAttention is an encoder self-attention: it takes no key_value_states or cache.")
-        if syntax is None:
-            raise ValueError('encoder_type="rhe" needs the source syntax: call it through `MgsaEncoder`.')
-        syntax.require(*self.required_syntax(), needed_by=f'encoder_type="rhe" ({self.syntax_attention})')
+        if not isinstance(syntax, RheInputs):
+            raise ValueError(
+                'encoder_type="rhe" needs `syntax=RheInputs.from_syntax(config, MgsaSyntaxInputs(...))`, as '
+                f"`MgsaEncoder` passes it; got {type(syntax).__name__}."
+            )
         query = self.split_heads(self.query_proj(hidden_states))
         key = self.split_heads(self.key_proj(hidden_states))
         value = self.split_heads(self.value_proj(hidden_states))
 
         energy = self.energy(query, key, position_bias)  # (B, H, L, L)
-        sea_bias = self.syntax_bias(syntax, energy.dtype) if self.mode != "rhe_prune" else None
         if self.mode == "sea_all":
-            weights = nn.functional.softmax(energy + sea_bias, dim=-1)
-        else:
-            padding = ~syntax.padding_mask[:, None, None, :]
-            weights = nn.functional.softmax(energy.masked_fill(padding, torch.finfo(energy.dtype).min), dim=-1)
-            important = self.identify_important_heads(weights, self.dependency(syntax), syntax.padding_mask)
-            syntax.record("head_labels", important.long())
-            important = important[:, :, None, None]
-            if self.mode == "rhe":
-                weights = torch.where(important, weights, nn.functional.softmax(energy + sea_bias, dim=-1))
-            else:
-                weights = weights * important
+            weights = nn.functional.softmax(energy + self.syntax_bias(syntax, energy.dtype), dim=-1)
+            return self.merge_heads(torch.matmul(self.attention_dropout(weights), value)), weights, MgsaLayerOutput()
+
+        padding = ~syntax.padding_mask[:, None, None, :]
+        weights = nn.functional.softmax(energy.masked_fill(padding, torch.finfo(energy.dtype).min), dim=-1)
+        important = self.identify_important_heads(weights, syntax.dependency, syntax.padding_mask)  # (B, H)
+        contribution = MgsaLayerOutput(head_labels=important.long())
+        if self.mode == "rhe_prune":
+            # only the important (sentence, head) pairs compute a context; the pruned ones stay 0
+            rows = important.flatten().nonzero().squeeze(-1)
+            selected = self.attention_dropout(weights.flatten(0, 1).index_select(0, rows))
+            context = value.new_zeros(value.shape).flatten(0, 1)
+            context = context.index_copy(0, rows, torch.matmul(selected, value.flatten(0, 1).index_select(0, rows)))
+            weights = weights * important[:, :, None, None]
+            return self.merge_heads(context.view_as(value)), weights, contribution
+        sea_weights = nn.functional.softmax(energy + self.syntax_bias(syntax, energy.dtype), dim=-1)
+        weights = torch.where(important[:, :, None, None], weights, sea_weights)
         context = torch.matmul(self.attention_dropout(weights), value)
-        return self.merge_heads(context), weights
+        return self.merge_heads(context), weights, contribution
 
 
 # --------------------------------------------------------------------------------------------------------------------
