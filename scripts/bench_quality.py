@@ -294,13 +294,24 @@ def paired_bootstrap(baseline: list[list[str]], system: list[list[str]], referen
     refs = [references]
     indices = np.random.default_rng(seed).choice(len(references), size=(n_samples, len(references)), replace=True)
 
+    # per-sentence statistics summed per resample, as sacreBLEU's own PairedTest does through these two methods; a
+    # sacreBLEU without them gets the public corpus_score of every resampled corpus (the same scores, slower)
+    statistics_methods = ("_extract_corpus_statistics", "_compute_score_from_stats")
+    from_statistics = all(hasattr(metric, name) for name in statistics_methods)
+
     def scores(hypothesis_sets):
         """Seed-averaged corpus score on the full test set and on every resample."""
         full, resampled = [], []
         for hypotheses in hypothesis_sets:
-            stats = np.array(metric._extract_corpus_statistics(hypotheses, refs), dtype="float32")
-            full.append(metric._compute_score_from_stats(stats.sum(0)).score)
-            resampled.append([metric._compute_score_from_stats(row.sum(0)).score for row in stats[indices]])
+            full.append(metric.corpus_score(hypotheses, refs).score)
+            if from_statistics:
+                stats = np.array(metric._extract_corpus_statistics(hypotheses, refs), dtype="float32")
+                resampled.append([metric._compute_score_from_stats(row.sum(0)).score for row in stats[indices]])
+            else:
+                resampled.append([
+                    metric.corpus_score([hypotheses[i] for i in row], [[references[i] for i in row]]).score
+                    for row in indices
+                ])
         return float(np.mean(full)), np.mean(resampled, axis=0)
 
     base_score, base_samples = scores(baseline)

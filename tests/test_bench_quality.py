@@ -50,6 +50,23 @@ def test_one_seed_is_sacrebleu_paired_bootstrap(references, metric):
     assert ours["delta"] == pytest.approx(expected.score - scores[name][0].score, abs=0.01)
 
 
+class PublicOnly:
+    """A sacreBLEU metric seen through its public `corpus_score` alone."""
+
+    def __init__(self, metric):
+        self.corpus_score = metric.corpus_score
+
+
+@pytest.mark.parametrize("metric", [BLEU(), CHRF()], ids=["bleu", "chrf"])
+def test_public_corpus_score_gives_the_same_test(references, metric):
+    """Without sacreBLEU's per-sentence statistics methods the test scores every resample with `corpus_score`, and
+    gets the same result."""
+    baseline, system = degrade(references[:100], 0.30, 0), degrade(references[:100], 0.25, 1)
+    fast = bench_quality.paired_bootstrap([baseline], [system], references[:100], metric, n_samples=50)
+    public = bench_quality.paired_bootstrap([baseline], [system], references[:100], PublicOnly(metric), n_samples=50)
+    assert fast == public
+
+
 def test_identical_systems_are_not_different(references):
     system = degrade(references, 0.3, 0)
     result = bench_quality.paired_bootstrap([system], [list(system)], references, BLEU())
