@@ -145,9 +145,12 @@ class HybridAttention(MgsaAttention):
         padding_mask: torch.BoolTensor,
         position_bias: torch.Tensor | None,
     ) -> torch.Tensor:
-        """softmax(ξ_i) V (Eq. 2) with the configured attention kernel: (B, H, L, d_h)."""
-        key_mask = torch.zeros(padding_mask.shape, dtype=query.dtype, device=query.device)
-        key_mask = key_mask.masked_fill(~padding_mask, torch.finfo(query.dtype).min)[:, None, None, :]
+        """softmax(ξ_i) V (Eq. 2) with the configured attention kernel: (B, H, L, d_h). Without padding no mask goes to
+        the kernel, which can then take its fused path (as the plain layers' mask is None then)."""
+        key_mask = None
+        if not padding_mask.all():
+            key_mask = torch.zeros(padding_mask.shape, dtype=query.dtype, device=query.device)
+            key_mask = key_mask.masked_fill(~padding_mask, torch.finfo(query.dtype).min)[:, None, None, :]
         kwargs = {} if position_bias is None else {"position_bias": position_bias}
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -167,16 +170,19 @@ class HybridAttention(MgsaAttention):
         position_bias: torch.Tensor | None,
     ) -> torch.Tensor:
         """
-        softmax(B(ξ_i)) V (Eq. 3) from the 2m + 1 keys of each query's window only: the window's keys and values are
-        strided views of the padded sequence, so nothing of size L × L is formed. Returns (B, H, L, d_h).
+        softmax(B(ξ_i)) V (Eq. 3) from the 2m + 1 keys of each query's window only: offset w of the window is the
+        padded keys (values) shifted by w, a view, so neither an L × L tensor nor a copy of the keys per offset is
+        formed (and none is kept for the backward pass). Returns (B, H, L, d_h).
         """
         length = query.shape[2]
         window = min(self.window, length - 1)
         width = 2 * window + 1
-        # (B, H, L, d_h, 2m + 1) views: column w of row i is position i + w - m
-        keys = nn.functional.pad(key, (0, 0, window, window)).unfold(2, width, 1)
-        values = nn.functional.pad(value, (0, 0, window, window)).unfold(2, width, 1)
-        energy = torch.einsum("bhid,bhidw->bhiw", query, keys) * self.scaling  # the band of Eq. 1
+        padded_keys = nn.functional.pad(key, (0, 0, window, window))
+        padded_values = nn.functional.pad(value, (0, 0, window, window))
+        # the band of Eq. 1, (B, H, L, 2m + 1): column w of row i is position i + w - m
+        energy = torch.stack(
+            [(query * padded_keys[:, :, offset : offset + length]).sum(-1) for offset in range(width)], dim=-1
+        ) * self.scaling
         if position_bias is not None:
             offsets = torch.arange(-window, window + 1, device=query.device)
             columns = (torch.arange(length, device=query.device)[:, None] + offsets).clamp(0, length - 1)
@@ -184,7 +190,10 @@ class HybridAttention(MgsaAttention):
         in_window = nn.functional.pad(padding_mask, (window, window)).unfold(1, width, 1)  # (B, L, 2m + 1)
         energy = energy.masked_fill(~in_window[:, None], torch.finfo(energy.dtype).min)
         weights = self.attention_dropout(nn.functional.softmax(energy, dim=-1))
-        return torch.einsum("bhiw,bhidw->bhid", weights, values)
+        context = weights[..., 0, None] * padded_values[:, :, :length]
+        for offset in range(1, width):
+            context = context + weights[..., offset, None] * padded_values[:, :, offset : offset + length]
+        return context
 
 
 # --------------------------------------------------------------------------------------------------------------------
