@@ -100,6 +100,29 @@ def split_self_attention_outputs(outputs: tuple) -> tuple[torch.Tensor, MgsaLaye
 SYNTAX_INPUT_NAMES = tuple(SOURCE_SYNTAX_PAD_VALUES)
 
 
+def source_syntax_fields(
+    word_ids: torch.LongTensor | None,
+    head_word_ids: torch.LongTensor | None,
+    phrase_ids: torch.LongTensor | None,
+    phrase_tags: torch.LongTensor | None,
+    pr_phrase_ids: torch.LongTensor | None,
+    local_phrase_start: torch.LongTensor | None,
+    local_phrase_end: torch.LongTensor | None,
+    tree_depth: torch.LongTensor | None,
+) -> dict[str, torch.LongTensor | None]:
+    """The source syntax fields a model's forward takes, by name, for its encoder (see `syntax_fields.py`)."""
+    return {
+        "word_ids": word_ids,
+        "head_word_ids": head_word_ids,
+        "phrase_ids": phrase_ids,
+        "phrase_tags": phrase_tags,
+        "pr_phrase_ids": pr_phrase_ids,
+        "local_phrase_start": local_phrase_start,
+        "local_phrase_end": local_phrase_end,
+        "tree_depth": tree_depth,
+    }
+
+
 def eager_attention_forward(
     module: nn.Module,
     query: torch.Tensor,

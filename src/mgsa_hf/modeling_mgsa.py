@@ -35,6 +35,7 @@ from .modeling_layers import (
     MgsaEncoderLayer,
     MgsaLayerOutput,
     MgsaSyntaxInputs,
+    source_syntax_fields,
 )
 from .phrase_memory import PhraseMemoryAttention, PhraseMemoryInputs
 from .phrase_representation import (
@@ -536,16 +537,10 @@ class MgsaModel(MgsaPreTrainedModel):
         r"""
         Arguments are those of [`~transformers.MarianModel`] plus the source syntax fields of [`MgsaEncoder`].
         """
-        syntax_fields = {
-            "word_ids": word_ids,
-            "head_word_ids": head_word_ids,
-            "phrase_ids": phrase_ids,
-            "phrase_tags": phrase_tags,
-            "pr_phrase_ids": pr_phrase_ids,
-            "local_phrase_start": local_phrase_start,
-            "local_phrase_end": local_phrase_end,
-            "tree_depth": tree_depth,
-        }
+        syntax_fields = source_syntax_fields(
+            word_ids, head_word_ids, phrase_ids, phrase_tags, pr_phrase_ids, local_phrase_start, local_phrase_end,
+            tree_depth,
+        )
         return encoder_decoder_forward(
             self,
             input_ids,
@@ -676,16 +671,10 @@ class MgsaForConditionalGeneration(BaseModelAutoMapMixin, MgsaPreTrainedModel, G
                 decoder_input_ids = shift_tokens_right(
                     labels, self.config.pad_token_id, self.config.decoder_start_token_id
                 )
-        syntax_fields = {
-            "word_ids": word_ids,
-            "head_word_ids": head_word_ids,
-            "phrase_ids": phrase_ids,
-            "phrase_tags": phrase_tags,
-            "pr_phrase_ids": pr_phrase_ids,
-            "local_phrase_start": local_phrase_start,
-            "local_phrase_end": local_phrase_end,
-            "tree_depth": tree_depth,
-        }
+        syntax_fields = source_syntax_fields(
+            word_ids, head_word_ids, phrase_ids, phrase_tags, pr_phrase_ids, local_phrase_start, local_phrase_end,
+            tree_depth,
+        )
         outputs = encoder_decoder_forward(
             self.model,
             input_ids,

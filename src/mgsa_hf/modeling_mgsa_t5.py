@@ -33,7 +33,13 @@ from transformers.utils.generic import can_return_tuple, merge_with_config_defau
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_mgsa import MgsaT5Config
-from .modeling_layers import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, split_self_attention_outputs
+from .modeling_layers import (
+    MgsaAttention,
+    MgsaLayerOutput,
+    MgsaSyntaxInputs,
+    source_syntax_fields,
+    split_self_attention_outputs,
+)
 from .modeling_mgsa import (
     BaseModelAutoMapMixin,
     MgsaEncoderOutput,
@@ -541,16 +547,10 @@ class MgsaT5Model(MgsaT5PreTrainedModel):
         r"""
         Arguments are those of [`~transformers.T5Model`] plus the source syntax fields of [`MgsaT5Encoder`].
         """
-        syntax_fields = {
-            "word_ids": word_ids,
-            "head_word_ids": head_word_ids,
-            "phrase_ids": phrase_ids,
-            "phrase_tags": phrase_tags,
-            "pr_phrase_ids": pr_phrase_ids,
-            "local_phrase_start": local_phrase_start,
-            "local_phrase_end": local_phrase_end,
-            "tree_depth": tree_depth,
-        }
+        syntax_fields = source_syntax_fields(
+            word_ids, head_word_ids, phrase_ids, phrase_tags, pr_phrase_ids, local_phrase_start, local_phrase_end,
+            tree_depth,
+        )
         return encoder_decoder_forward(
             self,
             input_ids,
@@ -648,16 +648,10 @@ class MgsaT5ForConditionalGeneration(BaseModelAutoMapMixin, MgsaT5PreTrainedMode
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self._shift_right(labels)
-        syntax_fields = {
-            "word_ids": word_ids,
-            "head_word_ids": head_word_ids,
-            "phrase_ids": phrase_ids,
-            "phrase_tags": phrase_tags,
-            "pr_phrase_ids": pr_phrase_ids,
-            "local_phrase_start": local_phrase_start,
-            "local_phrase_end": local_phrase_end,
-            "tree_depth": tree_depth,
-        }
+        syntax_fields = source_syntax_fields(
+            word_ids, head_word_ids, phrase_ids, phrase_tags, pr_phrase_ids, local_phrase_start, local_phrase_end,
+            tree_depth,
+        )
         outputs = encoder_decoder_forward(
             self,
             input_ids,
