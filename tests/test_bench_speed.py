@@ -63,3 +63,20 @@ def test_timings_from_saved_inputs_without_spacy(inputs, tmp_path):
 def test_cuda_without_a_gpu_is_refused_clearly(inputs):
     result = run_without_spacy("--inputs", str(inputs), "--device", "cuda", "--dtype", "bf16")
     assert result.returncode != 0 and "torch sees no CUDA device" in result.stderr
+
+
+def test_profile_splits_a_step_into_its_parts(inputs):
+    """scripts/profile_step.py on a PR model: every part of both sides is timed, they fit inside the forward pass."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import profile_step
+
+    saved = torch.load(inputs)
+    model = profile_step.bench_speed.build_model(saved["vocab"], "marian", "small",
+                                                 {"encoder_type": "phrase_representation"}, torch.device("cpu"))
+    times = profile_step.profile(model, saved["train_batches"], steps=1, warmup=0)
+    for part in ("encoder.self_attn", "encoder.phrase_pooling", "encoder.phrase_combination", "encoder.fc1",
+                 "decoder.encoder_attn", "decoder.phrase_combination", "decoder.transparent_attention"):
+        assert times[part] > 0, part
+    layer_parts = sum(value for key, value in times.items() if key.startswith(("encoder.", "decoder.")))
+    assert layer_parts < times["total"] - times["backward"]
+    assert times["forward: other (embeddings, output projection and loss, residuals, dropout)"] >= 0

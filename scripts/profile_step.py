@@ -1,0 +1,137 @@
+"""Where a training step's time goes, per layer part, for each encoder variant against the plain Transformer.
+
+Every direct child of every encoder and decoder layer (self-attention, feed-forward linears, layer norms, and a
+variant's own parts: PR's phrase pooling, attentive combination, Transparent Attention) gets forward hooks that time
+its forward pass (CPU, so the clock is the work); the parts of all layers are summed by name, side (encoder/decoder)
+and step. The rest of the forward (embeddings, the output projection and loss, residuals, dropout, activations) is
+"other", the backward pass and the optimizer step are timed whole. Batches are those of `scripts/bench_speed.py`
+(`--inputs` from its `--save-inputs`, or built here with the spaCy parse: 32-pair batches, as in its CPU table).
+
+    python scripts/profile_step.py --variants transformer phrase_representation --threads 1
+
+writes `benchmarks/profile-cpu.json` and a table beside it (`profile-cpu.md`).
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import bench_speed  # noqa: E402  (the benchmark's batches, model sizes and variant rows)
+
+
+def layer_parts(model) -> dict[str, tuple[str, torch.nn.Module]]:
+    """`{module name: (part, module)}` for the direct children of every encoder and decoder layer of a Marian-family
+    model; the part (`"encoder.self_attn"`, `"decoder.phrase_combination"`, ...) is shared by the layers of a side."""
+    parts = {}
+    for name, module in model.named_modules():
+        path = name.split(".")
+        if len(path) >= 3 and path[-2].isdigit() and path[-3] == "layers":
+            side = "encoder" if "encoder" in path else "decoder"
+            parts[name] = (f"{side}.{path[-1]}", module)
+    return parts
+
+
+def profile(model, batches: list[dict], steps: int, warmup: int) -> dict:
+    """Median over `steps` training steps (after `warmup`) of the forward time of each layer part, of the rest of the
+    forward, of the backward pass and of the optimizer step, in milliseconds."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    spent, started = defaultdict(float), {}
+    handles = []
+    for name, (key, module) in layer_parts(model).items():
+        def before(module, args, name=name):
+            started[name] = time.perf_counter()
+
+        def after(module, args, output, name=name, key=key):
+            spent[key] += time.perf_counter() - started.pop(name)
+
+        handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
+    records = defaultdict(list)
+    model.train()
+    for step in range(warmup + steps):
+        spent.clear()
+        batch = batches[step % len(batches)]
+        start = time.perf_counter()
+        loss = model(**batch).loss
+        forward = time.perf_counter() - start
+        start = time.perf_counter()
+        loss.backward()
+        backward = time.perf_counter() - start
+        start = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        update = time.perf_counter() - start
+        if step < warmup:
+            continue
+        for key, seconds in spent.items():
+            records[key].append(seconds)
+        # direct children of a layer never nest, so their sum is part of the forward
+        records["forward: other (embeddings, output projection and loss, residuals, dropout)"].append(
+            forward - sum(spent.values()))
+        records["backward"].append(backward)
+        records["optimizer step"].append(update)
+        records["total"].append(forward + backward + update)
+    for handle in handles:
+        handle.remove()
+    return {key: round(1000 * statistics.median(values), 2) for key, values in sorted(records.items())}
+
+
+def markdown(results: dict, command: str) -> str:
+    variants = list(results)
+    keys = sorted({key for times in results.values() for key in times}, key=lambda k: (k == "total", k))
+    lines = [f"Command: `{command}`", "", "| part (ms per step, median) | " + " | ".join(variants) + " |",
+             "| --- |" + " --- |" * len(variants)]
+    for key in keys:
+        lines.append(f"| {key} | " + " | ".join(f"{results[v].get(key, 0.0):.1f}" for v in variants) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", nargs="+", default=["transformer", "phrase_representation"],
+                        help=f"rows of scripts/bench_speed.py: {list(bench_speed.VARIANTS)}")
+    parser.add_argument("--backbone", default="marian", choices=["marian"],
+                        help="the Marian family (T5 blocks nest their parts one level deeper)")
+    parser.add_argument("--size", default="base", choices=["small", "base", "big"])
+    parser.add_argument("--inputs", help="batches saved by `bench_speed.py --save-inputs` (else built here)")
+    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "multi30k"))
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--output", default=str(REPO / "benchmarks" / "profile-cpu.json"))
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.variants if name not in bench_speed.VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}: choose from {list(bench_speed.VARIANTS)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.inputs:
+        inputs = torch.load(args.inputs)
+    else:
+        inputs = bench_speed.build_inputs(bench_speed.parse_args(["--data", args.data, "--batch-size", "32"]))
+    results = {}
+    for name in args.variants:
+        model = bench_speed.build_model(inputs["vocab"], args.backbone, args.size, bench_speed.VARIANTS[name],
+                                        torch.device("cpu"))
+        results[name] = profile(model, inputs["train_batches"], args.steps, args.warmup)
+        print(f"[profile_step] {name}: {results[name]['total']:.0f} ms per step", file=sys.stderr, flush=True)
+    command = "python scripts/profile_step.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    output = Path(args.output)
+    output.write_text(json.dumps({"command": command, "backbone": args.backbone, "size": args.size,
+                                  "threads": torch.get_num_threads(), "torch": torch.__version__,
+                                  "results": results}, indent=2) + "\n")
+    output.with_suffix(".md").write_text(markdown(results, command))
+    print(markdown(results, command))
+
+
+if __name__ == "__main__":
+    main()
