@@ -303,11 +303,12 @@ def paired_bootstrap(baseline: list[list[str]], system: list[list[str]], referen
         """Seed-averaged corpus score on the full test set and on every resample."""
         full, resampled = [], []
         for hypotheses in hypothesis_sets:
-            full.append(metric.corpus_score(hypotheses, refs).score)
             if from_statistics:
                 stats = np.array(metric._extract_corpus_statistics(hypotheses, refs), dtype="float32")
+                full.append(metric._compute_score_from_stats(stats.sum(0)).score)
                 resampled.append([metric._compute_score_from_stats(row.sum(0)).score for row in stats[indices]])
             else:
+                full.append(metric.corpus_score(hypotheses, refs).score)
                 resampled.append([
                     metric.corpus_score([hypotheses[i] for i in row], [[references[i] for i in row]]).score
                     for row in indices

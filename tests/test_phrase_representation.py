@@ -302,7 +302,8 @@ def test_zeroed_phrase_path_reduces_to_the_plain_layers():
     hidden = torch.randn(2, 7, config.d_model)
     padding_mask = torch.ones(2, 7, dtype=torch.bool)
     with torch.no_grad():
-        inputs = PhraseRepresentationInputs.from_syntax(config, MgsaSyntaxInputs(padding_mask=padding_mask))
+        syntax = MgsaSyntaxInputs(padding_mask=padding_mask)
+        inputs = PhraseRepresentationInputs.from_syntax(config, syntax, hidden)
         actual, contribution = pr_encoder(hidden, None, syntax=inputs)
         expected, _ = plain_encoder(pr_encoder.phrase_combination_layer_norm(hidden), None, syntax=None)
         torch.testing.assert_close(actual, expected)

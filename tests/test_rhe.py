@@ -151,7 +151,7 @@ def test_out_of_phrase_pairs_clip_to_k_against_a_loop(multi30k_processor, real_b
     attention, _, syntax, weights, _ = layer_weights(
         rhe_config(rhe_mode="sea_all", rhe_max_relative_position=k), batch
     )
-    assert attention.out_of_phrase == "clip"
+    assert attention.config.rhe_out_of_phrase == "clip"
     with torch.no_grad():
         bias = attention.syntax_bias(syntax, torch.float32)[:, 0]
         table = attention.relative_phrasal_bias()

@@ -183,6 +183,13 @@ class MgsaVariantConfig:
             per_granularity = [share + (g < extra) for g in range(self.num_phrase_granularities)]
         return word_heads, list(per_granularity)
 
+    def phrase_head_width(self) -> int:
+        """MG-SA's d_m = (phrase heads) × d_h (T5's `d_kv`, else d_model / heads): the width of the head-space phrase
+        memory, 384 at Transformer-base."""
+        word_heads, _ = self.phrase_head_allocation()
+        head_dim = getattr(self, "d_kv", None) or self.d_model // self.encoder_attention_heads
+        return (self.encoder_attention_heads - word_heads) * head_dim
+
     @property
     def variant_init_std(self) -> float:
         """Standard deviation of the variants' own weight matrices, the backbone's (see the subclasses)."""
@@ -266,14 +273,13 @@ class MgsaVariantConfig:
                 f"`phrase_word_heads` ({word_heads}) + `phrase_heads_per_granularity` ({per_granularity}) must add up "
                 f"to `encoder_attention_heads` ({heads})."
             )
-        head_dim = getattr(self, "d_kv", None) or self.d_model // heads
-        phrase_width = (heads - word_heads) * head_dim
+        phrase_width = self.phrase_head_width()
         if self.encoder_type == "phrase_memory" and self.phrase_interaction == "on_lstm" and (
             phrase_width % self.on_lstm_chunk_size
         ):
             raise ValueError(
-                f"The ON-LSTM interaction is as wide as the phrase heads ({heads - word_heads} × {head_dim} = "
-                f"{phrase_width}), which `on_lstm_chunk_size` ({self.on_lstm_chunk_size}) must divide."
+                f"The ON-LSTM interaction is as wide as the {heads - word_heads} phrase heads ({phrase_width}), "
+                f"which `on_lstm_chunk_size` ({self.on_lstm_chunk_size}) must divide."
             )
 
 

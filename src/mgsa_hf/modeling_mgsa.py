@@ -55,13 +55,14 @@ ENCODER_LAYERS = {"phrase_representation": PhraseRepresentationEncoderLayer}
 DECODER_LAYERS = {"phrase_representation": PhraseRepresentationDecoderLayer}
 
 
-def variant_inputs(config, syntax: MgsaSyntaxInputs, dtype: torch.dtype):
+def variant_inputs(config, syntax: MgsaSyntaxInputs, hidden_states: torch.Tensor):
     """What the variant's layers read, made once per forward from the source syntax (either backbone): MG-SA's phrase
-    partition, PR's segmentation (for hidden states of `dtype`), RHE's relations; the syntax itself for the others."""
+    partition, PR's segmentation and phrase mask (for the encoder's `hidden_states`), RHE's relations; the syntax
+    itself for the others."""
     if config.encoder_type == "phrase_memory":
         return PhraseMemoryInputs.from_syntax(config, syntax)
     if config.encoder_type == "phrase_representation":
-        return PhraseRepresentationInputs.from_syntax(config, syntax, dtype)
+        return PhraseRepresentationInputs.from_syntax(config, syntax, hidden_states)
     if config.encoder_type == "rhe":
         return RheInputs.from_syntax(config, syntax)
     return syntax
@@ -275,7 +276,7 @@ class MgsaEncoder(MgsaPreTrainedModel):
             local_phrase_end=local_phrase_end,
             tree_depth=tree_depth,
         )
-        layer_syntax = variant_inputs(self.config, syntax, hidden_states.dtype)
+        layer_syntax = variant_inputs(self.config, syntax, hidden_states)
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
         )

@@ -404,7 +404,7 @@ class MgsaT5Encoder(MgsaT5Stack):
         bias_table = self.block[0].layer[0].SelfAttention
         position_bias = relative_position_bias(bias_table, length, length, bidirectional=True)
         hidden_states = self.dropout(inputs_embeds)
-        block_syntax = variant_inputs(self.config, syntax, hidden_states.dtype)
+        block_syntax = variant_inputs(self.config, syntax, hidden_states)
         block_outputs = []
         for block in self.block:
             hidden_states, contribution = block(

@@ -140,17 +140,6 @@ def phrase_partition(config, syntax: MgsaSyntaxInputs) -> PhrasePartition:
     return PhrasePartition(phrase_ids, max(num_phrases, 1))
 
 
-def attention_head_dim(config) -> int:
-    """d_h: T5's `d_kv`, else d_model / heads."""
-    return getattr(config, "d_kv", None) or config.d_model // config.encoder_attention_heads
-
-
-def phrase_head_width(config) -> int:
-    """d_m = (phrase heads) × d_h: the width of the head-space phrase memory (384 at Transformer-base)."""
-    word_heads, _ = config.phrase_head_allocation()
-    return (config.encoder_attention_heads - word_heads) * attention_head_dim(config)
-
-
 @dataclass
 class PhraseMemoryInputs:
     """
@@ -213,8 +202,9 @@ class SansComposition(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.head_dim = attention_head_dim(config)
-        self.output_dim = phrase_head_width(config)
+        word_heads, _ = config.phrase_head_allocation()
+        self.output_dim = config.phrase_head_width()
+        self.head_dim = self.output_dim // (config.encoder_attention_heads - word_heads)
         self.query_proj = nn.Linear(config.d_model, self.output_dim, bias=False)  # W_q^h of every phrase head
         self.key_proj = nn.Linear(config.d_model, self.output_dim, bias=False)  # W_k^h
 
@@ -239,7 +229,7 @@ class LstmComposition(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.output_dim = phrase_head_width(config)
+        self.output_dim = config.phrase_head_width()
         self.lstm = nn.LSTM(config.d_model, self.output_dim, batch_first=True)
 
     def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
@@ -309,8 +299,8 @@ PHRASE_COMPOSITIONS: dict[str, Callable[..., nn.Module]] = {
 # REC of Eq. 11, input width → d_m: an LSTM of 384 → 384 is 1.18M parameters at Transformer-base (Table 3 row 5,
 # +1.1M), an ON-LSTM with chunks of 4 is 1.33M (row 6, +1.5M)
 PHRASE_INTERACTIONS: dict[str, Callable[..., nn.Module]] = {
-    "lstm": lambda config, input_dim: nn.LSTM(input_dim, phrase_head_width(config), batch_first=True),
-    "on_lstm": lambda config, input_dim: OnLstm(input_dim, phrase_head_width(config), config.on_lstm_chunk_size),
+    "lstm": lambda config, input_dim: nn.LSTM(input_dim, config.phrase_head_width(), batch_first=True),
+    "on_lstm": lambda config, input_dim: OnLstm(input_dim, config.phrase_head_width(), config.on_lstm_chunk_size),
 }
 
 
@@ -502,6 +492,5 @@ __all__ = [
     "PhraseMemoryInputs",
     "PhrasePartition",
     "ngram_phrase_ids",
-    "phrase_head_width",
     "phrase_partition",
 ]

@@ -120,16 +120,19 @@ class PhraseRepresentationInputs:
     Attributes:
         padding_mask: (B, L), `True` on real tokens.
         segmentation: the source phrases, fixed-size (`pr_segmentation="fixed"`) or from the parse (`"parse"`).
+        phrase_attention_mask: the tokens' mask over the phrases for the configured attention backend (for
+            (B, 1, L, P)), or None where nothing needs masking.
     """
 
     padding_mask: torch.BoolTensor
     segmentation: PhraseSegmentation
+    phrase_attention_mask: torch.Tensor | None
 
     @classmethod
     def from_syntax(
-        cls, config, syntax: MgsaSyntaxInputs, dtype: torch.dtype = torch.float32
+        cls, config, syntax: MgsaSyntaxInputs, hidden_states: torch.Tensor
     ) -> "PhraseRepresentationInputs":
-        """The segmentation for hidden states of `dtype`."""
+        """The segmentation and phrase mask for the encoder's hidden states (B, L, D) (their dtype and device)."""
         if config.pr_segmentation == "parse":
             needed_by = 'encoder_type="phrase_representation" with pr_segmentation="parse"'
             syntax.require("pr_phrase_ids", needed_by=needed_by)
@@ -138,7 +141,15 @@ class PhraseRepresentationInputs:
             phrase_ids = fixed_phrase_ids(
                 syntax.padding_mask, config.pr_max_phrase_tokens, config.pr_min_phrase_tokens, config.pr_length_ratio
             )
-        return cls(padding_mask=syntax.padding_mask, segmentation=segment_phrases(phrase_ids, dtype))
+        segmentation = segment_phrases(phrase_ids, hidden_states.dtype)
+        phrase_attention_mask = create_bidirectional_mask(
+            config=config,
+            inputs_embeds=hidden_states,
+            attention_mask=segmentation.mask,
+            # the mask reads only the keys' shape (B, P, ·) and dtype; a phrase has a token, so P <= L
+            encoder_hidden_states=hidden_states[:, : segmentation.num_phrases],
+        )
+        return cls(syntax.padding_mask, segmentation, phrase_attention_mask)
 
 
 class AttentivePhrasePooling(nn.Module):
@@ -273,13 +284,7 @@ class PhraseRepresentationEncoderMixin:
 
         def combine_with_phrases(states: torch.Tensor) -> torch.Tensor:
             phrase_states.append(self.phrase_pooling(states, segmentation))
-            phrase_attention_mask = create_bidirectional_mask(
-                config=self.config,
-                inputs_embeds=states,
-                attention_mask=segmentation.mask,
-                encoder_hidden_states=phrase_states[-1],
-            )
-            return self.phrase_combination(states, phrase_states[-1], phrase_attention_mask)
+            return self.phrase_combination(states, phrase_states[-1], syntax.phrase_attention_mask)
 
         hidden_states = self.sublayer(hidden_states, combine_with_phrases, self.phrase_combination_layer_norm)
         hidden_states, _ = super().forward(hidden_states, attention_mask, syntax=syntax, **kwargs)

@@ -80,8 +80,9 @@ class RheInputs:
 
     @classmethod
     def from_syntax(cls, config, syntax: MgsaSyntaxInputs) -> "RheInputs":
-        syntax.require(*required_syntax_fields(config), needed_by=f'encoder_type="rhe" ({config.rhe_attention})')
-        dependency = dependency_relation(syntax) if syntax.word_ids is not None else None
+        fields = required_syntax_fields(config)
+        syntax.require(*fields, needed_by=f'encoder_type="rhe" ({config.rhe_attention})')
+        dependency = dependency_relation(syntax) if "word_ids" in fields else None
         inputs = cls(padding_mask=syntax.padding_mask, dependency=dependency)
         if config.rhe_mode == "rhe_prune":
             return inputs
@@ -127,7 +128,6 @@ class RheAttention(MgsaAttention):
         self.syntax_attention = config.rhe_attention
         self.mode = config.rhe_mode
         self.max_relative_position = config.rhe_max_relative_position
-        self.out_of_phrase = config.rhe_out_of_phrase
         self.fixed_gate = config.rhe_fixed_gate
         self.uses_phrases = self.syntax_attention == "lpea" and self.mode != "rhe_prune"
         if self.uses_phrases:
