@@ -16,10 +16,10 @@ import torch
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
+from transformers.masking_utils import create_bidirectional_mask
 
 from .modeling_layers import (
     MgsaAttention,
-    eager_attention_forward,
     MgsaDecoderLayer,
     MgsaEncoderLayer,
     MgsaLayerOutput,
@@ -112,13 +112,6 @@ def segment_phrases(phrase_ids: torch.LongTensor, dtype: torch.dtype = torch.flo
     )
 
 
-def phrase_logit_bias(phrase_mask: torch.BoolTensor, dtype: torch.dtype) -> torch.Tensor:
-    """(B, P) phrase mask → (B, P) additive attention bias: 0 on real phrases, the dtype's minimum on padded ones."""
-    return torch.zeros(phrase_mask.shape, dtype=dtype, device=phrase_mask.device).masked_fill(
-        ~phrase_mask, torch.finfo(dtype).min
-    )
-
-
 @dataclass
 class PhraseRepresentationInputs:
     """
@@ -127,13 +120,13 @@ class PhraseRepresentationInputs:
     Attributes:
         padding_mask: (B, L), `True` on real tokens.
         segmentation: the source phrases, fixed-size (`pr_segmentation="fixed"`) or from the parse (`"parse"`).
-        phrase_logit_bias: (B, P), 0 on real phrases and the dtype's minimum on padded ones (the tokens' mask over
-            the phrases).
+        phrase_attention_mask: the tokens' mask over the phrases for the configured attention backend (for
+            (B, 1, L, P)), or None where nothing needs masking.
     """
 
     padding_mask: torch.BoolTensor
     segmentation: PhraseSegmentation
-    phrase_logit_bias: torch.Tensor
+    phrase_attention_mask: torch.Tensor | None
 
     @classmethod
     def from_syntax(
@@ -149,7 +142,14 @@ class PhraseRepresentationInputs:
                 syntax.padding_mask, config.pr_max_phrase_tokens, config.pr_min_phrase_tokens, config.pr_length_ratio
             )
         segmentation = segment_phrases(phrase_ids, hidden_states.dtype)
-        return cls(syntax.padding_mask, segmentation, phrase_logit_bias(segmentation.mask, hidden_states.dtype))
+        phrase_attention_mask = create_bidirectional_mask(
+            config=config,
+            inputs_embeds=hidden_states,
+            attention_mask=segmentation.mask,
+            # the mask reads only the keys' shape (B, P, ·) and dtype; a phrase has a token, so P <= L
+            encoder_hidden_states=hidden_states[:, : segmentation.num_phrases],
+        )
+        return cls(syntax.padding_mask, segmentation, phrase_attention_mask)
 
 
 class AttentivePhrasePooling(nn.Module):
@@ -190,98 +190,6 @@ class AttentivePhrasePooling(nn.Module):
         return torch.bmm(weights, hidden_states)  # Eq. 5
 
 
-class PhraseCombinationAttention(MgsaAttention):
-    """
-    Eq. 7's multi-head cross-attention from the tokens (queries) to the phrases (keys and values), computed on the
-    phrase side. A phrase sequence is short (P ≈ L / 3 to L / 8), so the query and output projections are folded into
-    the phrases: with per-head blocks W_Q^h (d_h × D) and W_O^h (O × d_h),
-
-        logits_thp = s (W_Q^h x_t + b_Q^h) · k_hp = x_t · (s W_Q^hᵀ k_hp) + s b_Q^h · k_hp
-        output_t   = Σ_h W_O^h Σ_p a_thp v_hp + b_O = Σ_(h,p) a_thp (W_O^h v_hp) + b_O,
-
-    which costs H·P·(D + O) multiply-adds per token instead of D·(D + O) for the query and output projections. The
-    folded keys (B, H, P, D), with the query-bias term as one more column, and the folded values (B, H, P, O) are made
-    once per phrase sequence and, in the decoder, cached like cross-attention keys and values. Where H·P ≥ D (long
-    sentences cut into short phrases) the usual token-side order is cheaper and is used instead; both give the same
-    result. The parameters are the backbone's attention projections, so checkpoints do not depend on the order.
-    """
-
-    def folds_projections(self, num_phrases: int) -> bool:
-        """Whether the phrase-side order is the cheaper one for `num_phrases` phrases."""
-        return self.num_heads * num_phrases < self.embed_dim
-
-    def phrase_side(self, phrase_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Phrases (B, P, D) → folded keys (B, H, P, D + 1) (the last column: s b_Q^h · k_hp) and folded values
-        (B, H, P, O)."""
-        keys = self.split_heads(self.key_proj(phrase_states))  # (B, H, P, d_h)
-        values = self.split_heads(self.value_proj(phrase_states))
-        query_weight = self.query_proj.weight.view(self.num_heads, self.head_dim, self.embed_dim)
-        folded_keys = torch.matmul(keys, query_weight) * self.scaling  # (B, H, P, D)
-        if self.query_proj.bias is None:
-            query_term = folded_keys.new_zeros(*folded_keys.shape[:-1], 1)
-        else:
-            query_bias = self.query_proj.bias.view(self.num_heads, self.head_dim, 1)
-            query_term = torch.matmul(keys, query_bias) * self.scaling  # (B, H, P, 1)
-        output_weight = self.output_proj.weight.view(-1, self.num_heads, self.head_dim).transpose(0, 1)  # (H, O, d_h)
-        folded_values = torch.matmul(values, output_weight.transpose(1, 2))  # (B, H, P, O)
-        return torch.cat([folded_keys, query_term], dim=-1), folded_values
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        phrase_states: torch.Tensor,
-        phrase_logit_bias: torch.Tensor,
-        past_key_values: Cache | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """
-        Args:
-            hidden_states: (B, T, D) token states (queries).
-            phrase_states: (B, P, D) phrases (keys and values; with a filled cache only their shape is read).
-            phrase_logit_bias: (B, P), 0 on real phrases and the dtype's minimum on padded ones.
-            past_key_values: the decoder cache; the phrase keys and values live under `layer_idx`.
-
-        Returns:
-            `(output (B, T, O), attention weights (B, H, T, P))`.
-        """
-        batch_size, num_phrases = phrase_logit_bias.shape
-        folded = self.folds_projections(num_phrases)
-        cache, is_updated = None, False
-        if isinstance(past_key_values, EncoderDecoderCache):
-            cache = past_key_values.cross_attention_cache
-            is_updated = past_key_values.is_updated.get(self.layer_idx)
-        if is_updated:
-            keys, values = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
-        else:
-            if folded:
-                keys, values = self.phrase_side(phrase_states)
-            else:
-                keys = self.split_heads(self.key_proj(phrase_states))
-                values = self.split_heads(self.value_proj(phrase_states))
-            if cache is not None:
-                keys, values = cache.update(keys, values, self.layer_idx)
-                past_key_values.is_updated[self.layer_idx] = True
-
-        if not folded:  # the usual order: project the queries, attend per head, project the context
-            query_states = self.split_heads(self.query_proj(hidden_states))
-            context, weights = eager_attention_forward(
-                self, query_states, keys, values, phrase_logit_bias[:, None, None, :], self.scaling,
-                dropout=self.dropout if self.training else 0.0,
-            )
-            return self.output_proj(context.reshape(*hidden_states.shape[:-1], -1)), weights
-
-        num_tokens = hidden_states.shape[1]
-        flat_keys = keys.reshape(batch_size, -1, self.embed_dim + 1)  # (B, H·P, D + 1)
-        logits = torch.baddbmm(  # Eq. 7's energies, (B, T, H·P)
-            flat_keys[..., -1].unsqueeze(1), hidden_states, flat_keys[..., :-1].transpose(1, 2)
-        )
-        logits = logits.view(batch_size, num_tokens, self.num_heads, num_phrases) + phrase_logit_bias[:, None, None]
-        weights = self.attention_dropout(torch.softmax(logits, dim=-1))
-        output = torch.bmm(weights.view(batch_size, num_tokens, -1), values.reshape(batch_size, -1, values.shape[-1]))
-        if self.output_proj.bias is not None:
-            output = output + self.output_proj.bias
-        return output, weights.transpose(1, 2)
-
-
 class AttentivePhraseCombination(nn.Module):
     """
     The attentive combination network (Section 3.2): multi-head cross-attention from the tokens (queries) to the
@@ -293,7 +201,7 @@ class AttentivePhraseCombination(nn.Module):
     reads its output are two linear maps in a row, so they are learnt as their product, the attention's output
     projection (`attn.out_proj` holding W3_p W_O and b3 on Marian; `attn.o` on T5, whose projections have no bias, so
     b3 sits in `combine_token`; D → `pr_combination_dim`). The layer computes the same family of functions with one
-    D×D product per token less. The attention itself runs on the phrase side ([`PhraseCombinationAttention`]).
+    D×D product per token less.
     """
 
     def __init__(self, config, num_heads: int, is_decoder: bool = False, layer_idx: int | None = None):
@@ -301,7 +209,7 @@ class AttentivePhraseCombination(nn.Module):
         embed_dim = config.d_model
         hidden_dim = config.pr_combination_dim or 3 * embed_dim
         # a key bias adds the same logit to every phrase of a query, which the softmax ignores
-        self.attn = PhraseCombinationAttention(
+        self.attn = MgsaAttention(
             config, num_heads, is_decoder=is_decoder, layer_idx=layer_idx, key_bias=False, output_dim=hidden_dim
         )
         self.combine_token = nn.Linear(embed_dim, hidden_dim, bias=self.attn.output_proj.bias is None)  # W3_x (b3)
@@ -311,12 +219,17 @@ class AttentivePhraseCombination(nn.Module):
         self,
         hidden_states: torch.Tensor,
         phrase_states: torch.Tensor,
-        phrase_logit_bias: torch.Tensor,
+        attention_mask: torch.Tensor | None,
         past_key_values: Cache | None = None,
     ) -> torch.Tensor:
-        """hidden_states (B, T, D), phrase_states (B, P, D), phrase_logit_bias (B, P) → (B, T, D)."""
+        """hidden_states (B, T, D), phrase_states (B, P, D), attention_mask for (B, 1, T, P) → (B, T, D)."""
         # W3_p out_phrase + b3 (Eq. 7 with W3_p folded into the output projection)
-        phrase_part, _ = self.attn(hidden_states, phrase_states, phrase_logit_bias, past_key_values=past_key_values)
+        phrase_part, _ = self.attn(
+            hidden_states,
+            key_value_states=phrase_states,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+        )
         return self.combine_out(torch.sigmoid(self.combine_token(hidden_states) + phrase_part))  # Eq. 8
 
 
@@ -371,7 +284,7 @@ class PhraseRepresentationEncoderMixin:
 
         def combine_with_phrases(states: torch.Tensor) -> torch.Tensor:
             phrase_states.append(self.phrase_pooling(states, segmentation))
-            return self.phrase_combination(states, phrase_states[-1], syntax.phrase_logit_bias)
+            return self.phrase_combination(states, phrase_states[-1], syntax.phrase_attention_mask)
 
         hidden_states = self.sublayer(hidden_states, combine_with_phrases, self.phrase_combination_layer_norm)
         hidden_states, _ = super().forward(hidden_states, attention_mask, syntax=syntax, **kwargs)
@@ -477,11 +390,16 @@ class PhraseRepresentationDecoderMixin:
             phrase_states = encoder_phrase_states[:, -1]
         else:
             phrase_states = self.source_phrases(encoder_phrase_states)
-        logit_bias = phrase_logit_bias(encoder_phrase_mask, hidden_states.dtype)
+        phrase_attention_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=encoder_phrase_mask,
+            encoder_hidden_states=phrase_states,
+        )
         hidden_states = self.sublayer(
             hidden_states,
             lambda states: self.phrase_combination(
-                states, phrase_states, logit_bias, past_key_values=phrase_cache
+                states, phrase_states, phrase_attention_mask, past_key_values=phrase_cache
             ),
             self.phrase_combination_layer_norm,
         )
