@@ -461,3 +461,27 @@ def test_no_loop_over_sentences_or_phrases(row):
         counts.append(counter.ops)
     assert counts[0]["aten.index_select.default"] > 0  # the max glance ran under the counter
     assert counts[0] == counts[1]
+
+
+def test_combination_centres_its_sigmoid():
+    """Eq. 8 as W4 (σ(h) − ½) + b4: where the hidden pre-activation h is 0 the sub-layer outputs b4 whatever W4 is
+    (the sigmoid's constant ½ W4 1 belongs to b4), and elsewhere it is the explicit formula."""
+    from mgsa_hf.phrase_representation import AttentivePhraseCombination
+
+    torch.manual_seed(0)
+    combination = AttentivePhraseCombination(row_config("max_attn_ta"), num_heads=4).eval()
+    hidden, phrases = torch.randn(2, 5, 32), torch.randn(2, 3, 32)
+    with torch.no_grad():
+        torch.nn.init.normal_(combination.combine_out.weight, std=1.0)
+        torch.nn.init.normal_(combination.combine_out.bias)
+        expected = combination.combine_out.weight @ (
+            torch.sigmoid(combination.combine_token(hidden) + combination.attn(hidden, key_value_states=phrases)[0]) - 0.5
+        ).unsqueeze(-1)
+        torch.testing.assert_close(combination(hidden, phrases, None),
+                                   expected.squeeze(-1) + combination.combine_out.bias)
+        for linear in (combination.combine_token, combination.attn.out_proj):
+            linear.weight.zero_()
+            if linear.bias is not None:
+                linear.bias.zero_()
+        output = combination(hidden, phrases, None)
+    torch.testing.assert_close(output, combination.combine_out.bias.expand_as(output))

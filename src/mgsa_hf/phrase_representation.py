@@ -202,6 +202,14 @@ class AttentivePhraseCombination(nn.Module):
     projection (`attn.out_proj` holding W3_p W_O and b3 on Marian; `attn.o` on T5, whose projections have no bias, so
     b3 sits in `combine_token`; D → `pr_combination_dim`). The layer computes the same family of functions with one
     D×D product per token less.
+
+    The sigmoid's output is centred: out = W4 (σ(h) − ½) + b4, which is Eq. 8 with b4 standing for b4 + ½ W4 1 (the
+    same family of functions, the same parameters). A sigmoid's outputs are all positive, so with Eq. 8 as written
+    every gradient step moves the row sums of W4 together and Adam grows W4 ½·1, a vector added to every token, fast:
+    measured on the CPU recipe (128d, lr 0.005), the encoder's combination sub-layer output reached 0.9-1.3 times its
+    input's RMS within 100 steps (the self-attention's: 0.2-0.3), post-LN then shrank the tokens' own part, and the
+    training loss at step 300 was 4.37 against the transformer's 3.92. Centred, the ratio stays at 0.1-0.3 and the
+    loss follows the transformer's (3.82 against 3.81 at step 275).
     """
 
     def __init__(self, config, num_heads: int, is_decoder: bool = False, layer_idx: int | None = None):
@@ -230,7 +238,8 @@ class AttentivePhraseCombination(nn.Module):
             attention_mask=attention_mask,
             past_key_values=past_key_values,
         )
-        return self.combine_out(torch.sigmoid(self.combine_token(hidden_states) + phrase_part))  # Eq. 8
+        # Eq. 8, the sigmoid centred (its constant ½ W4 1 is b4's; see the class docstring)
+        return self.combine_out(torch.sigmoid(self.combine_token(hidden_states) + phrase_part) - 0.5)
 
 
 class PhraseRepresentationEncoderMixin:
