@@ -281,3 +281,26 @@ def test_prepare_reads_tree_files(tmp_path):
     (folder / "manifest.json").write_text(json.dumps({**manifest, "derived_trees": "learned conversion 0123"}))
     with pytest.raises(SystemExit, match="learned conversion 0123"):
         bench_quality.main(["prepare", *common, "--train-trees", str(tmp_path / "train.ptb")])
+
+
+def test_sublayer_probe_trains_and_measures_every_attention_sublayer(dry_run, tmp_path):
+    """scripts/probe_sublayers.py on the prepared corpus: the budget's training steps with a loss curve and, per
+    attention sub-layer, the RMS of its output over its input's (PR's phrase combination included)."""
+    root, _, _ = dry_run
+    output = tmp_path / "probe.json"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "probe_sublayers.py"), "--budget", "dry-run", "--prepared",
+                    str(root / "dry-run" / "prepared"), "--rows", "phrase_representation",
+                    str(REPO / "configs" / "phrase_representation" / "max_attn_ta_uncentred.json"), "--steps", "4",
+                    "--every", "2", "--jobs", "2", "--threads", "1", "--output", str(output)],
+                   check=True, capture_output=True, text=True, timeout=600)
+    report = json.loads(output.read_text())
+    uncentred = "phrase_representation/max_attn_ta_uncentred"
+    assert set(report["rows"]) == {"transformer", "phrase_representation", uncentred}
+    layers = json.loads((REPO / "configs" / "quality" / "dry-run.json").read_text())["recipe"]["model"]
+    for label, result in report["rows"].items():
+        assert [point["step"] for point in result["curve"]] == [2, 4]
+        ratios = result["curve"][-1]["output_over_input_rms"]
+        probed = [name for name in ratios if name.endswith("phrase_combination")]
+        assert len(probed) == (0 if label == "transformer" else layers["encoder_layers"] + layers["decoder_layers"])
+        assert len(ratios) - len(probed) == layers["encoder_layers"] + 2 * layers["decoder_layers"]
+        assert all(value > 0 for value in ratios.values()) and result["curve"][0]["loss"] > 0

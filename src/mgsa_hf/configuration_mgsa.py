@@ -76,6 +76,10 @@ class MgsaVariantConfig:
             it open); defaults to `3 * d_model`, the width at which Transformer-base's "+Max" row has Table 2's
             parameter count (+40.9M; +37.7M here). `configs/phrase_representation/max_attn_ta_narrow.json` names a
             cheaper 256-wide network (`d_model // 2` at base size).
+        pr_centred_sigmoid (`bool`, defaults to `True`):
+            PR: Eq. 8 as W4 (σ(h) − ½) + b4, the same functions as the paper's W4 σ(h) + b4 (½ W4 1 moves into b4) but
+            without a common-mode direction that Adam grows fast (see `AttentivePhraseCombination`); `False` computes
+            Eq. 8 as written.
         hybrid_layers (`list[int]`, *optional*, defaults to `[0, 1]`):
             Hybrid: encoder layers with local/global hybrid attention.
         hybrid_window (`int`, defaults to 1):
@@ -128,6 +132,7 @@ class MgsaVariantConfig:
     pr_attentive: bool = True
     pr_transparent_attention: bool = True
     pr_combination_dim: int | None = None
+    pr_centred_sigmoid: bool = True
     # hybrid
     hybrid_layers: list[int] | None = None
     hybrid_window: int = 1

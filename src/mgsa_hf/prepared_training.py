@@ -306,6 +306,39 @@ def build_model(corpus: PreparedCorpus, recipe: Recipe, row: dict, seed: int):
     return MgsaForConditionalGeneration(config)
 
 
+def epoch_batches(split: PreparedSplit, recipe: Recipe, seed: int, epoch: int) -> list:
+    """The shuffled token-count batches (sentence indices) of one epoch over `split`, the same for a seed and epoch."""
+    rng = np.random.default_rng([seed, epoch])
+    return token_batches(split.source_lengths, split.target_lengths, recipe.max_tokens, rng)
+
+
+def make_optimizer(model, recipe: Recipe):
+    """AdamW with the recipe's settings and the inverse-square-root schedule."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, betas=recipe.adam_betas,
+                                  eps=recipe.adam_epsilon, weight_decay=recipe.weight_decay)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(recipe.warmup_steps))
+
+
+def training_step(model, batch: dict[str, torch.Tensor], recipe: Recipe, optimizer, scheduler) -> float:
+    """One update on a batch with `labels`: label-smoothed cross-entropy plus the model's auxiliary loss (MG-SA's tag
+    loss, weighted by `phrase_tag_loss_weight`), gradient clipping, optimizer and schedule step. Returns the loss."""
+    labels = batch.pop("labels")
+    batch["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels=labels)
+    with _autocast(labels.device, recipe):
+        outputs = model(**batch)
+    loss = nn.functional.cross_entropy(outputs.logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100,
+                                       label_smoothing=recipe.label_smoothing)
+    if outputs.tag_loss is not None:
+        loss = loss + model.config.phrase_tag_loss_weight * outputs.tag_loss.float()
+    loss.backward()
+    if recipe.max_grad_norm:
+        nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
 def _autocast(device: torch.device, recipe: Recipe):
     enabled = recipe.bf16 and device.type == "cuda"
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)
@@ -391,9 +424,7 @@ def train_run(corpus: PreparedCorpus, run_dir: str | Path, recipe: Recipe, row: 
 
     train = corpus.split("train")
     model = build_model(corpus, recipe, row, seed).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, betas=recipe.adam_betas,
-                                  eps=recipe.adam_epsilon, weight_decay=recipe.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(recipe.warmup_steps))
+    optimizer, scheduler = make_optimizer(model, recipe)
     step, epoch, position, train_seconds = 0, 0, 0, 0.0
     state_path = run_dir / "state.pt"
     if state_path.is_file():  # resume
@@ -405,36 +436,18 @@ def train_run(corpus: PreparedCorpus, run_dir: str | Path, recipe: Recipe, row: 
         torch.set_rng_state(state["rng"])
         if device.type == "cuda" and state.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(state["cuda_rng"])
-    smoothing = recipe.label_smoothing
-    tag_weight = model.config.phrase_tag_loss_weight
     model.train()
-    batches = token_batches(train.source_lengths, train.target_lengths, recipe.max_tokens,
-                            np.random.default_rng([seed, epoch]))
+    batches = epoch_batches(train, recipe, seed, epoch)
     started = time.perf_counter()
     window_loss, window_steps = 0.0, 0
     while step < recipe.max_steps:
         if position >= len(batches):
             epoch, position = epoch + 1, 0
-            batches = token_batches(train.source_lengths, train.target_lengths, recipe.max_tokens,
-                                    np.random.default_rng([seed, epoch]))
-        batch = train.batch(batches[position], device)
+            batches = epoch_batches(train, recipe, seed, epoch)
+        loss = training_step(model, train.batch(batches[position], device), recipe, optimizer, scheduler)
         position += 1
-        labels = batch.pop("labels")
-        batch["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels=labels)
-        with _autocast(device, recipe):
-            outputs = model(**batch)
-        loss = nn.functional.cross_entropy(outputs.logits.float().flatten(0, 1), labels.flatten(),
-                                           ignore_index=-100, label_smoothing=smoothing)
-        if outputs.tag_loss is not None:
-            loss = loss + tag_weight * outputs.tag_loss.float()
-        loss.backward()
-        if recipe.max_grad_norm:
-            nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
         step += 1
-        window_loss, window_steps = window_loss + loss.item(), window_steps + 1
+        window_loss, window_steps = window_loss + loss, window_steps + 1
         if step % 50 == 0 or step == recipe.max_steps:
             elapsed = train_seconds + time.perf_counter() - started
             _log(run_dir, {"step": step, "epoch": epoch, "loss": round(window_loss / window_steps, 4),
