@@ -27,7 +27,8 @@ from bench_quality import REPO, load_budget, prepared_folder, recipe_of, resolve
 PROBED = ("self_attn", "encoder_attn", "phrase_combination")
 
 
-def probe_row(prepared: str, recipe, row: dict, seed: int, steps: int, every: int, threads: int | None) -> dict:
+def probe_row(label: str, prepared: str, recipe, row: dict, seed: int, steps: int, every: int,
+              threads: int | None) -> dict:
     from mgsa_hf.prepared_training import PreparedCorpus, build_model, epoch_batches, make_optimizer, training_step
 
     if threads:
@@ -63,7 +64,7 @@ def probe_row(prepared: str, recipe, row: dict, seed: int, steps: int, every: in
             losses = []
             for values in ratios.values():
                 values.clear()
-            print(f"[probe_sublayers] {row} step {step}: loss {curve[-1]['loss']}", file=sys.stderr, flush=True)
+            print(f"[probe_sublayers] {label} step {step}: loss {curve[-1]['loss']}", file=sys.stderr, flush=True)
     return {"row": row, "seed": seed, "seconds": round(time.perf_counter() - started, 1), "curve": curve}
 
 
@@ -86,7 +87,7 @@ def main(argv=None):
     rows = resolve_rows(args.rows)
     prepared = str(prepared_folder(args, name))
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {label: pool.submit(probe_row, prepared, recipe, fields, args.seed, args.steps, args.every,
+        futures = {label: pool.submit(probe_row, label, prepared, recipe, fields, args.seed, args.steps, args.every,
                                       args.threads) for label, fields in rows.items()}
         results = {label: future.result() for label, future in futures.items()}
     report = {"command": "python scripts/probe_sublayers.py " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -206,10 +206,10 @@ class AttentivePhraseCombination(nn.Module):
     The sigmoid's output is centred: out = W4 (σ(h) − ½) + b4, which is Eq. 8 with b4 standing for b4 + ½ W4 1 (the
     same family of functions, the same parameters). A sigmoid's outputs are all positive, so with Eq. 8 as written
     every gradient step moves the row sums of W4 together and Adam grows W4 ½·1, a vector added to every token, fast:
-    measured on the CPU recipe (128d, lr 0.005), the encoder's combination sub-layer output reached 0.9-1.3 times its
-    input's RMS within 100 steps (the self-attention's: 0.2-0.3), post-LN then shrank the tokens' own part, and the
-    training loss at step 300 was 4.37 against the transformer's 3.92. Centred, the ratio stays at 0.1-0.3 and the
-    loss follows the transformer's (3.82 against 3.81 at step 275). `pr_centred_sigmoid=False` computes Eq. 8 as
+    at the CPU recipe (128d, lr 0.005) the encoder's combination output reached its input's RMS by step 100 and 3.7
+    times it by step 300, post-LN shrank the tokens' own part, and the training loss at step 300 was 4.36 against the
+    transformer's 3.92; centred, the output stays at 0.14-0.20 of its input and the loss at 3.95
+    (`scripts/probe_sublayers.py`, `benchmarks/sublayer-probe-cpu.json`). `pr_centred_sigmoid=False` computes Eq. 8 as
     written.
     """
 
