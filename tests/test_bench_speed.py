@@ -80,3 +80,34 @@ def test_profile_splits_a_step_into_its_parts(inputs):
     layer_parts = sum(value for key, value in times.items() if key.startswith(("encoder.", "decoder.")))
     assert layer_parts < times["total"] - times["backward"]
     assert times["forward: other (embeddings, output projection and loss, residuals, dropout)"] >= 0
+
+
+def test_length_scaling_batches_and_timings(tmp_path):
+    """scripts/bench_length.py: exact-length batches of equal token count with every syntax field, parsed here and
+    timed where spaCy cannot be imported; JSON and plot written."""
+    script = REPO / "scripts" / "bench_length.py"
+    saved_path = tmp_path / "length.pt"
+    subprocess.run([sys.executable, str(script), "--save-inputs", str(saved_path), "--lengths", "8", "16",
+                    "--tokens", "32"], check=True, capture_output=True, text=True, timeout=600)
+    saved = torch.load(saved_path)
+    for length, batch in saved["batches"].items():
+        assert batch["input_ids"].shape == (32 // length, length) and bool(batch["attention_mask"].all())
+        assert batch["labels"].shape == (32 // length, length)
+        assert {"phrase_ids", "head_word_ids", "pr_phrase_ids", "local_phrase_start", "tree_depth"} <= set(batch)
+    output = tmp_path / "length.json"
+    code = (
+        "import sys, runpy\n"
+        "for name in ('spacy', 'datasets'): sys.modules[name] = None\n"
+        f"sys.path.insert(0, {str(script.parent)!r})\n"
+        f"sys.argv = ['bench_length.py', '--inputs', {str(saved_path)!r}, '--size', 'small', '--threads', '1',\n"
+        f"            '--variants', 'transformer', 'hybrid', '--steps', '1', '--warmup', '0',\n"
+        f"            '--output', {str(output)!r}]\n"
+        f"runpy.run_path({str(script)!r}, run_name='__main__')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(output.read_text())
+    assert set(report["lengths"]) == {"8", "16"}
+    for rows in report["lengths"].values():
+        assert rows["transformer"]["train_step_ratio"] == 1.0 and rows["hybrid"]["train_step_s"] > 0
+    assert output.with_suffix(".png").stat().st_size > 0
