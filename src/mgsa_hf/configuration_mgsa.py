@@ -79,7 +79,8 @@ class MgsaVariantConfig:
         pr_centred_sigmoid (`bool`, defaults to `True`):
             PR: Eq. 8 as W4 (σ(h) − ½) + b4, the same functions as the paper's W4 σ(h) + b4 (½ W4 1 moves into b4) but
             without a common-mode direction that Adam grows fast (see `AttentivePhraseCombination`); `False` computes
-            Eq. 8 as written.
+            Eq. 8 as written (and keeps the function of a PR model trained before this default, whose saved config
+            lacks the field).
         hybrid_layers (`list[int]`, *optional*, defaults to `[0, 1]`):
             Hybrid: encoder layers with local/global hybrid attention.
         hybrid_window (`int`, defaults to 1):
