@@ -298,3 +298,26 @@ def test_checkpoint_averaging_reads_sharded_folders(tmp_path, marian_dir):
     assert len(compared) > 10
     for name in compared:
         torch.testing.assert_close(averaged[name], parameters[name].detach() + 0.5, msg=name)
+
+
+def test_decoder_takes_the_cache_under_either_name(marian_dir, batch):
+    """transformers >= 5.24 passes the decoder cache as `cache`, earlier versions as `past_key_values`: both names
+    give the same cached step, and both at once are refused."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    model = MgsaForConditionalGeneration.from_pretrained(marian_dir).eval()
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    start = torch.full((batch["input_ids"].shape[0], 1), model.config.decoder_start_token_id)
+    second = batch["input_ids"][:, :1]
+    steps = {}
+    with torch.no_grad():
+        for name in ("cache", "past_key_values"):
+            cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+            model(**inputs, decoder_input_ids=start, use_cache=True, **{name: cache})
+            assert cache.get_seq_length() == 1  # the first step filled the cache it was given
+            steps[name] = model(**inputs, decoder_input_ids=second, use_cache=True, **{name: cache}).logits
+        torch.testing.assert_close(steps["cache"], steps["past_key_values"])
+        full = model(**inputs, decoder_input_ids=torch.cat([start, second], 1)).logits[:, -1:]
+        torch.testing.assert_close(steps["cache"], full, atol=1e-5, rtol=1e-4)
+        with pytest.raises(ValueError, match="not both"):
+            model(**inputs, decoder_input_ids=start, cache=DynamicCache(), past_key_values=DynamicCache())

@@ -123,6 +123,16 @@ def source_syntax_fields(
     }
 
 
+def resolve_cache(past_key_values: Cache | None, kwargs: dict) -> Cache | None:
+    """The decoder cache of a forward call: transformers >= 5.24 names it `cache` (and `generate` passes it so), the
+    earlier versions `past_key_values`; `cache` is taken out of `kwargs` so that it reaches no layer as a stray
+    keyword."""
+    cache = kwargs.pop("cache", None)
+    if cache is not None and past_key_values is not None:
+        raise ValueError("Pass the decoder cache as `cache` or as `past_key_values`, not both.")
+    return cache if cache is not None else past_key_values
+
+
 def eager_attention_forward(
     module: nn.Module,
     query: torch.Tensor,

@@ -35,6 +35,7 @@ from .modeling_layers import (
     MgsaEncoderLayer,
     MgsaLayerOutput,
     MgsaSyntaxInputs,
+    resolve_cache,
     source_syntax_fields,
 )
 from .phrase_memory import PhraseMemoryAttention, PhraseMemoryInputs
@@ -331,6 +332,7 @@ class MgsaDecoder(MgsaPreTrainedModel):
             Passed to every decoder layer, with the source memories a variant's layers read besides
             `encoder_hidden_states` ([`MgsaEncoderOutput.source_memories`]; plain layers ignore them).
         """
+        past_key_values = resolve_cache(past_key_values, kwargs)
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of decoder_input_ids or decoder_inputs_embeds")
         if inputs_embeds is None:
@@ -348,12 +350,8 @@ class MgsaDecoder(MgsaPreTrainedModel):
             if isinstance(past_key_values, EncoderDecoderCache)
             else past_key_values
         )
-        causal_mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            past_key_values=self_attn_cache,
-        )
+        # the cache positionally: transformers >= 5.24 calls the parameter `cache`, earlier versions `past_key_values`
+        causal_mask = create_causal_mask(self.config, inputs_embeds, attention_mask, self_attn_cache)
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
@@ -414,6 +412,7 @@ def encoder_decoder_forward(
     are given, as `generate` does), then decode against the source states and the variant's other source memories
     (PR's phrases).
     """
+    past_key_values = resolve_cache(past_key_values, kwargs)
     if encoder_outputs is None:
         encoder_outputs = model.get_encoder()(
             input_ids=input_ids,

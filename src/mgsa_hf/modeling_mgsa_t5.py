@@ -37,6 +37,7 @@ from .modeling_layers import (
     MgsaAttention,
     MgsaLayerOutput,
     MgsaSyntaxInputs,
+    resolve_cache,
     source_syntax_fields,
     split_self_attention_outputs,
 )
@@ -445,6 +446,7 @@ class MgsaT5Decoder(MgsaT5Stack):
             Passed to every decoder block, with the source memories a variant's blocks read besides
             `encoder_hidden_states` ([`MgsaEncoderOutput.source_memories`]; plain blocks ignore them).
         """
+        past_key_values = resolve_cache(past_key_values, kwargs)
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of decoder_input_ids or decoder_inputs_embeds")
         if inputs_embeds is None:
@@ -458,12 +460,8 @@ class MgsaT5Decoder(MgsaT5Stack):
             else past_key_values
         )
         past_length = self_attn_cache.get_seq_length() if self_attn_cache is not None else 0
-        causal_mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            past_key_values=self_attn_cache,
-        )
+        # the cache positionally: transformers >= 5.24 calls the parameter `cache`, earlier versions `past_key_values`
+        causal_mask = create_causal_mask(self.config, inputs_embeds, attention_mask, self_attn_cache)
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
