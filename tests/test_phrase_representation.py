@@ -490,3 +490,23 @@ def test_combination_centres_its_sigmoid(row):
         output = combination(hidden, phrases, None)
     expected = combination.combine_out.bias + (0.5 - offset) * combination.combine_out.weight.sum(1)
     torch.testing.assert_close(output, expected.expand_as(output))
+
+
+@pytest.mark.parametrize("row", ["max_attn_ta", "max_attn_ta_uncentred"])
+def test_combination_gradients_match_the_explicit_formula(row):
+    """The centred sigmoid is computed as W4 σ(h) + (b4 − ½ W4 1) so that σ(h) is the only (B, T, 3D) activation
+    kept: every parameter's gradient equals that of the explicit W4 (σ(h) − ½) + b4."""
+    from mgsa_hf.phrase_representation import AttentivePhraseCombination
+
+    offset = 0.5 if row == "max_attn_ta" else 0.0
+    torch.manual_seed(0)
+    combination = AttentivePhraseCombination(row_config(row), num_heads=4).eval()
+    hidden, phrases, upstream = torch.randn(2, 5, 32), torch.randn(2, 3, 32), torch.randn(2, 5, 32)
+
+    def gradients(output):
+        return torch.autograd.grad((output * upstream).sum(), list(combination.parameters()))
+
+    pre_activation = combination.combine_token(hidden) + combination.attn(hidden, key_value_states=phrases)[0]
+    explicit = combination.combine_out(torch.sigmoid(pre_activation) - offset)
+    for ours, reference in zip(gradients(combination(hidden, phrases, None)), gradients(explicit), strict=True):
+        torch.testing.assert_close(ours, reference)

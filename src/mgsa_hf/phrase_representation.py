@@ -240,8 +240,13 @@ class AttentivePhraseCombination(nn.Module):
             attention_mask=attention_mask,
             past_key_values=past_key_values,
         )
-        # Eq. 8, the sigmoid centred by default (its constant ½ W4 1 is b4's; see the class docstring)
-        return self.combine_out(torch.sigmoid(self.combine_token(hidden_states) + phrase_part) - self.sigmoid_offset)
+        # Eq. 8, the sigmoid centred by default (see the class docstring): W4 (σ(h) − ½) + b4 computed as
+        # W4 σ(h) + (b4 − ½ W4 1), the same function and gradients without a second (B, T, 3D) activation to keep
+        activation = torch.sigmoid(self.combine_token(hidden_states) + phrase_part)
+        bias = self.combine_out.bias
+        if self.sigmoid_offset:
+            bias = bias - self.sigmoid_offset * self.combine_out.weight.sum(dim=-1)
+        return nn.functional.linear(activation, self.combine_out.weight, bias)
 
 
 class PhraseRepresentationEncoderMixin:
