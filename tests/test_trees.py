@@ -151,3 +151,26 @@ def test_default_trees_are_the_learned_ones_and_rules_stay_available():
     assert "(VP (VBZ is) (VP (VBG riding)" in learned.to_ptb()
     assert "(NP (DT A) (NN man) (PP" in rules.to_ptb()
     assert learned.heads == rules.heads and learned.spans == rules.spans
+
+
+def test_chains_recalled_by_head_signature_equal_scored_ones():
+    """The conversion recalls a head's chain by its `head_signature` once it has scored one: on 300 real sentences
+    (parsed trees, where most heads recur) and the non-projective parse, every tree equals the tree whose chains are
+    all scored afresh, and most heads of the later sentences are recalled."""
+    from itertools import islice
+
+    from mgsa_hf.constituency_conversion import MODEL_FILE, _build_tree, projective_grid, word_dep_tags
+    from mgsa_hf.tokenization_utils import read_lines
+
+    texts = list(islice(read_lines(f"{MULTI30K}/train.en.gz"), 300))
+    parses = [_word_arrays(doc)[:3] for doc in SyntaxParser().nlp.pipe(texts)]
+    parses.append(([1, 3, 3, 3, 1, 6, 4, 3, 3], ["DT", "NN", "VBZ", "VBN", "IN", "DT", "NN", "NN", "."],
+                   ["det", "nsubjpass", "auxpass", "ROOT", "prep", "det", "pobj", "npadvmod", "punct"]))
+    conversion = DependencyToConstituency.load(MODEL_FILE)  # a fresh one: its chains start unseen
+    for heads, tags, deps in parses:
+        projective, grid = projective_grid(heads, deps)
+        scored = conversion._score_chains(grid, range(len(heads)), tags, deps, projective, word_dep_tags(tags, deps))
+        expected = _build_tree(grid, projective, tags, scored, conversion.classes)
+        words = [str(word) for word in range(len(heads))]
+        assert conversion.tree(heads, tags, deps).to_ptb(words) == expected.to_ptb(words)
+    assert len(conversion._chains) < sum(len(heads) for heads, _, _ in parses) / 2

@@ -186,6 +186,7 @@ class DependencyToConstituency:
         self.none_class = self.classes.index(NO_CONSTITUENT)
         self._weights_with_zero_row = np.concatenate([self.weights, np.zeros_like(self.weights[:1])])
         self._groups = tuple(_GroupScores(self, make) for make in (head_features, chain_features, span_features))
+        self._chains = {}  # head_signature → chosen chain, filled on first use (bounded like the group tables)
 
     @classmethod
     def load(cls, path=MODEL_FILE) -> "DependencyToConstituency":
@@ -220,9 +221,29 @@ class DependencyToConstituency:
         """
         heads, grid = projective_grid(heads, deps)
         dep_tags = word_dep_tags(tags, deps)
+        chains, unseen = {}, []
+        for head in range(len(heads)):
+            signature = head_signature(grid, head, tags, deps, heads, dep_tags)
+            chain = self._chains.get(signature)
+            if chain is None:
+                unseen.append((head, signature))
+            elif chain:
+                chains[head] = chain
+        if unseen:
+            scored = self._score_chains(grid, [head for head, _ in unseen], tags, deps, heads, dep_tags)
+            if len(self._chains) + len(unseen) > _CACHE_SIZE:
+                self._chains.clear()
+            for head, signature in unseen:
+                chain = self._chains[signature] = scored.get(head, ())
+                if chain:
+                    chains[head] = chain
+        return _build_tree(grid, heads, tags, chains, self.classes)
+
+    def _score_chains(self, grid, chain_heads, tags, deps, heads, dep_tags) -> dict[int, tuple]:
+        """The chosen chains (see [`_best_chains`]) of the heads `chain_heads`, scored from their grid points."""
         points, head_rows, chain_rows, span_rows = [], [], [], []
         head_group, chain_group, span_group = self._groups
-        for head in range(len(heads)):
+        for head in chain_heads:
             for a, b, _, _, head_key, chain_key, span_key in head_points(grid, head, tags, deps, heads, dep_tags):
                 points.append((head, a, b))
                 head_rows.append(head_group.row(head_key))
@@ -230,8 +251,42 @@ class DependencyToConstituency:
                 span_rows.append(span_group.row(span_key))
         # the model is linear: a point's logits are the sum of its feature groups' summed weights
         logits = head_group.table[head_rows] + chain_group.table[chain_rows] + span_group.table[span_rows]
-        chains = _best_chains(grid, points, logits, self.none_class)
-        return _build_tree(grid, heads, tags, chains, self.classes)
+        return _best_chains(grid, points, logits, self.none_class)
+
+
+def head_signature(grid: HeadGrid, head: int, tags, deps, heads, dep_tags) -> tuple:
+    """Everything that the chain chosen for `head` depends on: its points' feature keys (see [`head_points`]) and
+    whether it has punctuation dependents, in O(k + m) instead of the (k + 1)(m + 1) points (a leaf's: its word's
+    tag and label, its head's tag and its neighbours' tags). A point's span length enters its key as min(length, 8),
+    which the distances from the head to the span's edges, each capped at 8, give. Heads of the same signature choose
+    the same chain; in Multi30k most heads (leaves and common phrases) share their signature with earlier ones."""
+    n = len(tags)
+    left, right, parent = grid.left_deps[head], grid.right_deps[head], heads[head]
+    if not (left or right or grid.punct_deps[head]):  # a leaf: one point, the word itself
+        return (tags[head], deps[head], tags[parent] if parent != head else "ROOT", tags[head - 1] if head else "^",
+                tags[head + 1] if head + 1 < n else "$")
+
+    def left_edge(first):
+        return min(head - first, 8), tags[first], tags[first - 1] if first else "^"
+
+    def right_edge(last):
+        return min(last - head, 8), tags[last], tags[last + 1] if last + 1 < n else "$"
+
+    first, last = grid.first, grid.last
+    return (
+        tags[head],
+        deps[head],
+        tags[parent] if parent != head else "ROOT",
+        bool(grid.punct_deps[head]),
+        tuple(dep_tags[w] for w in left),
+        tuple(dep_tags[w] for w in right),
+        left_edge(head),
+        right_edge(head),
+        tuple(left_edge(first[w]) for w in left),
+        tuple(right_edge(last[w]) for w in right),
+        left_edge(first[head]),
+        right_edge(last[head]),
+    )
 
 
 class _GroupScores:
@@ -254,7 +309,7 @@ class _GroupScores:
         return row
 
 
-def _best_chains(grid, points, logits, none_class) -> dict[int, list[tuple[int, int, int, bool]]]:
+def _best_chains(grid, points, logits, none_class) -> dict[int, tuple[tuple[int, int, int, bool], ...]]:
     """Per head, the chosen points `(a, b, class, is_constituent)` from the innermost out: the chain of greatest total
     score `log p(constituent) - log p(none)`. The whole subtree ends every chain of a head with dependents, to hold
     them; `is_constituent` is false when it scores no more than none, and the tree then leaves that node out."""
@@ -291,7 +346,7 @@ def _best_chains(grid, points, logits, none_class) -> dict[int, list[tuple[int, 
             index = grid_index[end]
             chain.append((*end, int(best_label[index]), gain[index] > 0))
             end = back[end]
-        chains[head] = chain[::-1]
+        chains[head] = tuple(chain[::-1])
     return chains
 
 
