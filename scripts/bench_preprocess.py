@@ -26,7 +26,8 @@ import spacy
 import transformers
 from transformers import AutoTokenizer
 
-from mgsa_hf.processing_mgsa import MgsaProcessor
+from mgsa_hf.processing_mgsa import MgsaProcessor, _cyclic_gc_paused
+from mgsa_hf.syntax import _word_arrays
 from mgsa_hf.tokenization_utils import read_lines, train_joint_tokenizer
 
 
@@ -82,6 +83,22 @@ def time_chunks(processor, bare, texts, call_batch_size: int, repeats: int) -> d
     return seconds
 
 
+def part_times(processor, texts, memory: dict, parser_batch_size: int) -> dict[str, float]:
+    """Milliseconds per sentence (wall) of two parts of the processor timed alone, one pass each, with the cyclic
+    garbage collector paused as in the processor: the tokenizer over the corpus, and the learned conversion over the
+    corpus's dependency parses from the conversion's `memory` (what it recalled before the timed runs)."""
+    nlp, conversion = processor.parser.nlp, processor.parser.conversion
+    parses = [_word_arrays(doc)[:3] for doc in nlp.pipe(texts, batch_size=parser_batch_size)]
+    vars(conversion).update(copy.deepcopy(memory))
+    with _cyclic_gc_paused():
+        conversion_seconds, _ = timed(lambda: [conversion.tree(*parse) for parse in parses])
+        tokenizer_seconds, _ = timed(
+            lambda: processor.tokenizer(texts, return_special_tokens_mask=True, return_offsets_mapping=True)
+        )
+    return {"tokenizer": round(1000 * tokenizer_seconds / len(texts), 4),
+            "learned_conversion": round(1000 * conversion_seconds / len(texts), 4)}
+
+
 def main():
     args = parse_args()
     texts = list(read_lines(args.source, args.limit))
@@ -95,6 +112,7 @@ def main():
         for _ in nlp.pipe(chunk, batch_size=args.parser_batch_size, n_process=args.n_process):
             pass
 
+    memory = copy.deepcopy(vars(processor.parser.conversion))
     seconds = time_chunks(processor, bare, texts, args.call_batch_size, args.repeats)
     throughput = {
         clock: {name: round(len(texts) / value, 1) for name, value in clock_seconds.items()}
@@ -109,6 +127,8 @@ def main():
             f"{clock}_processor_over_spacy": round(values["mgsa_processor"] / values["spacy_nlp_pipe"], 3)
             for clock, values in throughput.items()
         },
+        "wall_ms_per_sentence": {name: round(1000 * value / len(texts), 4) for name, value in seconds["wall"].items()},
+        "parts_alone_ms_per_sentence": part_times(processor, texts, memory, args.parser_batch_size),
         "settings": {
             "parser": processor.parser.resolved_name,
             "components": nlp.pipe_names,

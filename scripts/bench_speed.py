@@ -9,7 +9,8 @@ included) feed every variant:
 * generation throughput: beam search (4 beams) over `--gen-sentences` sentences, sentences/s, every variant forced
   to the same output length (random weights would otherwise stop at different lengths);
 * peak memory of a training step on 128-token sentences: `torch.cuda.max_memory_allocated` on GPU; on CPU each
-  variant runs in a fresh subprocess and the peak resident set growth over the step is measured.
+  variant runs in `--memory-repeats` fresh subprocesses, each measuring the peak resident set growth over the step,
+  and the median counts.
 
     python scripts/bench_speed.py --device cpu            # writes benchmarks/speed-cpu.json and its table
     python scripts/bench_speed.py --backbones t5          # the T5 family alone
@@ -244,12 +245,17 @@ def peak_memory_cpu_child(args) -> None:
     print(json.dumps({"peak_mib": (peak_kib - rss_kib) / 1024}))
 
 
-def peak_memory_cpu(inputs_path: Path, backbone: str, size: str, fields: dict) -> float:
+def peak_memory_cpu(inputs_path: Path, backbone: str, size: str, fields: dict, repeats: int = 1) -> float:
+    """The median over `repeats` fresh processes of `peak_memory_cpu_child`'s figure: the resident-set peak of one
+    process varies by tens of MiB with the allocator's timing (the same variant measured 561-605 MiB)."""
     command = [sys.executable, __file__, "--memory-child", "--memory-batch", str(inputs_path),
                "--memory-backbone", backbone, "--memory-size", size, "--memory-fields", json.dumps(fields),
                "--threads", str(torch.get_num_threads())]
-    result = subprocess.run(command, capture_output=True, text=True, check=True)
-    return json.loads(result.stdout.strip().splitlines()[-1])["peak_mib"]
+    peaks = []
+    for _ in range(repeats):
+        result = subprocess.run(command, capture_output=True, text=True, check=True)
+        peaks.append(json.loads(result.stdout.strip().splitlines()[-1])["peak_mib"])
+    return statistics.median(peaks)
 
 
 def benchmark_size(args, inputs: dict, inputs_path: Path, backbone: str, size: str, device) -> dict:
@@ -268,7 +274,8 @@ def benchmark_size(args, inputs: dict, inputs_path: Path, backbone: str, size: s
         memory = {name: peak_memory_cuda(model, long_batch, device, amp) for name, model in models.items()}
     else:
         memory = {
-            name: peak_memory_cpu(inputs_path, backbone, size, fields) for name, fields in args.variants.items()
+            name: peak_memory_cpu(inputs_path, backbone, size, fields, args.memory_repeats)
+            for name, fields in args.variants.items()
         }
     compiled = None
     if args.compile_check and size == args.sizes[0]:
@@ -385,7 +392,8 @@ def write_results(args, results: list[dict]) -> None:
                "device_name": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor(),
                "dtype": "bf16 autocast" if args.dtype == "bf16" else "fp32", "machine": platform.platform(),
                "torch": torch.__version__, "transformers": transformers.__version__,
-               "threads": torch.get_num_threads(), "results": results}
+               "threads": torch.get_num_threads(),
+               "memory_repeats": args.memory_repeats if args.device == "cpu" else None, "results": results}
     out.write_text(json.dumps(payload, indent=2) + "\n")
     tables = "\n\n".join(markdown_table(result) for result in results)
     print(tables)
@@ -416,6 +424,8 @@ def parse_args(argv=None):
     parser.add_argument("--gen-tokens", type=int, default=20)
     parser.add_argument("--gen-rounds", type=int, default=3)
     parser.add_argument("--memory-batch-size", type=int, default=16)
+    parser.add_argument("--memory-repeats", type=int, default=3,
+                        help="CPU: fresh processes per variant whose peak memory is measured; the median counts")
     parser.add_argument("--compile-check", action="store_true",
                         help="at the first size: graph breaks under torch.compile and the compiled step's speed-up")
     parser.add_argument("--compile-steps", type=int, default=10, help="timed compiled steps (0: graph breaks only)")

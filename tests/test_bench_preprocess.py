@@ -58,3 +58,5 @@ def test_script_writes_its_figures(tmp_path):
     result = json.loads(output.read_text())
     assert result["sentences"] == 150 and result["settings"]["components"] == ["tok2vec", "tagger", "parser"]
     assert 0 < result["wall_processor_over_spacy"] < 1.5
+    parts, total = result["parts_alone_ms_per_sentence"], result["wall_ms_per_sentence"]["mgsa_processor"]
+    assert 0 < parts["tokenizer"] < total and 0 < parts["learned_conversion"] < total
