@@ -245,7 +245,7 @@ def peak_memory_cpu_child(args) -> None:
     print(json.dumps({"peak_mib": (peak_kib - rss_kib) / 1024}))
 
 
-def peak_memory_cpu(inputs_path: Path, backbone: str, size: str, fields: dict, repeats: int = 1) -> float:
+def peak_memory_cpu(inputs_path: Path, backbone: str, size: str, fields: dict, repeats: int) -> float:
     """The median over `repeats` fresh processes of `peak_memory_cpu_child`'s figure: the resident-set peak of one
     process varies by tens of MiB with the allocator's timing (the same variant measured 561-605 MiB)."""
     command = [sys.executable, __file__, "--memory-child", "--memory-batch", str(inputs_path),
