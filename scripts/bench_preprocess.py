@@ -7,8 +7,9 @@ times alternately (bare, processor, bare, ...) so that load from other processes
 run of each is kept. Each processor run starts from the learned conversion's memory (the chains and feature scores it
 recalls) as a single pass would have it before the chunk, so that a repeat does not recall the chunk's own trees.
 Throughput = sentences / summed chunk times, by wall-clock time and by the process's CPU time (all threads; the
-steadier figure on a shared machine). spaCy parses on one thread; the fast tokenizer uses a thread
-pool unless `TOKENIZERS_PARALLELISM=false` (recorded in the output).
+steadier figure on a shared machine). Bare spaCy parses on one thread; the processor parses on a second thread while
+its own thread does the rest (see `SyntaxParser.pipe`), and the fast tokenizer uses a thread pool unless
+`TOKENIZERS_PARALLELISM=false` (recorded in the output).
 
     python scripts/bench_preprocess.py --source /path/to/multi30k/train.en.gz --target /path/to/multi30k/train.de.gz \
         --output benchmarks/preprocess-cpu.json

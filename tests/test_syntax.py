@@ -1,11 +1,15 @@
 """Word-level syntax: PTB trees, derived trees, granularity levels, Algorithm 1, local phrases, the spaCy parser."""
 
+import threading
+
 import pytest
 
+from mgsa_hf import syntax as syntax_module
 from mgsa_hf.syntax import (
     PHRASE_TAGS,
     PhraseTagVocab,
     SyntaxParser,
+    _ParsedAhead,
     derive_constituency_tree,
     load_spacy_pipeline,
     match_words,
@@ -233,6 +237,47 @@ def test_spacy_trees_on_multi30k(multi30k_train_sources):
         assert all(a[1] == b[0] for a, b in zip(phrases[:-1], phrases[1:], strict=True))
         reread, words = parse_ptb(syntax.to_ptb())
         assert words == syntax.words and reread.phrases(2) == tree.phrases(2)
+
+
+def parse_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "mgsa-spacy-parse"]
+
+
+def test_parsing_ahead_on_a_thread_gives_the_same_analyses(multi30k_train_sources, monkeypatch):
+    texts = multi30k_train_sources[:60]
+    parser = SyntaxParser()
+    inline = parser(texts, batch_size=64)  # one batch: parsed on this thread
+    monkeypatch.setattr(syntax_module, "_usable_cores", lambda: 1)
+    one_core = parser.pipe(texts, batch_size=4)
+    assert next(one_core).words == inline[0].words and parse_threads() == []
+    monkeypatch.setattr(syntax_module, "_usable_cores", lambda: 2)
+    ahead = parser.pipe(texts, batch_size=4)  # more texts than one batch: spaCy parses on a second thread
+    first = next(ahead)
+    assert len(parse_threads()) == 1
+    drawn = [first, *ahead]
+    assert parse_threads() == []
+    for one, other in zip(drawn, inline, strict=True):
+        assert (one.words, one.heads, one.to_ptb()) == (other.words, other.heads, other.to_ptb())
+    stopped = parser.pipe(texts, batch_size=4)
+    next(stopped)
+    stopped.close()  # a caller that stops early stops the thread
+    assert parse_threads() == []
+
+
+def test_parsing_ahead_raises_the_parsers_error_and_stops():
+    class FailingPipeline:
+        def pipe(self, texts, batch_size):
+            yield from texts
+            if texts:
+                raise RuntimeError("parser failed")
+
+    drawn = _ParsedAhead(FailingPipeline(), list(range(10)), batch_size=4)
+    assert [next(drawn) for _ in range(6)] == list(range(6))  # the first pipe's texts, then its error
+    with pytest.raises(RuntimeError, match="parser failed"):
+        next(drawn)
+    assert parse_threads() == []
+    with pytest.raises(StopIteration):
+        next(drawn)
 
 
 def test_parser_handles_whitespace_several_sentences_and_user_trees():

@@ -107,7 +107,9 @@ class MgsaProcessor(ProcessorMixin):
         parser_batch_size (`int`, defaults to 256):
             `batch_size` of spaCy's `nlp.pipe`.
         n_process (`int`, defaults to 1):
-            `n_process` of spaCy's `nlp.pipe` (-1: all cores).
+            `n_process` of spaCy's `nlp.pipe` (-1: all cores). With 1, a call with more than `parser_batch_size`
+            sentences parses on a second thread while the tokenizer and the fields run (see
+            [`~mgsa_hf.syntax.SyntaxParser.pipe`]).
         with_syntax (`bool`, defaults to `True`):
             Make the source syntax fields. `False` for a model that reads none (`encoder_type="transformer"`): the
             processor then returns only `input_ids`, `attention_mask` (and `labels`) and never loads spaCy.
@@ -317,7 +319,9 @@ class MgsaProcessor(ProcessorMixin):
 
     def _encode_source(self, texts, trees, max_length, truncation) -> dict[str, list]:
         """Tokenizes and parses the sources; each analysis is turned into token fields (and dropped) as the parse
-        goes, which keeps few objects alive for the garbage collector."""
+        goes, which keeps few objects alive for the garbage collector. The parse starts first: a long batch is parsed
+        on a second thread (see [`~mgsa_hf.syntax.SyntaxParser.pipe`]) while the tokenizer runs here."""
+        syntaxes = self.parser.pipe(texts, trees, self.parser_batch_size, self.n_process) if self.with_syntax else None
         fast = self.tokenizer.is_fast
         encoding = self.tokenizer(
             texts,
@@ -331,7 +335,6 @@ class MgsaProcessor(ProcessorMixin):
             return tokens
         masks = encoding["special_tokens_mask"]
         offsets = encoding["offset_mapping"] if fast else list(map(self._piece_offsets, texts, masks))
-        syntaxes = self.parser.pipe(texts, trees, self.parser_batch_size, self.n_process)
         sentences = list(map(self._syntax_fields, syntaxes, offsets, masks))
         fields = {name: [sentence[name] for sentence in sentences] for name in SOURCE_SYNTAX_PAD_VALUES}
         return {**tokens, **fields}

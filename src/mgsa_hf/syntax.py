@@ -13,8 +13,12 @@
 import functools
 import importlib
 import importlib.util
+import itertools
+import os
+import queue
 import re
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -615,9 +619,13 @@ class SyntaxParser:
         self, texts: list[str], trees: list[str | None] | None = None, batch_size: int = 256, n_process: int = 1
     ) -> Iterator[SentenceSyntax]:
         """Analyses `texts` with `nlp.pipe(..., batch_size, n_process)`, yielding one analysis per text as the parse
-        goes. `trees[i]`, when given, is a PTB bracketed string whose leaves spell `texts[i]` (see
-        [`match_words`]); it replaces the constituency tree (derived, or from the tree parser), and spaCy parses its
-        leaves for the heads.
+        goes. `trees[i]`, when given, is a PTB bracketed string whose leaves spell `texts[i]` (see [`match_words`]);
+        it replaces the constituency tree (derived, or from the tree parser), and spaCy parses its leaves for the
+        heads.
+
+        With one process, more than `batch_size` texts and a second core, spaCy parses on a second thread from this
+        call on, up to two batches ahead of the caller: its network and parser run largely without the GIL, so the
+        parse overlaps the caller's work (the trees here, the token fields of [`MgsaProcessor`]).
 
         Raises:
             [`TreeError`] (a `ValueError`) naming the sentence when a tree cannot be read or its leaves do not spell
@@ -640,7 +648,12 @@ class SyntaxParser:
                 continue
             given[i] = read_tree(text, tree, i, plugin)
             inputs[i] = _leaf_doc(nlp, text, given[i][1], Doc)
-        docs = nlp.pipe(inputs, batch_size=batch_size, n_process=n_process)
+        if n_process == 1 and len(inputs) > batch_size and self.tree_extension is None and _usable_cores() > 1:
+            # parsed on a second thread, overlapping the trees and fields built here (not with a component's trees:
+            # their leaves may be parsed again here, and one pipeline is not used by two threads at once)
+            docs = _ParsedAhead(nlp, inputs, batch_size)
+        else:
+            docs = nlp.pipe(inputs, batch_size=batch_size, n_process=n_process)
         derive = derive_constituency_tree if self.tree_parser == RULES_TREE_PARSER else self.conversion.tree
         pairs = enumerate(zip(texts, docs, strict=True))
         return (self._sentence(i, text, doc, given.get(i), derive) for i, (text, doc) in pairs)
@@ -662,6 +675,74 @@ class SyntaxParser:
         else:
             tree, spans = given
         return SentenceSyntax(text, spans, _join_roots(heads), tree)
+
+
+def _usable_cores() -> int:
+    """The number of cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+class _ParsedAhead:
+    """The docs of `nlp.pipe(texts, batch_size=batch_size)`, parsed by a background thread from construction on, up to
+    two batches ahead of the caller: spaCy's network and parser run largely without the GIL, so the parse overlaps
+    what the caller does with each doc. The last batch is parsed in eighths, so that little of the caller's work on
+    it is left after the parse ends (a doc does not depend on its batch). Iterating raises what the parse raised;
+    `close()` (or dropping the iterator) stops the thread."""
+
+    _END = object()
+
+    def __init__(self, nlp, texts: list, batch_size: int):
+        tail = min(batch_size, len(texts))
+        docs = itertools.chain(
+            nlp.pipe(texts[: len(texts) - tail], batch_size=batch_size),
+            nlp.pipe(texts[len(texts) - tail :], batch_size=max(1, batch_size // 8)),
+        )
+        self._ahead, self._stop = queue.Queue(2 * batch_size), threading.Event()
+        # the thread holds the queue and the event, not this iterator, so that dropping the iterator stops it
+        self._thread = threading.Thread(target=self._draw, args=(docs, self._ahead, self._stop),
+                                        name="mgsa-spacy-parse", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def _draw(cls, docs, ahead, stop):
+        def offer(entry) -> bool:
+            while not stop.is_set():
+                try:
+                    ahead.put(entry, timeout=0.05)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        try:
+            for doc in docs:
+                if not offer((doc, None)):
+                    return
+            offer((cls._END, None))
+        except BaseException as error:  # handed to the caller, which raises it
+            offer((cls._END, error))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._stop.is_set():
+            raise StopIteration
+        doc, error = self._ahead.get()
+        if doc is self._END:
+            self.close()
+            if error is not None:
+                raise error
+            raise StopIteration
+        return doc
+
+    def close(self):
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def __del__(self):
+        self.close()
 
 
 def read_tree(text: str, tree: str, index: int, tree_parser: str | None):
