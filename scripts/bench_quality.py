@@ -581,7 +581,8 @@ def report(args, name: str, budget: dict, argv) -> dict:
         shutil.copyfile(Path(record["run_dir"]) / f"test.hyp.{target_lang}", target)
     markdown = Path(args.markdown) if args.markdown else REPO / "benchmarks" / "BENCHMARKS.md"
     others = sorted(p for p in results_path.parent.glob("quality-*.json") if p != results_path)
-    update_markdown(markdown, [result, *(json.loads(p.read_text()) for p in others if args.markdown is None)])
+    reports = [result, *(json.loads(p.read_text()) for p in others if args.markdown is None)]
+    update_markdown(markdown, sorted(reports, key=lambda report: report["budget"]))  # the same order every time
     print(render_budget(result))
     return result
 
