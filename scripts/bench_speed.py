@@ -245,9 +245,10 @@ def peak_memory_cpu_child(args) -> None:
     print(json.dumps({"peak_mib": (peak_kib - rss_kib) / 1024}))
 
 
-def peak_memory_cpu(inputs_path: Path, backbone: str, size: str, fields: dict, repeats: int) -> float:
-    """The median over `repeats` fresh processes of `peak_memory_cpu_child`'s figure: the resident-set peak of one
-    process varies by tens of MiB with the allocator's timing (the same variant measured 561-605 MiB)."""
+def peak_memory_cpu(inputs_path: Path, backbone: str, size: str, fields: dict, repeats: int) -> list[float]:
+    """`peak_memory_cpu_child`'s figure in each of `repeats` fresh processes (the caller takes the median): the
+    resident-set peak of one process varies by tens of MiB with the allocator's timing (the same variant measured
+    561-605 MiB)."""
     command = [sys.executable, __file__, "--memory-child", "--memory-batch", str(inputs_path),
                "--memory-backbone", backbone, "--memory-size", size, "--memory-fields", json.dumps(fields),
                "--threads", str(torch.get_num_threads())]
@@ -255,7 +256,7 @@ def peak_memory_cpu(inputs_path: Path, backbone: str, size: str, fields: dict, r
     for _ in range(repeats):
         result = subprocess.run(command, capture_output=True, text=True, check=True)
         peaks.append(json.loads(result.stdout.strip().splitlines()[-1])["peak_mib"])
-    return statistics.median(peaks)
+    return peaks
 
 
 def benchmark_size(args, inputs: dict, inputs_path: Path, backbone: str, size: str, device) -> dict:
@@ -271,12 +272,13 @@ def benchmark_size(args, inputs: dict, inputs_path: Path, backbone: str, size: s
     generation = time_generation(models, gen_batches, args.gen_tokens, args.gen_rounds, device, amp)
     log(f"{label}: peak memory")
     if device.type == "cuda":
-        memory = {name: peak_memory_cuda(model, long_batch, device, amp) for name, model in models.items()}
+        memory_runs = {name: [peak_memory_cuda(model, long_batch, device, amp)] for name, model in models.items()}
     else:
-        memory = {
+        memory_runs = {
             name: peak_memory_cpu(inputs_path, backbone, size, fields, args.memory_repeats)
             for name, fields in args.variants.items()
         }
+    memory = {name: statistics.median(peaks) for name, peaks in memory_runs.items()}
     compiled = None
     if args.compile_check and size == args.sizes[0]:
         log(f"{label}: torch.compile")
@@ -292,6 +294,7 @@ def benchmark_size(args, inputs: dict, inputs_path: Path, backbone: str, size: s
             "generation_ratio": generation[reference] / generation[name],
             "peak_memory_mib": memory[name],
             "peak_memory_ratio": memory[name] / memory[reference],
+            "peak_memory_mib_runs": memory_runs[name],  # one per fresh process on CPU; the median counts
             "attn_implementation": model.config._attn_implementation,
             **({"compile": compiled[name]} if compiled else {}),
         }
