@@ -222,6 +222,77 @@ def test_compositions_match_per_phrase_reference(composition):
             assert (phrases[row, granularity, int(ids.max()) + 1 :] == 0).all()
 
 
+def sans_reference(module, hidden: torch.Tensor, partition) -> torch.Tensor:
+    """SANs (Eq. 8) phrase by phrase and head by head, written out: (B, G, P, d_m), empty phrases 0."""
+    batch_size, num_granularities, num_phrases = partition.phrase_mask.shape
+    heads, head_dim = module.output_dim // module.head_dim, module.head_dim
+    rows = []
+    for row in range(batch_size):
+        for granularity in range(num_granularities):
+            ids = partition.phrase_ids[row, granularity]
+            for phrase in range(num_phrases):
+                words = hidden[row, ids == phrase]
+                if len(words) == 0:
+                    rows.append(hidden.new_zeros(module.output_dim))
+                    continue
+                parts = []
+                for head in range(heads):
+                    weight_rows = slice(head_dim * head, head_dim * (head + 1))
+                    query = words.max(0).values @ module.query_proj.weight[weight_rows].T
+                    keys = words @ module.key_proj.weight[weight_rows].T
+                    parts.append(torch.softmax(keys @ query / head_dim**0.5, 0) @ keys)
+                rows.append(torch.cat(parts))
+    return torch.stack(rows).view(batch_size, num_granularities, num_phrases, -1)
+
+
+@pytest.mark.parametrize("partition_type", ["ngram", "syntactic"])
+def test_sans_gradients_match_per_phrase_reference(partition_type):
+    """The segment-wise SANs composition (scores recomputed in the backward pass) gives the gradients of the
+    per-phrase reference, for the words and for W_q^h, W_k^h."""
+    torch.manual_seed(0)
+    config = mgsa_config(phrase_partition=partition_type, phrase_composition="sans")
+    module = PhraseMemoryAttention(config, 4, layer_idx=0).composition
+    batch = make_batch(TREES)
+    partition = phrase_partition(config, syntax_of(batch))
+    hidden = torch.randn(*batch["input_ids"].shape, 32)
+    phrases_grad = torch.randn(*partition.phrase_mask.shape, module.output_dim)
+
+    def gradients(compose):
+        module.zero_grad()
+        words = hidden.clone().requires_grad_(True)
+        (compose(words) * phrases_grad).sum().backward()
+        return words.grad, module.query_proj.weight.grad.clone(), module.key_proj.weight.grad.clone()
+
+    batched = gradients(lambda words: module(words, partition))
+    reference = gradients(lambda words: sans_reference(module, words, partition))
+    for got, expected in zip(batched, reference, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_sans_keeps_word_sized_tensors_for_backward():
+    """What the SANs composition keeps for the backward pass grows with the sentence length L, not with
+    phrases × words (P × L): doubling L at most doubles it."""
+    torch.manual_seed(0)
+    config = mgsa_config(phrase_partition="ngram", phrase_composition="sans")
+    module = PhraseMemoryAttention(config, 4, layer_idx=0).composition
+
+    def kept_bytes(length: int) -> int:
+        padding_mask = torch.ones(2, length, dtype=torch.bool)
+        partition = phrase_partition(config, MgsaSyntaxInputs(padding_mask=padding_mask))
+        hidden = torch.randn(2, length, 32, requires_grad=True)
+        storages = {}
+
+        def keep(tensor):
+            storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+            module(hidden, partition)
+        return sum(storages.values())
+
+    assert kept_bytes(256) <= 2.2 * kept_bytes(128)
+
+
 def test_head_space_memory_is_read_by_each_head():
     """A head-space memory (SANs): phrase head h of granularity g attends over keys H_g^h W_K^h and values
     H_g^h W_V^h of its own d_h-wide part of g's memory (Eq. 5), checked against an explicit loop over heads."""

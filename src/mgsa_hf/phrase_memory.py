@@ -35,6 +35,7 @@ from functools import cached_property
 import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
+from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -211,13 +212,40 @@ class SansComposition(nn.Module):
     def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
         batch_size, num_granularities, num_phrases = partition.phrase_mask.shape
         heads = self.output_dim // self.head_dim
-        query = self.query_proj(partition.max_pool(hidden_states))
-        query = query.view(batch_size, num_granularities, num_phrases, heads, self.head_dim).transpose(2, 3)
         key = self.key_proj(hidden_states).view(batch_size, 1, -1, heads, self.head_dim).transpose(2, 3)
-        scores = (query @ key.transpose(-1, -2)) * self.head_dim**-0.5  # (B, G, heads, P, L)
-        scores = scores.masked_fill(~partition.membership.unsqueeze(2), torch.finfo(scores.dtype).min)
-        weights = nn.functional.softmax(scores, dim=-1) * partition.phrase_mask[:, :, None, :, None]  # empty: 0
-        return (weights @ key).transpose(2, 3).reshape(batch_size, num_granularities, num_phrases, self.output_dim)
+        # Each word's score against its own phrase's query only, (B, G, heads, L); the softmax and the sum run over
+        # segments, padding words going to an extra slot P that is dropped at the end. The scores are recomputed in
+        # the backward pass rather than kept: their inputs (the pooled phrases, the queries gathered to the words) are
+        # (B, G, L, D)-sized, the largest tensors of the composition.
+        phrase_index = partition.scatter_index.unsqueeze(2).expand(-1, -1, heads, -1)  # (B, G, heads, L)
+        if torch.is_grad_enabled():
+            scores = checkpoint(self.word_scores, hidden_states, key, partition, phrase_index, use_reentrant=False)
+        else:
+            scores = self.word_scores(hidden_states, key, partition, phrase_index)
+        slot_shape = (batch_size, num_granularities, heads, num_phrases + 1)
+        phrase_max = scores.new_zeros(slot_shape).scatter_reduce(
+            3, phrase_index, scores.detach(), "amax", include_self=False
+        )
+        exp_scores = (scores - phrase_max.gather(3, phrase_index)).exp()
+        phrase_sums = scores.new_zeros(slot_shape).scatter_add(3, phrase_index, exp_scores)
+        weights = exp_scores / phrase_sums.gather(3, phrase_index)  # softmax inside the phrase; its max gives >= 1
+        phrases = key.new_zeros(*slot_shape, self.head_dim).scatter_add(
+            3, phrase_index.unsqueeze(-1).expand(-1, -1, -1, -1, self.head_dim), weights.unsqueeze(-1) * key
+        )  # empty phrases: 0
+        phrases = phrases[:, :, :, :num_phrases].transpose(2, 3)
+        return phrases.reshape(batch_size, num_granularities, num_phrases, self.output_dim)
+
+    def word_scores(
+        self, hidden_states: torch.Tensor, key: torch.Tensor, partition: PhrasePartition, phrase_index: torch.Tensor
+    ) -> torch.Tensor:
+        """(m W_q^h)(x_i W_k^h)ᵀ / √d_h of each word x_i with its phrase's max-pooled m: (B, G, heads, L)."""
+        batch_size, num_granularities, num_phrases = partition.phrase_mask.shape
+        query = self.query_proj(partition.max_pool(hidden_states))
+        query = query.view(batch_size, num_granularities, num_phrases, -1, self.head_dim).transpose(2, 3)
+        word_query = nn.functional.pad(query, (0, 0, 0, 1)).gather(
+            3, phrase_index.unsqueeze(-1).expand(-1, -1, -1, -1, self.head_dim)
+        )
+        return (word_query * key).sum(-1) * self.head_dim**-0.5
 
 
 class LstmComposition(nn.Module):
