@@ -6,10 +6,11 @@ subword alignment. The corpus is cut into chunks of `--call-batch-size` sentence
 times alternately (bare, processor, bare, ...) so that load from other processes hits both alike, and the fastest
 run of each is kept. Each processor run starts from the learned conversion's memory (the chains and feature scores it
 recalls) as a single pass would have it before the chunk, so that a repeat does not recall the chunk's own trees.
-Throughput = sentences / summed chunk times, by wall-clock time and by the process's CPU time (all threads; the
-steadier figure on a shared machine). Bare spaCy parses on one thread; the processor parses on a second thread while
-its own thread does the rest (see `SyntaxParser.pipe`), and the fast tokenizer uses a thread pool unless
-`TOKENIZERS_PARALLELISM=false` (recorded in the output).
+Throughput = sentences / summed chunk times, by wall-clock time and by CPU time (all threads of the process and its
+ended children; the steadier figure on a shared machine). Bare spaCy parses on one thread; the processor parses in a
+forked child process (on a second thread where none can be forked) while its own thread does the rest (see
+`SyntaxParser.pipe`), and the fast tokenizer uses a thread pool unless `TOKENIZERS_PARALLELISM=false` (recorded in the
+output).
 
     python scripts/bench_preprocess.py --source /path/to/multi30k/train.en.gz --target /path/to/multi30k/train.de.gz \
         --output benchmarks/preprocess-cpu.json
@@ -18,10 +19,13 @@ its own thread does the rest (see `SyntaxParser.pipe`), and the fast tokenizer u
 import argparse
 import copy
 import json
+import multiprocessing
 import os
 import platform
+import resource
 import tempfile
 import time
+from pathlib import Path
 
 import spacy
 import transformers
@@ -54,11 +58,22 @@ def load_tokenizer(args, workdir):
     return train_joint_tokenizer(args.source, args.target, workdir, vocab_size=8000, max_sentences=10000)
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process (all its threads) and of its children, ended or running (the processor's parse
+    process: its user and system ticks from /proc)."""
+    own, ended = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = own.ru_utime + own.ru_stime + ended.ru_utime + ended.ru_stime
+    for child in multiprocessing.active_children():
+        fields = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return total
+
+
 def timed(function, *args) -> tuple[float, float]:
     """Wall-clock and CPU seconds of one call."""
-    wall, cpu = time.perf_counter(), time.process_time()
+    wall, cpu = time.perf_counter(), cpu_seconds()
     function(*args)
-    return time.perf_counter() - wall, time.process_time() - cpu
+    return time.perf_counter() - wall, cpu_seconds() - cpu
 
 
 def time_chunks(processor, bare, texts, call_batch_size: int, repeats: int) -> dict[str, dict[str, float]]:

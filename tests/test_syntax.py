@@ -1,12 +1,18 @@
 """Word-level syntax: PTB trees, derived trees, granularity levels, Algorithm 1, local phrases, the spaCy parser."""
 
+import multiprocessing
+import os
+import signal
 import threading
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from mgsa_hf import syntax as syntax_module
 from mgsa_hf.syntax import (
     PHRASE_TAGS,
+    ParseProcess,
     PhraseTagVocab,
     SyntaxParser,
     _ParsedAhead,
@@ -243,41 +249,118 @@ def parse_threads() -> list[threading.Thread]:
     return [thread for thread in threading.enumerate() if thread.name == "mgsa-spacy-parse"]
 
 
-def test_parsing_ahead_on_a_thread_gives_the_same_analyses(multi30k_train_sources, monkeypatch):
+def parse_processes(before: tuple = ()) -> list:
+    """The live parse processes, other than those in `before`."""
+    return [process for process in multiprocessing.active_children()
+            if process.name == "mgsa-spacy-parse" and process not in before]
+
+
+@pytest.mark.parametrize("where", ["child process", "thread"])
+def test_parsing_ahead_gives_the_same_analyses(multi30k_train_sources, monkeypatch, where):
+    """A long batch is parsed beside the caller's work (in a forked child, or on a thread where no child can be
+    forked) with the analyses of the inline parse; a caller that stops early stops it."""
     texts = multi30k_train_sources[:60]
-    parser = SyntaxParser()
-    inline = parser(texts, batch_size=64)  # one batch: parsed on this thread
+    parser, before = SyntaxParser(), tuple(parse_processes())
+    inline = parser(texts, batch_size=64)  # one batch: parsed inline
+    if where == "thread":
+        monkeypatch.setattr(syntax_module, "_can_fork_parse", lambda inputs: False)
+    running = (lambda: parse_processes(before)) if where == "child process" else parse_threads
     monkeypatch.setattr(syntax_module, "_usable_cores", lambda: 1)
     one_core = parser.pipe(texts, batch_size=4)
-    assert next(one_core).words == inline[0].words and parse_threads() == []
+    assert next(one_core).words == inline[0].words and parse_threads() == parse_processes(before) == []
     monkeypatch.setattr(syntax_module, "_usable_cores", lambda: 2)
-    ahead = parser.pipe(texts, batch_size=4)  # more texts than one batch: spaCy parses on a second thread
+    ahead = parser.pipe(texts, batch_size=4)  # more texts than one batch: parsed beside this thread
     first = next(ahead)
-    assert len(parse_threads()) == 1
+    assert len(running()) == 1
     drawn = [first, *ahead]
-    assert parse_threads() == []
+    assert parse_threads() == [] and len(parse_processes(before)) == (where == "child process")  # the process waits
     for one, other in zip(drawn, inline, strict=True):
-        assert (one.words, one.heads, one.to_ptb()) == (other.words, other.heads, other.to_ptb())
+        assert (one.words, one.spans, one.heads, one.to_ptb()) == (other.words, other.spans, other.heads,
+                                                                      other.to_ptb())
     stopped = parser.pipe(texts, batch_size=4)
     next(stopped)
-    stopped.close()  # a caller that stops early stops the thread
-    assert parse_threads() == []
+    stopped.close()  # a caller that stops early stops the parse
+    assert parse_threads() == parse_processes(before) == []
 
 
-def test_parsing_ahead_raises_the_parsers_error_and_stops():
-    class FailingPipeline:
-        def pipe(self, texts, batch_size):
-            yield from texts
-            if texts:
-                raise RuntimeError("parser failed")
+def test_one_parse_process_serves_the_parsers_batches(multi30k_train_sources, monkeypatch):
+    """The parse process is forked once per parser and serves its batches; a batch asked for while another is being
+    read is parsed on a thread; a batch left unread ends the process, and the next batch forks a new one."""
+    monkeypatch.setattr(syntax_module, "_usable_cores", lambda: 2)
+    texts = multi30k_train_sources[:40]
+    parser, before = SyntaxParser(), tuple(parse_processes())
+    first = parser.pipe(texts, batch_size=4)
+    first_words = next(first).words
+    (process,) = parse_processes(before)
+    during = list(parser.pipe(texts[:20], batch_size=4))  # the process is busy with `first`: a thread parses these
+    assert [sentence.words for sentence in during] == [sentence.words for sentence in parser(texts[:20])]
+    assert [first_words, *(sentence.words for sentence in first)][:20] == [sentence.words for sentence in during]
+    second = list(parser.pipe(texts, batch_size=4))
+    assert parse_processes(before) == [process] and len(second) == 40  # the same process, idle again
+    unread = parser.pipe(texts, batch_size=4)
+    next(unread)
+    del unread  # dropped before its end: the process ends
+    assert parse_processes(before) == []
+    assert len(list(parser.pipe(texts, batch_size=4))) == 40
+    assert len(parse_processes(before)) == 1 and parse_processes(before) != [process]
+    del parser
+    assert parse_processes(before) == []
 
-    drawn = _ParsedAhead(FailingPipeline(), list(range(10)), batch_size=4)
-    assert [next(drawn) for _ in range(6)] == list(range(6))  # the first pipe's texts, then its error
-    with pytest.raises(RuntimeError, match="parser failed"):
+
+def test_no_child_process_from_a_daemonic_worker(monkeypatch):
+    """A daemonic process (a `multiprocessing.Pool` worker) may not have children: it parses on a thread."""
+    assert syntax_module._can_fork_parse(["A text."])
+    monkeypatch.setattr(syntax_module.multiprocessing, "current_process", lambda: SimpleNamespace(daemon=True))
+    assert not syntax_module._can_fork_parse(["A text."])
+
+
+class FailingPipeline:
+    """Yields a one-word doc per text, then raises `error` from its first `pipe`."""
+
+    vocab = SimpleNamespace(strings={0: ""})
+
+    def __init__(self, error):
+        self.error = error
+
+    def pipe(self, texts, batch_size):
+        for _ in texts:
+            yield SimpleNamespace(to_array=lambda attributes: np.zeros((1, len(attributes)), np.uint64))
+        if texts:
+            raise self.error
+
+
+class Unpicklable(Exception):
+    def __reduce__(self):
+        raise TypeError("cannot pickle")
+
+
+@pytest.mark.parametrize("where", ["child process", "thread"])
+@pytest.mark.parametrize("error", [RuntimeError("parser failed"), Unpicklable("parser failed")])
+def test_parsing_ahead_raises_the_parsers_error_and_stops(where, error):
+    pipeline, texts = FailingPipeline(error), list(range(10))
+    if where == "child process":
+        drawn = ParseProcess(pipeline).parse(texts, batch_size=4)
+    else:
+        drawn = _ParsedAhead(pipeline, texts, batch_size=4)
+    assert len([next(drawn) for _ in range(6)]) == 6  # the first pipe's texts, then its error
+    with pytest.raises(Exception, match="parser failed"):
         next(drawn)
     assert parse_threads() == []
     with pytest.raises(StopIteration):
         next(drawn)
+
+
+def test_a_parse_process_that_dies_is_reported():
+    class DyingPipeline(FailingPipeline):
+        def pipe(self, texts, batch_size):
+            os.kill(os.getpid(), signal.SIGKILL)
+            yield from ()
+
+    before = tuple(parse_processes())
+    drawn = ParseProcess(DyingPipeline(None)).parse(list(range(10)), batch_size=4)
+    with pytest.raises(RuntimeError, match="parse process ended without its result"):
+        next(drawn)
+    assert parse_processes(before) == []
 
 
 def test_parser_handles_whitespace_several_sentences_and_user_trees():

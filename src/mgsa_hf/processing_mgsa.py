@@ -108,8 +108,8 @@ class MgsaProcessor(ProcessorMixin):
             `batch_size` of spaCy's `nlp.pipe`.
         n_process (`int`, defaults to 1):
             `n_process` of spaCy's `nlp.pipe` (-1: all cores). With 1, a call with more than `parser_batch_size`
-            sentences parses on a second thread while the tokenizer and the fields run (see
-            [`~mgsa_hf.syntax.SyntaxParser.pipe`]).
+            sentences is parsed beside the tokenizer and the fields, in a child process forked once on Linux, else on
+            a second thread (see [`~mgsa_hf.syntax.SyntaxParser.pipe`]).
         with_syntax (`bool`, defaults to `True`):
             Make the source syntax fields. `False` for a model that reads none (`encoder_type="transformer"`): the
             processor then returns only `input_ids`, `attention_mask` (and `labels`) and never loads spaCy.
@@ -320,7 +320,7 @@ class MgsaProcessor(ProcessorMixin):
     def _encode_source(self, texts, trees, max_length, truncation) -> dict[str, list]:
         """Tokenizes and parses the sources; each analysis is turned into token fields (and dropped) as the parse
         goes, which keeps few objects alive for the garbage collector. The parse starts first: a long batch is parsed
-        on a second thread (see [`~mgsa_hf.syntax.SyntaxParser.pipe`]) while the tokenizer runs here."""
+        beside this thread (see [`~mgsa_hf.syntax.SyntaxParser.pipe`]) while the tokenizer runs here."""
         syntaxes = self.parser.pipe(texts, trees, self.parser_batch_size, self.n_process) if self.with_syntax else None
         fast = self.tokenizer.is_fast
         encoding = self.tokenizer(

@@ -11,14 +11,17 @@
 """
 
 import functools
+import gc
 import importlib
 import importlib.util
 import itertools
+import multiprocessing
 import os
 import queue
 import re
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -554,9 +557,10 @@ class SyntaxParser:
         self.conversion_file = None
         self._nlp = None
         self._tree_function = None
+        self._parse_process = None  # a ParseProcess, forked on first use
 
     def __getstate__(self):
-        return {**self.__dict__, "_nlp": None, "_tree_function": None}
+        return {**self.__dict__, "_nlp": None, "_tree_function": None, "_parse_process": None}
 
     def __deepcopy__(self, memo):
         return SyntaxParser(self.name, self.tree_parser, self.parser_code)
@@ -623,9 +627,10 @@ class SyntaxParser:
         it replaces the constituency tree (derived, or from the tree parser), and spaCy parses its leaves for the
         heads.
 
-        With one process, more than `batch_size` texts and a second core, spaCy parses on a second thread from this
-        call on, up to two batches ahead of the caller: its network and parser run largely without the GIL, so the
-        parse overlaps the caller's work (the trees here, the token fields of [`MgsaProcessor`]).
+        With one process, more than `batch_size` texts and a second core, spaCy parses beside the caller from this
+        call on, so that the parse overlaps the caller's work (the trees here, the token fields of
+        [`MgsaProcessor`]): in a forked child process on Linux ([`ParseProcess`], which shares no GIL with
+        the caller), else on a second thread ([`_ParsedAhead`]; spaCy releases the GIL only in part).
 
         Raises:
             [`TreeError`] (a `ValueError`) naming the sentence when a tree cannot be read or its leaves do not spell
@@ -649,14 +654,27 @@ class SyntaxParser:
             given[i] = read_tree(text, tree, i, plugin)
             inputs[i] = _leaf_doc(nlp, text, given[i][1], Doc)
         if n_process == 1 and len(inputs) > batch_size and self.tree_extension is None and _usable_cores() > 1:
-            # parsed on a second thread, overlapping the trees and fields built here (not with a component's trees:
-            # their leaves may be parsed again here, and one pipeline is not used by two threads at once)
-            docs = _ParsedAhead(nlp, inputs, batch_size)
+            # parsed beside the trees and fields built here, in a child process where one can be forked, else on a
+            # second thread (not with a component's trees: their leaves may be parsed again here)
+            docs = self._parse_beside(inputs, batch_size)
         else:
             docs = nlp.pipe(inputs, batch_size=batch_size, n_process=n_process)
         derive = derive_constituency_tree if self.tree_parser == RULES_TREE_PARSER else self.conversion.tree
         pairs = enumerate(zip(texts, docs, strict=True))
         return (self._sentence(i, text, doc, given.get(i), derive) for i, (text, doc) in pairs)
+
+    def _parse_beside(self, inputs: list, batch_size: int):
+        """The docs (or their arrays) of `inputs`, parsed beside the caller: by this parser's [`ParseProcess`]
+        (forked on first use, again after it ended) where one can run, else on a second thread ([`_ParsedAhead`]),
+        also while the parse process is still busy with another batch."""
+        if not _can_fork_parse(inputs):
+            return _ParsedAhead(self.nlp, inputs, batch_size)
+        process = self._parse_process
+        if process is not None and process.owned and process.busy:
+            return _ParsedAhead(self.nlp, inputs, batch_size)
+        if process is None or not process.usable:
+            process = self._parse_process = ParseProcess(self.nlp)
+        return process.parse(inputs, batch_size)
 
     def _sentence(self, index, text, doc, given, derive) -> SentenceSyntax:
         """The analysis of one parsed text: `given` is its `(tree, spans)` when a tree was given, `derive` makes the
@@ -692,11 +710,7 @@ class _ParsedAhead:
     _END = object()
 
     def __init__(self, nlp, texts: list, batch_size: int):
-        tail = min(batch_size, len(texts))
-        docs = itertools.chain(
-            nlp.pipe(texts[: len(texts) - tail], batch_size=batch_size),
-            nlp.pipe(texts[len(texts) - tail :], batch_size=max(1, batch_size // 8)),
-        )
+        docs = _pipe_small_last_batch(nlp, texts, batch_size)
         self._ahead, self._stop = queue.Queue(2 * batch_size), threading.Event()
         # the thread holds the queue and the event, not this iterator, so that dropping the iterator stops it
         self._thread = threading.Thread(target=self._draw, args=(docs, self._ahead, self._stop),
@@ -742,7 +756,175 @@ class _ParsedAhead:
             self._thread.join()
 
     def __del__(self):
-        self.close()
+        try:
+            self.close()
+        except Exception:  # at interpreter exit, with the modules torn down (multiprocessing ends its
+            pass  # daemonic children itself)
+
+
+def _pipe_small_last_batch(nlp, texts: list, batch_size: int):
+    """`nlp.pipe(texts, batch_size=batch_size)` with the last batch parsed in eighths, so that little of a
+    consumer's work on it is left after the parse ends (a doc does not depend on its batch)."""
+    tail = min(batch_size, len(texts))
+    return itertools.chain(
+        nlp.pipe(texts[: len(texts) - tail], batch_size=batch_size),
+        nlp.pipe(texts[len(texts) - tail :], batch_size=max(1, batch_size // 8)),
+    )
+
+
+def _can_fork_parse(inputs: list) -> bool:
+    """Whether a [`ParseProcess`] can parse `inputs`: Linux's `fork`, a process that may have children (not a
+    daemonic `multiprocessing` worker), spaCy on the CPU (a child must not use the GPU) and texts (the docs made from
+    given trees stay here)."""
+    if not sys.platform.startswith("linux") or multiprocessing.current_process().daemon:
+        return False
+    from thinc.api import NumpyOps, get_current_ops
+
+    return isinstance(get_current_ops(), NumpyOps) and all(isinstance(text, str) for text in inputs)
+
+
+_DOCS_PER_MESSAGE = 32
+
+
+class ParseProcess:
+    """A child process forked from this one that parses texts with the spaCy pipeline it inherited, for one
+    [`SyntaxParser`]: the parse then runs beside the caller's work on each doc without sharing the GIL with it. It is
+    forked once and serves every long batch of its parser (a fork per batch would copy the pages that the parse
+    touches each time); it ends with its parser, with this process, or when a caller stops reading a batch early.
+
+    [`parse`] sends the texts and returns an iterator over the docs' [`_doc_attributes`] arrays, which the child sends
+    in messages of a few docs with the strings of the tag and label hashes it has not sent before; the last batch is
+    parsed in eighths (see [`_pipe_small_last_batch`]). Iterating raises what the parse raised."""
+
+    def __init__(self, nlp):
+        context = multiprocessing.get_context("fork")
+        self._connection, child_connection = context.Pipe()
+        self._owner = os.getpid()
+        self._process = context.Process(target=self._serve, args=(nlp, child_connection), name="mgsa-spacy-parse",
+                                        daemon=True)
+        with warnings.catch_warnings():
+            # Python >= 3.12 warns that a fork with threads alive may deadlock in the child; this child takes no lock
+            # of those threads (it runs spaCy's CPU pipeline and writes to its pipe)
+            warnings.filterwarnings("ignore", r".*fork\(\) may lead to deadlocks", DeprecationWarning)
+            self._process.start()
+        child_connection.close()
+        self.busy = False
+
+    @property
+    def owned(self) -> bool:
+        """Whether this process forked it (a forked copy of its parser holds it too, and may not use it)."""
+        return self._owner == os.getpid()
+
+    @property
+    def usable(self) -> bool:
+        """Whether this process may send it a batch now: its own child, alive and idle."""
+        return self.owned and not self.busy and self._process.is_alive()
+
+    def parse(self, texts: list[str], batch_size: int) -> "_ProcessParsedBatch":
+        self.busy = True
+        self._connection.send((texts, batch_size))
+        return _ProcessParsedBatch(self)
+
+    def receive(self):
+        """The next message of the batch being parsed: `("docs", (strings, lengths, data))`, `("end", None)` or
+        `("error", exception)`."""
+        try:
+            return self._connection.recv()
+        except EOFError:
+            raise RuntimeError(
+                f"The spaCy parse process ended without its result (exit code {self._process.exitcode})."
+            ) from None
+
+    def close(self):
+        """Ends the child (only from the process that forked it)."""
+        if self.owned and self._process.is_alive():
+            self._process.terminate()
+            self._process.join()
+        self._connection.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # at interpreter exit, with the modules torn down (multiprocessing ends its
+            pass  # daemonic children itself)
+
+    @staticmethod
+    def _serve(nlp, connection):
+        gc.freeze()  # collections here skip the objects inherited from the parent, whose pages they would copy
+        gc.enable()
+        attributes, sent = _doc_attributes(), set()
+
+        def send(arrays):
+            data = np.concatenate(arrays) if arrays else np.zeros((0, len(attributes)), np.uint64)
+            keys = set(data[:, 1:3].view(np.int64).ravel().tolist()) - sent
+            strings = {key: nlp.vocab.strings[key & _UINT64_MASK] for key in keys}
+            sent.update(keys)
+            connection.send(("docs", (strings, [len(array) for array in arrays], data)))
+
+        while True:
+            try:
+                texts, batch_size = connection.recv()
+            except EOFError:  # the parser is gone
+                return
+            arrays = []
+            try:
+                for doc in _pipe_small_last_batch(nlp, texts, batch_size):
+                    arrays.append(doc.to_array(attributes))
+                    if len(arrays) == _DOCS_PER_MESSAGE:
+                        send(arrays)
+                        arrays = []
+                if arrays:
+                    send(arrays)
+                connection.send(("end", None))
+            except BaseException as error:  # handed to the caller after the docs parsed before it, and raised there
+                if arrays:
+                    send(arrays)
+                try:
+                    connection.send(("error", error))
+                except Exception:  # not picklable: its type and message
+                    connection.send(("error", RuntimeError(f"{type(error).__name__}: {error}")))
+
+
+class _ProcessParsedBatch:
+    """The arrays of one batch sent to a [`ParseProcess`], in order. Closing it (or dropping it) before its end ends
+    the process, whose remaining messages would otherwise be read by the next batch."""
+
+    def __init__(self, process: ParseProcess):
+        self._process, self._docs, self._finished = process, iter(()), False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> np.ndarray:
+        for array in self._docs:
+            return array
+        if self._finished:
+            raise StopIteration
+        try:
+            kind, payload = self._process.receive()
+        except BaseException:
+            self.close()
+            raise
+        if kind == "docs":
+            strings, lengths, data = payload
+            _SPACY_STRINGS.update(strings)
+            self._docs = iter(np.split(data, np.cumsum(lengths[:-1])) if lengths else ())
+            return next(self)
+        self._finished, self._process.busy = True, False
+        if kind == "error":
+            raise payload
+        raise StopIteration
+
+    def close(self):
+        if not self._finished:
+            self._finished, self._process.busy = True, False
+            self._process.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # at interpreter exit, with the modules torn down (multiprocessing ends its
+            pass  # daemonic children itself)
 
 
 def read_tree(text: str, tree: str, index: int, tree_parser: str | None):
@@ -875,10 +1057,12 @@ def _doc_attributes():
 
 
 def _word_arrays(doc):
-    """Heads, tags, dependency labels and character spans of the words of a spaCy doc. Whitespace tokens are not
-    words: their dependents are reattached to the nearest non-space ancestor (or become roots)."""
+    """Heads, tags, dependency labels and character spans of the words of a spaCy doc, or of its
+    [`_doc_attributes`] array (whose strings are in `_SPACY_STRINGS`). Whitespace tokens are not words: their
+    dependents are reattached to the nearest non-space ancestor (or become roots)."""
+    array = doc if isinstance(doc, np.ndarray) else doc.to_array(_doc_attributes())
     # uint64 columns read as int64: HEAD becomes the signed offset to the head, hashes stay unique keys
-    columns = doc.to_array(_doc_attributes()).view(np.int64).T.tolist()
+    columns = array.view(np.int64).T.tolist()
     heads, tags, deps, starts, lengths, spaces = columns
     heads = [word + offset for word, offset in enumerate(heads)]
     try:
