@@ -115,3 +115,20 @@ def test_length_scaling_batches_and_timings(tmp_path):
     for rows in report["lengths"].values():
         assert rows["transformer"]["train_step_ratio"] == 1.0 and rows["hybrid"]["train_step_s"] > 0
     assert output.with_suffix(".png").stat().st_size > 0
+
+
+def test_flop_counts_from_saved_inputs(inputs, tmp_path):
+    """scripts/count_flops.py on the benchmark's batches: PR's Eq. 7-8 network adds work in every layer, while
+    hybrid's gate and local window add no matrix products."""
+    output = tmp_path / "flops.json"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "count_flops.py"), "--inputs", str(inputs), "--size",
+                    "small", "--variants", "phrase_representation", "hybrid", "--gen-tokens", "3", "--output",
+                    str(output)], check=True, capture_output=True, text=True, timeout=600)
+    rows = json.loads(output.read_text())["rows"]
+    assert list(rows) == ["transformer", "phrase_representation", "hybrid"]
+    assert rows["transformer"]["train_step_ratio"] == 1.0 and rows["transformer"]["train_step_gflops"] > 0
+    assert rows["phrase_representation"]["train_step_ratio"] > 1.3
+    assert rows["phrase_representation"]["generation_ratio"] > 1.3
+    assert rows["hybrid"]["train_step_ratio"] == pytest.approx(1.0, abs=0.01)
+    table = output.with_suffix(".md").read_text()
+    assert all(f"| {name} |" in table for name in rows)
