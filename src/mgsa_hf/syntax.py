@@ -667,10 +667,8 @@ class SyntaxParser:
         """The docs (or their arrays) of `inputs`, parsed beside the caller: by this parser's [`ParseProcess`]
         (forked on first use, again after it ended) where one can run, else on a second thread ([`_ParsedAhead`]),
         also while the parse process is still busy with another batch."""
-        if not _can_fork_parse(inputs):
-            return _ParsedAhead(self.nlp, inputs, batch_size)
         process = self._parse_process
-        if process is not None and process.owned and process.busy:
+        if not _can_fork_parse(inputs) or (process is not None and process.owned and process.busy):
             return _ParsedAhead(self.nlp, inputs, batch_size)
         if process is None or not process.usable:
             process = self._parse_process = ParseProcess(self.nlp)
@@ -700,7 +698,21 @@ def _usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-class _ParsedAhead:
+class _ClosedWhenDropped:
+    """Calls `close()` when the object is dropped. At interpreter exit, with the modules torn down, a failing `close()`
+    is let go: the parse thread is a daemon, and `multiprocessing` ends its daemonic children itself."""
+
+    def close(self):
+        raise NotImplementedError
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class _ParsedAhead(_ClosedWhenDropped):
     """The docs of `nlp.pipe(texts, batch_size=batch_size)`, parsed by a background thread from construction on, up to
     two batches ahead of the caller: spaCy's network and parser run largely without the GIL, so the parse overlaps
     what the caller does with each doc. The last batch is parsed in eighths, so that little of the caller's work on
@@ -755,12 +767,6 @@ class _ParsedAhead:
         if self._thread is not threading.current_thread():
             self._thread.join()
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # at interpreter exit, with the modules torn down (multiprocessing ends its
-            pass  # daemonic children itself)
-
 
 def _pipe_small_last_batch(nlp, texts: list, batch_size: int):
     """`nlp.pipe(texts, batch_size=batch_size)` with the last batch parsed in eighths, so that little of a
@@ -786,11 +792,12 @@ def _can_fork_parse(inputs: list) -> bool:
 _DOCS_PER_MESSAGE = 32
 
 
-class ParseProcess:
+class ParseProcess(_ClosedWhenDropped):
     """A child process forked from this one that parses texts with the spaCy pipeline it inherited, for one
     [`SyntaxParser`]: the parse then runs beside the caller's work on each doc without sharing the GIL with it. It is
-    forked once and serves every long batch of its parser (a fork per batch would copy the pages that the parse
-    touches each time); it ends with its parser, with this process, or when a caller stops reading a batch early.
+    forked once and serves every long batch of its parser (a child forked per batch parsed about a tenth slower, most
+    likely from copying the pages that the parse writes to); it ends with its parser, with this process, or when a
+    caller stops reading a batch early.
 
     [`parse`] sends the texts and returns an iterator over the docs' [`_doc_attributes`] arrays, which the child sends
     in messages of a few docs with the strings of the tag and label hashes it has not sent before; the last batch is
@@ -842,12 +849,6 @@ class ParseProcess:
             self._process.join()
         self._connection.close()
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # at interpreter exit, with the modules torn down (multiprocessing ends its
-            pass  # daemonic children itself)
-
     @staticmethod
     def _serve(nlp, connection):
         gc.freeze()  # collections here skip the objects inherited from the parent, whose pages they would copy
@@ -855,7 +856,7 @@ class ParseProcess:
         attributes, sent = _doc_attributes(), set()
 
         def send(arrays):
-            data = np.concatenate(arrays) if arrays else np.zeros((0, len(attributes)), np.uint64)
+            data = np.concatenate(arrays)
             keys = set(data[:, 1:3].view(np.int64).ravel().tolist()) - sent
             strings = {key: nlp.vocab.strings[key & _UINT64_MASK] for key in keys}
             sent.update(keys)
@@ -885,7 +886,7 @@ class ParseProcess:
                     connection.send(("error", RuntimeError(f"{type(error).__name__}: {error}")))
 
 
-class _ProcessParsedBatch:
+class _ProcessParsedBatch(_ClosedWhenDropped):
     """The arrays of one batch sent to a [`ParseProcess`], in order. Closing it (or dropping it) before its end ends
     the process, whose remaining messages would otherwise be read by the next batch."""
 
@@ -908,7 +909,7 @@ class _ProcessParsedBatch:
         if kind == "docs":
             strings, lengths, data = payload
             _SPACY_STRINGS.update(strings)
-            self._docs = iter(np.split(data, np.cumsum(lengths[:-1])) if lengths else ())
+            self._docs = iter(np.split(data, np.cumsum(lengths[:-1])))
             return next(self)
         self._finished, self._process.busy = True, False
         if kind == "error":
@@ -919,12 +920,6 @@ class _ProcessParsedBatch:
         if not self._finished:
             self._finished, self._process.busy = True, False
             self._process.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # at interpreter exit, with the modules torn down (multiprocessing ends its
-            pass  # daemonic children itself)
 
 
 def read_tree(text: str, tree: str, index: int, tree_parser: str | None):
