@@ -205,13 +205,7 @@ def test_compositions_match_per_phrase_reference(composition):
             return words.mean(0)
         if composition == "lstm":
             return module.lstm(words.unsqueeze(0))[1][0][-1, 0]
-        heads = []
-        for head in range(3):
-            rows = slice(8 * head, 8 * head + 8)
-            query = words.max(0).values @ module.query_proj.weight[rows].T
-            keys = words @ module.key_proj.weight[rows].T
-            heads.append(torch.softmax(keys @ query / 8**0.5, 0) @ keys)
-        return torch.cat(heads)
+        return sans_of_phrase(module, words)
 
     for row in range(len(TREES)):
         for granularity in range(3):
@@ -222,26 +216,28 @@ def test_compositions_match_per_phrase_reference(composition):
             assert (phrases[row, granularity, int(ids.max()) + 1 :] == 0).all()
 
 
+def sans_of_phrase(module, words: torch.Tensor) -> torch.Tensor:
+    """SANs (Eq. 8) of one phrase's words (n, D), head by head with each head's W_q^h, W_k^h: (d_m,)."""
+    head_dim, heads = module.head_dim, module.output_dim // module.head_dim
+    parts = []
+    for head in range(heads):
+        rows = slice(head_dim * head, head_dim * (head + 1))
+        query = words.max(0).values @ module.query_proj.weight[rows].T
+        keys = words @ module.key_proj.weight[rows].T
+        parts.append(torch.softmax(keys @ query / head_dim**0.5, 0) @ keys)
+    return torch.cat(parts)
+
+
 def sans_reference(module, hidden: torch.Tensor, partition) -> torch.Tensor:
-    """SANs (Eq. 8) phrase by phrase and head by head, written out: (B, G, P, d_m), empty phrases 0."""
+    """SANs phrase by phrase: (B, G, P, d_m), empty phrases 0."""
     batch_size, num_granularities, num_phrases = partition.phrase_mask.shape
-    heads, head_dim = module.output_dim // module.head_dim, module.head_dim
     rows = []
     for row in range(batch_size):
         for granularity in range(num_granularities):
             ids = partition.phrase_ids[row, granularity]
             for phrase in range(num_phrases):
                 words = hidden[row, ids == phrase]
-                if len(words) == 0:
-                    rows.append(hidden.new_zeros(module.output_dim))
-                    continue
-                parts = []
-                for head in range(heads):
-                    weight_rows = slice(head_dim * head, head_dim * (head + 1))
-                    query = words.max(0).values @ module.query_proj.weight[weight_rows].T
-                    keys = words @ module.key_proj.weight[weight_rows].T
-                    parts.append(torch.softmax(keys @ query / head_dim**0.5, 0) @ keys)
-                rows.append(torch.cat(parts))
+                rows.append(sans_of_phrase(module, words) if len(words) else hidden.new_zeros(module.output_dim))
     return torch.stack(rows).view(batch_size, num_granularities, num_phrases, -1)
 
 
