@@ -321,3 +321,31 @@ def test_decoder_takes_the_cache_under_either_name(marian_dir, batch):
         torch.testing.assert_close(steps["cache"], full, atol=1e-5, rtol=1e-4)
         with pytest.raises(ValueError, match="not both"):
             model(**inputs, decoder_input_ids=start, cache=DynamicCache(), past_key_values=DynamicCache())
+
+
+@pytest.mark.parametrize("backbone", ["marian", "t5"])
+def test_outputs_name_the_cache_as_the_installed_transformers_does(backbone, batch):
+    """transformers 5.24 renamed the outputs' `past_key_values` to `cache` (the old name still works there but logs a
+    deprecation warning): a cached forward and beam search fill the installed name and log no such warning."""
+    from transformers.cache_utils import EncoderDecoderCache
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging as transformers_logging
+
+    from mgsa_hf import MgsaT5Config, MgsaT5ForConditionalGeneration
+    from mgsa_hf.modeling_layers import OUTPUT_CACHE_FIELD
+
+    if backbone == "marian":
+        model = MgsaForConditionalGeneration(MgsaConfig(**TINY, encoder_type="phrase_representation"))
+    else:
+        model = MgsaT5ForConditionalGeneration(MgsaT5Config(
+            vocab_size=TINY["vocab_size"], d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4, pad_token_id=PAD,
+            eos_token_id=0, decoder_start_token_id=PAD, encoder_type="phrase_representation"))
+    model.eval()
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    transformers_logging.warning_once.cache_clear()  # a warning logged earlier in the session would log only once
+    with CaptureLogger(transformers_logging.get_logger("transformers.utils.generic")) as captured, torch.no_grad():
+        output = model(**inputs, decoder_input_ids=batch["decoder_input_ids"], use_cache=True)
+        generated = model.generate(**inputs, num_beams=2, max_new_tokens=3, return_dict_in_generate=True)
+    assert isinstance(getattr(output, OUTPUT_CACHE_FIELD), EncoderDecoderCache)
+    assert isinstance(getattr(generated, OUTPUT_CACHE_FIELD), EncoderDecoderCache)
+    assert "deprecated" not in captured.out

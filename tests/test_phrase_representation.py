@@ -11,7 +11,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import MarianConfig, MarianMTModel
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
-from mgsa_hf.modeling_layers import MgsaAttention, MgsaDecoderLayer, MgsaEncoderLayer, MgsaSyntaxInputs
+from mgsa_hf.modeling_layers import (
+    OUTPUT_CACHE_FIELD,
+    MgsaAttention,
+    MgsaDecoderLayer,
+    MgsaEncoderLayer,
+    MgsaSyntaxInputs,
+)
 from mgsa_hf.phrase_representation import (
     AttentivePhrasePooling,
     PhraseRepresentationDecoderLayer,
@@ -434,7 +440,7 @@ def test_phrase_keys_and_values_are_cached_once():
     output = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], num_beams=4,
                             max_new_tokens=6, min_new_tokens=6, return_dict_in_generate=True)
     assert calls["k_proj"] == TINY["decoder_layers"]  # once per decoder layer, not once per step
-    cross_cache = output.past_key_values.cross_attention_cache
+    cross_cache = getattr(output, OUTPUT_CACHE_FIELD).cross_attention_cache
     phrase_keys = cross_cache.layers[TINY["decoder_layers"]].keys
     # (beams, heads, P, d_h): P = 4 (seql 7 → 3 phrases of 3 tokens, + EOS)
     assert phrase_keys.shape[0] == 2 * 4 and phrase_keys.shape[2] == 4

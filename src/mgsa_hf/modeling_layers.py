@@ -6,13 +6,14 @@ The attention variants (`phrase_memory.py`, `phrase_representation.py`, `hybrid.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
@@ -121,6 +122,11 @@ def source_syntax_fields(
         "local_phrase_end": local_phrase_end,
         "tree_depth": tree_depth,
     }
+
+
+# The field of transformers' model outputs holding the decoder cache: `cache` from transformers 5.24 (where the old
+# name still works but logs a deprecation warning), `past_key_values` before.
+OUTPUT_CACHE_FIELD = "cache" if "cache" in {field.name for field in fields(Seq2SeqLMOutput)} else "past_key_values"
 
 
 def resolve_cache(past_key_values: Cache | None, kwargs: dict) -> Cache | None:

@@ -30,6 +30,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .configuration_mgsa import MgsaConfig
 from .hybrid import HybridAttention
 from .modeling_layers import (
+    OUTPUT_CACHE_FIELD,
     MgsaAttention,
     MgsaDecoderLayer,
     MgsaEncoderLayer,
@@ -376,7 +377,7 @@ class MgsaDecoder(MgsaPreTrainedModel):
                 **kwargs,
             )
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, past_key_values=past_key_values
+            last_hidden_state=hidden_states, **{OUTPUT_CACHE_FIELD: past_key_values}
         )
 
 
@@ -435,7 +436,7 @@ def encoder_decoder_forward(
     )
     return MgsaSeq2SeqModelOutput(
         last_hidden_state=decoder_outputs.last_hidden_state,
-        past_key_values=decoder_outputs.past_key_values,
+        **{OUTPUT_CACHE_FIELD: getattr(decoder_outputs, OUTPUT_CACHE_FIELD)},
         decoder_hidden_states=decoder_outputs.hidden_states,
         decoder_attentions=decoder_outputs.attentions,
         cross_attentions=decoder_outputs.cross_attentions,
@@ -468,7 +469,7 @@ def language_model_output(
     return MgsaSeq2SeqLMOutput(
         loss=loss,
         logits=lm_logits,
-        past_key_values=outputs.past_key_values,
+        **{OUTPUT_CACHE_FIELD: getattr(outputs, OUTPUT_CACHE_FIELD)},
         decoder_hidden_states=outputs.decoder_hidden_states,
         decoder_attentions=outputs.decoder_attentions,
         cross_attentions=outputs.cross_attentions,

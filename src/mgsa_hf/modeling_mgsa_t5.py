@@ -34,6 +34,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_mgsa import MgsaT5Config
 from .modeling_layers import (
+    OUTPUT_CACHE_FIELD,
     MgsaAttention,
     MgsaLayerOutput,
     MgsaSyntaxInputs,
@@ -486,7 +487,7 @@ class MgsaT5Decoder(MgsaT5Stack):
             )
         hidden_states = self.dropout(self.final_layer_norm(hidden_states))
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, past_key_values=past_key_values
+            last_hidden_state=hidden_states, **{OUTPUT_CACHE_FIELD: past_key_values}
         )
 
 
