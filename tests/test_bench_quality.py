@@ -304,3 +304,46 @@ def test_sublayer_probe_trains_and_measures_every_attention_sublayer(dry_run, tm
         assert len(probed) == (0 if label == "transformer" else layers["encoder_layers"] + layers["decoder_layers"])
         assert len(ratios) - len(probed) == layers["encoder_layers"] + 2 * layers["decoder_layers"]
         assert all(value > 0 for value in ratios.values()) and result["curve"][0]["loss"] > 0
+
+
+def test_rhe_head_rate_of_a_run_equals_the_processor_path(dry_run, tmp_path):
+    """scripts/rhe_head_rate.py counts Eq. 10's labels of a trained run on the prepared batches: the same rates as
+    `redundant_head_rate` finds through the processor on the same sentences, and a clear refusal for a non-RHE run."""
+    import shutil
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import rhe_head_rate
+
+    from mgsa_hf import MgsaProcessor
+    from mgsa_hf.prepared_training import PreparedCorpus
+    from mgsa_hf.rhe import redundant_head_rate
+
+    root, _, _ = dry_run
+    prepared = root / "dry-run" / "prepared"
+    corpus = PreparedCorpus(prepared)
+    # after 6 steps σ(h_conf) labels every head redundant; a fixed gate (no weights of its own) mixes the labels, so
+    # that the comparison can fail
+    run = tmp_path / "rhe-fixed-gate"
+    shutil.copytree(root / "dry-run" / "rhe" / "seed-1", run)
+    manifest = json.loads((run / "run.json").read_text())
+    manifest["row"]["rhe_fixed_gate"] = 0.3
+    (run / "run.json").write_text(json.dumps(manifest))
+    output = tmp_path / "rate.json"
+    results = rhe_head_rate.main([str(run), "--prepared", str(prepared), "--batch-size", "16", "--output",
+                                  str(output)])
+    rate = results[str(run)]
+    assert rate["checkpoints"] == ["step-3", "step-6"] and rate["sentences"] == 64 and rate["layers"] == [0]
+    rates = torch.tensor(rate["redundant"])
+    assert 0.05 < rates.mean() < 0.95
+    model, _ = rhe_head_rate.load_run(run, corpus)
+    processor = MgsaProcessor.from_pretrained(prepared / "processor")
+    sources = (prepared / "test.en").read_text().splitlines()
+
+    def truncating(texts, **kwargs):  # the prepared corpus is cut at the budget's max_length
+        return processor(texts, max_length=corpus.manifest["max_length"], truncation=True, **kwargs)
+
+    expected = redundant_head_rate(model, truncating, sources, batch_size=10)
+    assert torch.allclose(rates, expected.rate, atol=1e-4)
+    assert json.loads(output.read_text())["runs"] == results
+    with pytest.raises(SystemExit, match="not an RHE run"):
+        rhe_head_rate.head_rate(root / "dry-run" / "hybrid" / "seed-1", corpus, "test", 16)

@@ -1,6 +1,7 @@
-"""scripts/bench_speed.py on a machine without spaCy: the batches are built once with the processor
-(`--save-inputs`) and timed in a process where spaCy and `datasets` cannot be imported (`--inputs`), as on a GPU
-machine; `--device cuda` is refused clearly where torch sees no GPU."""
+"""The speed scripts on a machine without spaCy (bench_speed.py, bench_length.py, bench_layer.py; profile_step.py and
+count_flops.py on the same batches): the batches are built once with the processor (`--save-inputs`) and timed in a
+process where spaCy and `datasets` cannot be imported (`--inputs`), as on a GPU machine; `--device cuda` is refused
+clearly where torch sees no GPU."""
 
 import json
 import statistics
@@ -18,14 +19,21 @@ SMALL = ["--batch-size", "4", "--num-batches", "1", "--gen-sentences", "4", "--m
          "--memory-repeats", "2"]
 
 
-def run_without_spacy(*args: str) -> subprocess.CompletedProcess:
+def run_script_without_spacy(script: str, *args: str) -> subprocess.CompletedProcess:
+    """`scripts/<script>` with `args`, in a process where spaCy and `datasets` cannot be imported."""
+    path = REPO / "scripts" / script
     code = (
         "import sys, runpy\n"
         "for name in ('spacy', 'datasets'): sys.modules[name] = None\n"
-        f"sys.argv = ['bench_speed.py', *{list(args)!r}]\n"
-        f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
+        f"sys.path.insert(0, {str(path.parent)!r})\n"
+        f"sys.argv = [{script!r}, *{list(args)!r}]\n"
+        f"runpy.run_path({str(path)!r}, run_name='__main__')\n"
     )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+
+
+def run_without_spacy(*args: str) -> subprocess.CompletedProcess:
+    return run_script_without_spacy("bench_speed.py", *args)
 
 
 @pytest.fixture(scope="module")
@@ -86,35 +94,83 @@ def test_profile_splits_a_step_into_its_parts(inputs):
     assert times["forward: other (embeddings, output projection and loss, residuals, dropout)"] >= 0
 
 
-def test_length_scaling_batches_and_timings(tmp_path):
+@pytest.fixture(scope="module")
+def length_inputs(tmp_path_factory):
+    """scripts/bench_length.py's batches of 8 and 16 tokens (32 source tokens each), parsed with spaCy."""
+    path = tmp_path_factory.mktemp("length") / "length.pt"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "bench_length.py"), "--save-inputs", str(path),
+                    "--lengths", "8", "16", "--tokens", "32"], check=True, capture_output=True, text=True,
+                   timeout=600)
+    return path
+
+
+def test_length_scaling_batches_and_timings(length_inputs, tmp_path):
     """scripts/bench_length.py: exact-length batches of equal token count with every syntax field, parsed here and
     timed where spaCy cannot be imported; JSON and plot written."""
-    script = REPO / "scripts" / "bench_length.py"
-    saved_path = tmp_path / "length.pt"
-    subprocess.run([sys.executable, str(script), "--save-inputs", str(saved_path), "--lengths", "8", "16",
-                    "--tokens", "32"], check=True, capture_output=True, text=True, timeout=600)
-    saved = torch.load(saved_path)
+    saved = torch.load(length_inputs)
     for length, batch in saved["batches"].items():
         assert batch["input_ids"].shape == (32 // length, length) and bool(batch["attention_mask"].all())
         assert batch["labels"].shape == (32 // length, length)
         assert {"phrase_ids", "head_word_ids", "pr_phrase_ids", "local_phrase_start", "tree_depth"} <= set(batch)
     output = tmp_path / "length.json"
-    code = (
-        "import sys, runpy\n"
-        "for name in ('spacy', 'datasets'): sys.modules[name] = None\n"
-        f"sys.path.insert(0, {str(script.parent)!r})\n"
-        f"sys.argv = ['bench_length.py', '--inputs', {str(saved_path)!r}, '--size', 'small', '--threads', '1',\n"
-        f"            '--variants', 'transformer', 'hybrid', '--steps', '1', '--warmup', '0',\n"
-        f"            '--output', {str(output)!r}]\n"
-        f"runpy.run_path({str(script)!r}, run_name='__main__')\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    result = run_script_without_spacy("bench_length.py", "--inputs", str(length_inputs), "--size", "small",
+                                      "--threads", "1", "--variants", "transformer", "hybrid", "--steps", "1",
+                                      "--warmup", "0", "--output", str(output))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(output.read_text())
     assert set(report["lengths"]) == {"8", "16"}
     for rows in report["lengths"].values():
         assert rows["transformer"]["train_step_ratio"] == 1.0 and rows["hybrid"]["train_step_s"] > 0
     assert output.with_suffix(".png").stat().st_size > 0
+
+
+def test_variant_attention_timings(length_inputs, tmp_path):
+    """scripts/bench_layer.py where spaCy cannot be imported: each row's own self-attentions against the same ones of
+    the plain model, RHE's share of important heads beside its rows (every head with a fixed gate of 0)."""
+    output = tmp_path / "layer.json"
+    result = run_script_without_spacy("bench_layer.py", "--inputs", str(length_inputs), "--size", "small",
+                                      "--threads", "1", "--variants", "hybrid", "rhe (prune)",
+                                      "rhe (prune, every head important)", "--steps", "1", "--warmup", "0",
+                                      "--output", str(output))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(output.read_text())
+    assert report["layers"] == {"hybrid": [0, 1], "rhe (prune)": [0], "rhe (prune, every head important)": [0]}
+    for rows in report["lengths"].values():
+        assert all(row["variant_ms"] > 0 and row["transformer_ms"] > 0 for row in rows.values())
+        assert "important_heads" not in rows["hybrid"]
+        assert rows["rhe (prune, every head important)"]["important_heads"] == 1.0
+    assert output.with_suffix(".md").read_text().count("| rhe (prune) | 0 |") == 1
+
+
+@pytest.mark.parametrize("row", ["phrase_memory (syntactic, SANs, ON-LSTM)", "hybrid", "rhe"])
+def test_variant_attention_computes_what_the_model_computes(length_inputs, row):
+    """What bench_layer.py times (the syntax preparation and the variant's self-attentions, from captured inputs) gives
+    the outputs those self-attentions give inside a whole forward pass."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import bench_layer
+
+    saved = torch.load(length_inputs)
+    batch = saved["batches"][16]
+    model = bench_layer.build_model(saved["vocab"], "marian", "small", bench_layer.LAYER_VARIANTS[row],
+                                    torch.device("cpu")).eval()
+    recorded = {}
+
+    def record(module, args, output):
+        recorded[module.layer_idx] = output[0]
+
+    handles = [model.get_encoder().layers[index].self_attn.register_forward_hook(record)
+               for index in model.config.variant_layers]
+    with torch.no_grad():
+        model(**batch)
+    for handle in handles:
+        handle.remove()
+    runner = bench_layer.VariantAttention(model, model.config.variant_layers)
+    with torch.no_grad():
+        outputs, loss, important = runner.forward(*runner.inputs(batch))
+    assert len(outputs) == len(recorded) == len(model.config.variant_layers)
+    for index, output in zip(model.config.variant_layers, outputs, strict=True):
+        torch.testing.assert_close(output, recorded[index])
+    assert (important is not None) == (row == "rhe") and torch.isfinite(loss)
 
 
 def test_flop_counts_from_saved_inputs(inputs, tmp_path):

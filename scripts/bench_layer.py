@@ -1,0 +1,206 @@
+#!/usr/bin/env python
+"""The cost of each encoder variant's own attention, undiluted by the rest of the model, as a ratio to the same
+sub-layers of the plain Transformer.
+
+A variant of MG-SA, hybrid or RHE changes the self-attention of one or two encoder layers of twelve, so its cost
+hides in the noise of a whole training step (`bench_speed.py`). Here the timed region is only what the variant
+changes: the per-forward preparation of its syntax inputs (`variant_inputs`: MG-SA's phrase partition, RHE's
+relations) and the self-attention sub-layers of its `config.variant_layers`, forward and backward (MG-SA's tag loss
+included), each from the hidden states that reach it in an encoder forward. The transformer row runs the same
+sub-layers of a plain model. Batches are those of `bench_length.py`: sentences of exactly 16 ... 256 tokens cut from
+Multi30k and run through `MgsaProcessor` (spaCy parse included), the same number of source tokens at every length;
+the variants are interleaved step by step and every figure is a median over `--steps` steps.
+
+    python scripts/bench_layer.py --threads 1      # writes benchmarks/layer-cpu.json and its table (layer-cpu.md)
+    python scripts/bench_layer.py --inputs gpu-data/length-inputs.pt --device cuda   # batches of bench_length.py
+"""
+
+import argparse
+import dataclasses
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from bench_length import build_inputs
+from bench_speed import DEFAULT_DATA, REPO, SIZES, VARIANTS, build_model, synchronize, to_device
+
+
+# bench_speed.py's rows whose variant changes only some encoder self-attentions, and two bounds for RHE: how many
+# heads RHE-prune drops depends on the model's attention (with random weights most heads come out redundant), so a
+# fixed gate of 0 (every head important, Eq. 10) gives each mode's cost when no head is pruned or replaced
+LAYER_VARIANTS = {
+    **{name: VARIANTS[name] for name in ("phrase_memory", "phrase_memory (syntactic, SANs, ON-LSTM)", "hybrid",
+                                         "rhe", "rhe (DEA+RHE)", "rhe (prune)")},
+    "rhe (every head important)": {"encoder_type": "rhe", "rhe_fixed_gate": 0.0},
+    "rhe (prune, every head important)": {"encoder_type": "rhe", "rhe_mode": "rhe_prune", "rhe_fixed_gate": 0.0},
+}
+
+
+class _Captured(Exception):
+    """Stops an encoder forward once the inputs of the last timed self-attention are captured."""
+
+
+def log(message: str) -> None:
+    print(f"[bench_layer {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class VariantAttention:
+    """The part of an encoder forward that a variant changes, runnable on its own: the syntax preparation and the
+    self-attention sub-layers of encoder layers `layers` (the variant's `config.variant_layers`; on a plain model,
+    the same layers' plain self-attention)."""
+
+    def __init__(self, model, layers: list[int]):
+        self.model, self.layers = model, layers
+        self.encoder = model.get_encoder()
+
+    def inputs(self, batch: dict) -> tuple[list[tuple], object]:
+        """`([(hidden states (B, L, D), attention mask) entering each of the self-attentions], the raw syntax)`,
+        captured from one encoder forward without gradients."""
+        from mgsa_hf.modeling_layers import MgsaSyntaxInputs
+
+        captured = []
+
+        def capture(module, args, kwargs):
+            captured.append((args[0] if args else kwargs["hidden_states"], kwargs["attention_mask"]))
+            if len(captured) == len(self.layers):
+                raise _Captured  # the layers from here on are not needed
+
+        handles = [self.encoder.layers[index].self_attn.register_forward_pre_hook(capture, with_kwargs=True)
+                   for index in self.layers]
+        names = [field.name for field in dataclasses.fields(MgsaSyntaxInputs) if field.name != "padding_mask"]
+        fields = {name: batch[name] for name in names if name in batch}
+        try:
+            with torch.no_grad():
+                self.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **fields)
+        except _Captured:
+            pass
+        finally:
+            for handle in handles:
+                handle.remove()
+        embeds = self.encoder.embed_tokens(batch["input_ids"])
+        return captured, MgsaSyntaxInputs.for_batch(embeds, batch["attention_mask"], **fields)
+
+    def forward(self, captured: list[tuple], syntax) -> tuple[list[torch.Tensor], torch.Tensor, float | None]:
+        """The syntax preparation and the self-attentions on the captured inputs: `(each attention's output (B, L, D),
+        the loss to differentiate (outputs summed, MG-SA's tag loss added), the fraction of (sentence, head) pairs RHE
+        labelled important or None)`."""
+        from mgsa_hf.modeling_mgsa import variant_inputs
+
+        layer_syntax = variant_inputs(self.model.config, syntax, captured[0][0])
+        outputs, loss, labels = [], 0.0, []
+        for index, (hidden, mask) in zip(self.layers, captured, strict=True):
+            hidden = hidden.detach().requires_grad_(self.model.training)
+            output, _, *contribution = self.encoder.layers[index].self_attn(hidden, attention_mask=mask,
+                                                                             syntax=layer_syntax)
+            outputs.append(output)
+            loss = loss + output.sum()
+            contribution = contribution[0] if contribution else None  # a plain attention returns (output, weights)
+            if contribution is not None and contribution.tag_loss is not None:
+                loss = loss + contribution.tag_loss.sum()
+            if contribution is not None and contribution.head_labels is not None:
+                labels.append(contribution.head_labels.float().mean().item())
+        return outputs, loss, statistics.mean(labels) if labels else None
+
+    def step(self, captured: list[tuple], syntax) -> float | None:
+        """Forward and backward of [`forward`]; returns RHE's important fraction (None for other variants)."""
+        _, loss, important = self.forward(captured, syntax)
+        loss.backward()
+        self.model.zero_grad(set_to_none=True)
+        return important
+
+
+def time_layers(runners: dict, batch: dict, steps: int, warmup: int, device) -> tuple[dict, dict]:
+    """`({runner: median seconds of its step on batch}, {runner: RHE's important fraction or None})`, the runners
+    interleaved step by step."""
+    inputs = {name: runner.inputs(batch) for name, runner in runners.items()}
+    times, important = {name: [] for name in runners}, {}
+    for step in range(warmup + steps):
+        for name, runner in runners.items():
+            synchronize(device)
+            start = time.perf_counter()
+            important[name] = runner.step(*inputs[name])
+            synchronize(device)
+            if step >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}, important
+
+
+def markdown(result: dict) -> str:
+    lengths = list(result["lengths"])
+    lines = [f"Command: `{result['command']}`", "",
+             "| variant | layers | " + " | ".join(f"{length} tokens" for length in lengths) + " |",
+             "| --- | --- |" + " --- |" * len(lengths)]
+    for name in result["variants"]:
+        cells = []
+        for length in lengths:
+            row = result["lengths"][length][name]
+            important = f" ({100 * row['important_heads']:.0f}% heads important)" if "important_heads" in row else ""
+            cells.append(f"{row['variant_ms']:.1f} / {row['transformer_ms']:.1f} ms = {row['ratio']:.3f}{important}")
+        lines.append(f"| {name} | {', '.join(map(str, result['layers'][name]))} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="Multi30k folder ({split}.{lang}.gz)")
+    parser.add_argument("--inputs", metavar="FILE", help="batches saved by `bench_length.py --save-inputs`")
+    parser.add_argument("--size", default="base", choices=list(SIZES["marian"]), help="Marian size")
+    parser.add_argument("--lengths", type=int, nargs="*", default=[16, 32, 64, 128, 256])
+    parser.add_argument("--tokens", type=int, default=1024, help="source tokens per batch at every length")
+    parser.add_argument("--variants", nargs="*", default=list(LAYER_VARIANTS), choices=list(LAYER_VARIANTS))
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--output", help="results JSON (default: benchmarks/layer-<device>.json, a table beside it)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here.")
+    inputs = torch.load(args.inputs) if args.inputs else build_inputs(args)
+    reference = build_model(inputs["vocab"], "marian", args.size, VARIANTS["transformer"], device).train()
+    runners, layers = {}, {}
+    for name in args.variants:
+        model = build_model(inputs["vocab"], "marian", args.size, LAYER_VARIANTS[name], device).train()
+        layers[name] = list(model.config.variant_layers)
+        runners[name] = VariantAttention(model, layers[name])
+        runners[f"transformer {layers[name]}"] = VariantAttention(reference, layers[name])
+    lengths = {}
+    for length, batch in inputs["batches"].items():
+        log(f"length {length}: timing")
+        seconds, important = time_layers(runners, to_device(batch, device), args.steps, args.warmup, device)
+        lengths[str(length)] = {}
+        for name, indices in layers.items():
+            variant, plain = seconds[name], seconds[f"transformer {indices}"]
+            lengths[str(length)][name] = {"variant_ms": round(1e3 * variant, 3),
+                                          "transformer_ms": round(1e3 * plain, 3), "ratio": round(variant / plain, 4)}
+            if important[name] is not None:
+                lengths[str(length)][name]["important_heads"] = round(important[name], 4)
+        log("  " + ", ".join(f"{name} {row['ratio']:.3f}" for name, row in lengths[str(length)].items()))
+    result = {
+        "command": "python scripts/bench_layer.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "size": f"marian {args.size}", "config": SIZES["marian"][args.size], "tokens": args.tokens,
+        "device": args.device, "threads": torch.get_num_threads(), "machine": platform.platform(),
+        "torch": torch.__version__, "steps": args.steps, "warmup": args.warmup, "variants": args.variants,
+        "layers": layers, "lengths": lengths,
+    }
+    out = Path(args.output) if args.output else REPO / "benchmarks" / f"layer-{args.device}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    log(f"wrote {out} and {out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()
