@@ -146,9 +146,10 @@ class HybridAttention(MgsaAttention):
         position_bias: torch.Tensor | None,
     ) -> torch.Tensor:
         """softmax(ξ_i) V (Eq. 2) with the configured attention kernel: (B, H, L, d_h). Without padding no mask goes to
-        the kernel, which can then take its fused path (as the plain layers' mask is None then)."""
+        the kernel, which can then take its fused path (as the plain layers' mask is None then). Under `torch.compile`
+        the mask is always made, so that the graph does not branch on the data."""
         key_mask = None
-        if not padding_mask.all():
+        if torch.compiler.is_compiling() or not padding_mask.all():
             key_mask = torch.zeros(padding_mask.shape, dtype=query.dtype, device=query.device)
             key_mask = key_mask.masked_fill(~padding_mask, torch.finfo(query.dtype).min)[:, None, None, :]
         kwargs = {} if position_bias is None else {"position_bias": position_bias}

@@ -30,7 +30,6 @@ partition, so that a sentence's phrases never depend on the padding around it.
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 from torch import nn
@@ -41,6 +40,24 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .modeling_layers import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, eager_attention_forward
 from .on_lstm import OnLstm
+
+
+class cached_property:  # noqa: N801  (named as the functools decorator it stands in for)
+    """`functools.cached_property` without its lock (Python < 3.12 takes an `RLock` on every first read, which
+    TorchDynamo cannot trace, so each read broke the compiled graph): computed on first read, then kept in the
+    instance's `__dict__`, which shadows this non-data descriptor."""
+
+    def __init__(self, method):
+        self.method, self.__doc__ = method, method.__doc__
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.method(instance)
+        return value
 
 
 @dataclass
@@ -218,6 +235,7 @@ class SansComposition(nn.Module):
         # the backward pass rather than kept: their inputs (the pooled phrases, the queries gathered to the words) are
         # (B, G, L, D)-sized, the largest tensors of the composition.
         phrase_index = partition.scatter_index.unsqueeze(2).expand(-1, -1, heads, -1)  # (B, G, heads, L)
+        partition.token_order  # noqa: B018  (cached here: the checkpointed function must not write the partition)
         if torch.is_grad_enabled():
             scores = checkpoint(self.word_scores, hidden_states, key, partition, phrase_index, use_reentrant=False)
         else:
@@ -437,11 +455,13 @@ class PhraseMemoryAttention(MgsaAttention):
         attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
         return self.output_proj(attn_output), attn_weights, MgsaLayerOutput(tag_loss=tag_loss)
 
+    @torch.compiler.disable
     def interact(self, phrases: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
         """
         REC over each phrase sequence (Eq. 11): (B, G, P, D or d_m) → (B, G, P, d_m). The granularities are stacked
         into the batch and the sequences packed, so the recurrence runs once and only over real phrases (padded slots
-        become 0).
+        become 0). Its number of steps depends on the data, so under `torch.compile` it runs eagerly (compiled, it
+        would be unrolled and recompiled for every phrase count).
         """
         batch_size, num_granularities, num_phrases, dim = phrases.shape
         index, batch_sizes = packing_index((partition.phrase_ids.amax(-1) + 1).flatten(), num_phrases)

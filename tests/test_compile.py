@@ -1,0 +1,68 @@
+"""`torch.compile` on real Multi30k batches (processor output, padding included): the variants whose shapes do not
+depend on the data trace a training forward as one graph, and every variant, graph breaks included, computes under
+TorchDynamo the loss and gradients it computes eagerly."""
+
+import pytest
+import torch
+
+from mgsa_hf import MgsaForConditionalGeneration
+
+
+# (encoder_type, variant fields) of the rows whose tensors' shapes follow from the batch's shape alone
+ONE_GRAPH = [
+    ("transformer", {}),
+    ("phrase_memory", {}),
+    ("hybrid", {}),
+    ("rhe", {}),
+    ("rhe", {"rhe_attention": "dea"}),
+]
+# and the rows with a data-dependent size: MG-SA's syntactic phrase count and its recurrence over the phrases, PR's
+# phrase count, the heads RHE-prune keeps
+DATA_DEPENDENT = [
+    ("phrase_memory", {"phrase_partition": "syntactic", "phrase_composition": "sans", "phrase_interaction": "on_lstm",
+                       "phrase_tag_supervision": True}),
+    ("phrase_representation", {}),
+    ("rhe", {"rhe_mode": "rhe_prune"}),
+]
+
+
+def model_and_batch(processor, sentence_pairs, tiny_config, encoder_type, fields):
+    torch.manual_seed(0)
+    config = tiny_config(processor, encoder_type, dropout=0.0, attention_dropout=0.0, **fields)
+    model = MgsaForConditionalGeneration(config).train()  # the training path, without dropout's randomness
+    sources, targets = sentence_pairs[0][:4], sentence_pairs[1][:4]
+    batch = processor(sources, text_target=targets, padding=True, return_tensors="pt")
+    assert not bool(batch["attention_mask"].all())  # padding is part of what is traced
+    return model, dict(batch)
+
+
+@pytest.mark.parametrize("encoder_type, fields", ONE_GRAPH, ids=lambda value: str(value))
+def test_training_forward_is_one_graph(multi30k_processor, multi30k_val, tiny_config, encoder_type, fields):
+    import torch._dynamo
+
+    model, batch = model_and_batch(multi30k_processor, multi30k_val, tiny_config, encoder_type, fields)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(**batch)
+    torch._dynamo.reset()
+    reasons = [str(reason.reason).splitlines()[0] for reason in explained.break_reasons]
+    assert explained.graph_break_count == 0, reasons
+
+
+@pytest.mark.parametrize("encoder_type, fields", ONE_GRAPH + DATA_DEPENDENT, ids=lambda value: str(value))
+def test_compiled_loss_and_gradients_equal_eager(multi30k_processor, multi30k_val, tiny_config, encoder_type, fields):
+    import torch._dynamo
+
+    model, batch = model_and_batch(multi30k_processor, multi30k_val, tiny_config, encoder_type, fields)
+    eager_loss = model(**batch).loss
+    eager_loss.backward()
+    eager_grads = {name: param.grad.clone() for name, param in model.named_parameters() if param.grad is not None}
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    compiled_loss = torch.compile(model, backend="aot_eager")(**batch).loss  # TorchDynamo + AOTAutograd, no codegen
+    compiled_loss.backward()
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled_loss, eager_loss)
+    grads = {name: param.grad for name, param in model.named_parameters() if param.grad is not None}
+    assert grads.keys() == eager_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, eager_grads[name], msg=name)
