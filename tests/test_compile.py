@@ -1,6 +1,8 @@
 """`torch.compile` on real Multi30k batches (processor output, padding included): the variants whose shapes do not
 depend on the data trace a training forward as one graph, and every variant, graph breaks included, computes under
-TorchDynamo the loss and gradients it computes eagerly."""
+TorchDynamo the loss and gradients it computes eagerly (and under the default Inductor backend for two rows)."""
+
+import shutil
 
 import pytest
 import torch
@@ -66,3 +68,20 @@ def test_compiled_loss_and_gradients_equal_eager(multi30k_processor, multi30k_va
     assert grads.keys() == eager_grads.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(grad, eager_grads[name], msg=name)
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="Inductor needs a C++ compiler")
+@pytest.mark.parametrize("encoder_type, fields", [ONE_GRAPH[2], DATA_DEPENDENT[1]], ids=lambda value: str(value))
+def test_default_backend_compiles_and_matches_eager(multi30k_processor, multi30k_val, tiny_config, encoder_type,
+                                                    fields):
+    """The default backend (Inductor, generated C++ on CPU) on a one-graph row (hybrid) and a row with breaks (PR)."""
+    import torch._dynamo
+
+    model, batch = model_and_batch(multi30k_processor, multi30k_val, tiny_config, encoder_type, fields)
+    eager_loss = model(**batch).loss
+    torch._dynamo.reset()
+    compiled_loss = torch.compile(model)(**batch).loss
+    compiled_loss.backward()
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-4, atol=1e-5)
+    assert all(torch.isfinite(param.grad).all() for param in model.parameters() if param.grad is not None)
