@@ -29,7 +29,7 @@ partition, so that a sentence's phrases never depend on the padding around it.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -42,24 +42,6 @@ from .modeling_layers import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, e
 from .on_lstm import OnLstm
 
 
-class cached_property:  # noqa: N801  (named as the functools decorator it stands in for)
-    """`functools.cached_property` without its lock (Python < 3.12 takes an `RLock` on every first read, which
-    TorchDynamo cannot trace, so each read broke the compiled graph): computed on first read, then kept in the
-    instance's `__dict__`, which shadows this non-data descriptor."""
-
-    def __init__(self, method):
-        self.method, self.__doc__ = method, method.__doc__
-
-    def __set_name__(self, owner, name):
-        self.name = name
-
-    def __get__(self, instance, owner=None):
-        if instance is None:
-            return self
-        value = instance.__dict__[self.name] = self.method(instance)
-        return value
-
-
 @dataclass
 class PhrasePartition:
     """
@@ -68,37 +50,36 @@ class PhrasePartition:
     Attributes:
         phrase_ids: (B, G, L) phrase index of each token at each granularity, -1 on padding.
         num_phrases: P, the padded number of phrases (the same for every granularity).
+        scatter_index: (B, G, L) phrase index with padding sent to an extra slot P, for scatter operations into P + 1
+            slots.
+        segment_lengths: (B, G, P + 1) number of tokens of each phrase, then of padding tokens.
+        phrase_mask: (B, G, P) `True` for real (non-empty) phrases.
+        token_order: (B, G, L) token positions sorted by phrase (stable), padding last: the segments of
+            `segment_lengths`.
+
+    The last four are derived once, when the partition is made (every composition reads them), so a partition is
+    never written afterwards: layers, checkpointed functions and `torch.compile`d graphs only read it.
     """
 
     phrase_ids: torch.LongTensor
     num_phrases: int
+    scatter_index: torch.LongTensor = field(init=False)
+    segment_lengths: torch.LongTensor = field(init=False)
+    phrase_mask: torch.BoolTensor = field(init=False)
+    token_order: torch.LongTensor = field(init=False)
 
-    @cached_property
+    def __post_init__(self):
+        self.scatter_index = self.phrase_ids.masked_fill(self.phrase_ids < 0, self.num_phrases)
+        counts = self.phrase_ids.new_zeros(*self.phrase_ids.shape[:2], self.num_phrases + 1)
+        self.segment_lengths = counts.scatter_add_(2, self.scatter_index, torch.ones_like(self.scatter_index))
+        self.phrase_mask = self.segment_lengths[..., : self.num_phrases] > 0
+        self.token_order = self.scatter_index.argsort(dim=-1, stable=True)
+
+    @property
     def membership(self) -> torch.BoolTensor:
-        """(B, G, P, L): `True` where token l belongs to phrase p."""
+        """(B, G, P, L): `True` where token l belongs to phrase p (the mean composition's weights; made when read)."""
         phrases = torch.arange(self.num_phrases, device=self.phrase_ids.device)
         return self.phrase_ids.unsqueeze(2) == phrases[:, None]
-
-    @cached_property
-    def phrase_mask(self) -> torch.BoolTensor:
-        """(B, G, P): `True` for real (non-empty) phrases."""
-        return self.segment_lengths[..., : self.num_phrases] > 0
-
-    @cached_property
-    def scatter_index(self) -> torch.LongTensor:
-        """(B, G, L) phrase index with padding sent to an extra slot P, for scatter operations into P + 1 slots."""
-        return self.phrase_ids.masked_fill(self.phrase_ids < 0, self.num_phrases)
-
-    @cached_property
-    def segment_lengths(self) -> torch.LongTensor:
-        """(B, G, P + 1): number of tokens of each phrase, then of padding tokens."""
-        counts = self.phrase_ids.new_zeros(*self.phrase_ids.shape[:2], self.num_phrases + 1)
-        return counts.scatter_add_(2, self.scatter_index, torch.ones_like(self.scatter_index))
-
-    @cached_property
-    def token_order(self) -> torch.LongTensor:
-        """(B, G, L): token positions sorted by phrase (stable), padding last — the segments of `segment_lengths`."""
-        return self.scatter_index.argsort(dim=-1, stable=True)
 
     def max_pool(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Element-wise max over each phrase's word vectors: (B, L, D) → (B, G, P, D); empty phrases hold 0."""
@@ -235,7 +216,6 @@ class SansComposition(nn.Module):
         # the backward pass rather than kept: their inputs (the pooled phrases, the queries gathered to the words) are
         # (B, G, L, D)-sized, the largest tensors of the composition.
         phrase_index = partition.scatter_index.unsqueeze(2).expand(-1, -1, heads, -1)  # (B, G, heads, L)
-        partition.token_order  # noqa: B018  (cached here: the checkpointed function must not write the partition)
         if torch.is_grad_enabled():
             scores = checkpoint(self.word_scores, hidden_states, key, partition, phrase_index, use_reentrant=False)
         else:
