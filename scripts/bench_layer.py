@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 import torch
-from bench_length import build_inputs
-from bench_speed import DEFAULT_DATA, REPO, SIZES, VARIANTS, build_model, synchronize, to_device
+from bench_length import add_batch_arguments, build_inputs
+from bench_speed import REPO, SIZES, VARIANTS, build_model, synchronize, to_device
 
 
 # bench_speed.py's rows whose variant changes only some encoder self-attentions, and two bounds for RHE: how many
@@ -146,16 +146,10 @@ def markdown(result: dict) -> str:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--data", default=str(DEFAULT_DATA), help="Multi30k folder ({split}.{lang}.gz)")
-    parser.add_argument("--inputs", metavar="FILE", help="batches saved by `bench_length.py --save-inputs`")
-    parser.add_argument("--size", default="base", choices=list(SIZES["marian"]), help="Marian size")
-    parser.add_argument("--lengths", type=int, nargs="*", default=[16, 32, 64, 128, 256])
-    parser.add_argument("--tokens", type=int, default=1024, help="source tokens per batch at every length")
+    add_batch_arguments(parser, tokens=1024)
     parser.add_argument("--variants", nargs="*", default=list(LAYER_VARIANTS), choices=list(LAYER_VARIANTS))
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--output", help="results JSON (default: benchmarks/layer-<device>.json, a table beside it)")
     return parser.parse_args(argv)
 

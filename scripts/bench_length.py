@@ -103,20 +103,27 @@ def plot(result: dict, path: Path) -> None:
     figure.savefig(path, dpi=120)
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_batch_arguments(parser: argparse.ArgumentParser, tokens: int) -> None:
+    """The options of the exact-length batches ([`build_inputs`]) and of where they are timed, shared with
+    `bench_layer.py`; `tokens` is the default number of source tokens per batch."""
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="bf16: autocast")
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="Multi30k folder ({split}.{lang}.gz)")
-    parser.add_argument("--save-inputs", metavar="FILE", help="parse and save the batches, then stop")
-    parser.add_argument("--inputs", metavar="FILE", help="batches saved with --save-inputs (no spaCy needed)")
+    parser.add_argument("--inputs", metavar="FILE",
+                        help="batches saved by `bench_length.py --save-inputs` (no spaCy needed)")
     parser.add_argument("--size", default="base", choices=list(SIZES["marian"]), help="Marian size")
     parser.add_argument("--lengths", type=int, nargs="*", default=[16, 32, 64, 128, 256])
-    parser.add_argument("--tokens", type=int, default=2048, help="source tokens per batch at every length")
+    parser.add_argument("--tokens", type=int, default=tokens, help="source tokens per batch at every length")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_batch_arguments(parser, tokens=2048)
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="bf16: autocast")
+    parser.add_argument("--save-inputs", metavar="FILE", help="parse and save the batches, then stop")
     parser.add_argument("--variants", nargs="*", default=LENGTH_VARIANTS, choices=list(VARIANTS))
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--output", help="results JSON (default: benchmarks/length-<device>.json, a plot beside it)")
     return parser.parse_args(argv)
 

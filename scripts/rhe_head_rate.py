@@ -21,15 +21,13 @@ import torch
 def load_run(run_dir: Path, corpus):
     """`(model in eval mode, names of the averaged checkpoints)` of an RHE run of `bench_quality.py`."""
     from mgsa_hf.evaluation import average_checkpoints
-    from mgsa_hf.prepared_training import Recipe, build_model
+    from mgsa_hf.prepared_training import Recipe, build_model, scored_checkpoints
 
     run = json.loads((run_dir / "run.json").read_text())
     if run["row"].get("encoder_type") != "rhe":
         raise SystemExit(f"{run_dir}: not an RHE run (row {run['row']})")
     recipe = Recipe(**run["recipe"])
-    step_of = lambda path: int(path.stem.removeprefix("step-"))  # noqa: E731
-    checkpoints = sorted((run_dir / "checkpoints").glob("step-*.safetensors"), key=step_of)
-    checkpoints = [path for path in checkpoints if step_of(path) <= recipe.max_steps][-recipe.average_last :]
+    checkpoints = scored_checkpoints(run_dir, recipe)
     if not checkpoints:
         raise SystemExit(f"{run_dir}: no checkpoint up to step {recipe.max_steps}")
     model = build_model(corpus, recipe, run["row"], run["seed"])

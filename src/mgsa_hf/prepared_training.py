@@ -497,12 +497,17 @@ def checkpoint_steps(run_dir: str | Path) -> list[int]:
     return [_step_of(path) for path in _checkpoints(Path(run_dir) / "checkpoints")]
 
 
+def scored_checkpoints(run_dir: str | Path, recipe: Recipe) -> list[Path]:
+    """The checkpoints a run is scored with, in order: its last `average_last` up to `max_steps` (a run trained past
+    `max_steps`, the comparison finished at an earlier step, is scored at `max_steps`)."""
+    checkpoints = [path for path in _checkpoints(Path(run_dir) / "checkpoints") if _step_of(path) <= recipe.max_steps]
+    return checkpoints[-recipe.average_last :]
+
+
 def _finish(corpus, run_dir, model, recipe, row, seed, step, train_seconds, device) -> dict:
     from .evaluation import average_checkpoints
 
-    # a run trained past `max_steps` (the comparison finished at an earlier step) is scored at `max_steps`
-    checkpoints = [path for path in _checkpoints(run_dir / "checkpoints") if _step_of(path) <= recipe.max_steps]
-    checkpoints = checkpoints[-recipe.average_last :]
+    checkpoints = scored_checkpoints(run_dir, recipe)
     steps_per_second = step / max(train_seconds, 1e-9)
     if checkpoints:  # the element-wise mean of the last checkpoints, as the papers decode
         model.load_state_dict(average_checkpoints(checkpoints))
