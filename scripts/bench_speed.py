@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -260,11 +261,45 @@ def peak_memory_cpu(inputs_path: Path, backbone: str, size: str, fields: dict, r
 
 
 def benchmark_size(args, inputs: dict, inputs_path: Path, backbone: str, size: str, device) -> dict:
-    train_batches, gen_batches, long_batch = inputs["train_batches"], inputs["gen_batches"], inputs["long_batch"]
+    train_batches, long_batch = inputs["train_batches"], inputs["long_batch"]
     amp = args.dtype == "bf16"
     models = {
         name: build_model(inputs["vocab"], backbone, size, fields, device) for name, fields in args.variants.items()
     }
+    label = f"{backbone} {size}"
+    timings = None if args.checks_only else measure(args, models, inputs, inputs_path, backbone, size, device)
+    kernels = None
+    if args.kernel_check and size == args.sizes[0]:
+        log(f"{label}: attention kernels")
+        kernels = {name: attention_kernels(model, train_batches[0], device, amp) for name, model in models.items()}
+    compiled = None
+    if args.compile_check and size == args.sizes[0]:
+        log(f"{label}: torch.compile")
+        compiled = compile_check(models, train_batches[0], device, amp, args.compile_steps)
+    rows = {}
+    for name, model in models.items():
+        rows[name] = {
+            "parameters": model.num_parameters(),
+            **(timings[name] if timings else {}),
+            "attn_implementation": model.config._attn_implementation,
+            **({"attention_kernels": kernels[name]} if kernels else {}),
+            **({"compile": compiled[name]} if compiled else {}),
+        }
+    return {
+        "size": label,
+        "config": SIZES[backbone][size],
+        "batch": {"sentences": len(train_batches[0]["input_ids"]), "mean_source_tokens": float(
+            sum(b["attention_mask"].sum() for b in train_batches) / sum(len(b["input_ids"]) for b in train_batches))},
+        "long_batch_source_tokens": list(long_batch["input_ids"].shape),
+        "variants": rows,
+    }
+
+
+def measure(args, models: dict, inputs: dict, inputs_path: Path, backbone: str, size: str, device) -> dict:
+    """The training step, generation and peak memory of every variant, with their ratios to the first (the
+    transformer)."""
+    train_batches, gen_batches, long_batch = inputs["train_batches"], inputs["gen_batches"], inputs["long_batch"]
+    amp = args.dtype == "bf16"
     label = f"{backbone} {size}"
     log(f"{label}: training steps")
     train = time_training(models, train_batches, args.steps, args.warmup, device, amp)
@@ -279,15 +314,9 @@ def benchmark_size(args, inputs: dict, inputs_path: Path, backbone: str, size: s
             for name, fields in args.variants.items()
         }
     memory = {name: statistics.median(peaks) for name, peaks in memory_runs.items()}
-    compiled = None
-    if args.compile_check and size == args.sizes[0]:
-        log(f"{label}: torch.compile")
-        compiled = compile_check(models, train_batches[0], device, amp, args.compile_steps)
     reference = next(iter(models))
-    rows = {}
-    for name, model in models.items():
-        rows[name] = {
-            "parameters": model.num_parameters(),
+    return {
+        name: {
             "train_step_s": train[name],
             "train_step_ratio": train[name] / train[reference],
             "generation_sent_per_s": generation[name],
@@ -295,16 +324,8 @@ def benchmark_size(args, inputs: dict, inputs_path: Path, backbone: str, size: s
             "peak_memory_mib": memory[name],
             "peak_memory_ratio": memory[name] / memory[reference],
             "peak_memory_mib_runs": memory_runs[name],  # one per fresh process on CPU; the median counts
-            "attn_implementation": model.config._attn_implementation,
-            **({"compile": compiled[name]} if compiled else {}),
         }
-    return {
-        "size": label,
-        "config": SIZES[backbone][size],
-        "batch": {"sentences": len(train_batches[0]["input_ids"]), "mean_source_tokens": float(
-            sum(b["attention_mask"].sum() for b in train_batches) / sum(len(b["input_ids"]) for b in train_batches))},
-        "long_batch_source_tokens": list(long_batch["input_ids"].shape),
-        "variants": rows,
+        for name in models
     }
 
 
@@ -354,20 +375,83 @@ def compile_check(models: dict, batch: dict, device, amp: bool, steps: int) -> d
     return report
 
 
+def attention_kernels(model, batch: dict, device, amp: bool) -> dict[str, int]:
+    """
+    Which kernel computes each attention sub-layer of a training forward. For every call of a module of the package's
+    attention core ([`MgsaAttention`] and the variants' subclasses), the `scaled_dot_product_attention` (SDPA)
+    implementations it ran, outside any nested attention module: on CUDA flash, efficient (memory-efficient), cudnn or
+    math; on CPU flash_attention_for_cpu or math (SDPA's unfused fallback); or "explicit" where the module computes
+    softmax(QKᵀ)V itself, without SDPA.
+
+    Returns:
+        `{"<module class>: <kernels>": number of calls}`.
+    """
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from mgsa_hf.modeling_layers import MgsaAttention
+
+    sdpa_calls = []  # [kernel, claimed by an attention module], one per SDPA call
+
+    class SdpaCalls(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is nn.functional.scaled_dot_product_attention:
+                sdpa_calls.append(["math", False])  # unless a fused kernel is dispatched below
+            return func(*args, **(kwargs or {}))
+
+    class FusedKernels(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func._schema.name.removeprefix("aten::_scaled_dot_product_")
+            if name != func._schema.name and not name.endswith("backward") and sdpa_calls:
+                sdpa_calls[-1][0] = name.removesuffix("_attention")
+            return func(*args, **(kwargs or {}))
+
+    census, starts, handles = {}, [], []
+
+    def before(module, args):
+        starts.append(len(sdpa_calls))
+
+    def after(module, args, output):
+        kernels = set()
+        for call in sdpa_calls[starts.pop():]:  # nested modules ended first and claimed theirs
+            if not call[1]:
+                kernels.add(f"sdpa {call[0]}")
+                call[1] = True
+        label = f"{type(module).__name__}: {' + '.join(sorted(kernels)) or 'explicit'}"
+        census[label] = census.get(label, 0) + 1
+
+    for module in model.modules():
+        if isinstance(module, MgsaAttention):
+            handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
+    try:
+        model.train()
+        with SdpaCalls(), FusedKernels(), autocast(device, amp):
+            model(**to_device(batch, device))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return dict(sorted(census.items()))
+
+
 def markdown_table(result: dict) -> str:
     config = result["config"]
     layers = (config.get("encoder_layers", config.get("num_layers")), config.get("decoder_layers",
               config.get("num_decoder_layers")))
     heads = config.get("encoder_attention_heads", config.get("num_heads"))
+    timed = {name: row for name, row in result["variants"].items() if "train_step_s" in row}  # none: --checks-only
+    memory = f"; memory at {result['long_batch_source_tokens'][1]}-token sentences" if timed else ""
     lines = [
         f"**{result['size']}** ({config['d_model']}d, {layers[0]}+{layers[1]} layers, {heads} heads; "
         f"{result['batch']['sentences']} sentences per batch, {result['batch']['mean_source_tokens']:.1f} source "
-        f"tokens on average; memory at {result['long_batch_source_tokens'][1]}-token sentences)",
-        "",
-        "| variant | params | train step (s) | train ratio | gen sent/s | gen ratio | peak MiB | memory ratio |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"tokens on average{memory})",
     ]
-    for name, row in result["variants"].items():
+    if timed:
+        lines += [
+            "",
+            "| variant | params | train step (s) | train ratio | gen sent/s | gen ratio | peak MiB | memory ratio |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+    for name, row in timed.items():
         target = TARGETS.get(VARIANTS[name]["encoder_type"]) if name in VARIANTS else None
         marks = [""] * 3
         if target:
@@ -382,6 +466,17 @@ def markdown_table(result: dict) -> str:
             f"{row['generation_ratio']:.3f}{marks[1]} | {row['peak_memory_mib']:.0f} | "
             f"{row['peak_memory_ratio']:.3f}{marks[2]} |"
         )
+    rows = result["variants"].values()
+    if any("attention_kernels" in row or "compile" in row for row in rows):
+        lines += ["", "Checks on a training forward: the kernel of each attention sub-layer (calls), and the graphs "
+                  "TorchDynamo traces (graph breaks):", "",
+                  "| variant | attention kernels | torch.compile graphs (breaks) |", "| --- | --- | --- |"]
+        for name, row in result["variants"].items():
+            kernels = ", ".join(f"{label} × {count}" for label, count in row.get("attention_kernels", {}).items())
+            compiled = row.get("compile", {})
+            graphs = f"{compiled['graphs']} ({compiled['graph_breaks']})" if "graphs" in compiled else (
+                compiled.get("error", ""))
+            lines.append(f"| {name} | {kernels} | {graphs} |")
     return "\n".join(lines)
 
 
@@ -429,6 +524,11 @@ def parse_args(argv=None):
     parser.add_argument("--memory-batch-size", type=int, default=16)
     parser.add_argument("--memory-repeats", type=int, default=3,
                         help="CPU: fresh processes per variant whose peak memory is measured; the median counts")
+    parser.add_argument("--kernel-check", action="store_true",
+                        help="at the first size: which kernel (SDPA flash / efficient / math, or explicit) computes "
+                             "each attention sub-layer of a training forward")
+    parser.add_argument("--checks-only", action="store_true",
+                        help="run only --kernel-check / --compile-check, without the timings and memory")
     parser.add_argument("--compile-check", action="store_true",
                         help="at the first size: graph breaks under torch.compile and the compiled step's speed-up")
     parser.add_argument("--compile-steps", type=int, default=10, help="timed compiled steps (0: graph breaks only)")

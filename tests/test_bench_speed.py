@@ -59,7 +59,7 @@ def test_timings_from_saved_inputs_without_spacy(inputs, tmp_path):
     result = run_without_spacy("--inputs", str(inputs), "--device", "cpu", "--dtype", "bf16", "--threads", "1",
                                "--backbones", "marian", "--sizes", "small", "--variants", "transformer", "rhe",
                                "--steps", "1", "--warmup", "0", "--gen-rounds", "1", "--gen-tokens", "2",
-                               "--output", str(output), *SMALL)
+                               "--kernel-check", "--output", str(output), *SMALL)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(output.read_text())
     assert report["dtype"] == "bf16 autocast" and report["transformers"]
@@ -68,7 +68,32 @@ def test_timings_from_saved_inputs_without_spacy(inputs, tmp_path):
     assert all(row["train_step_s"] > 0 and row["peak_memory_mib"] > 0 for row in rows.values())
     for row in rows.values():  # the median of the fresh processes' peaks, each kept
         assert row["peak_memory_mib"] == statistics.median(row["peak_memory_mib_runs"])
-    assert output.with_suffix(".md").read_text().count("| rhe |") == 1
+    assert output.with_suffix(".md").read_text().count("| rhe |") == 2  # speed table and checks table
+    # the kernel of each attention sub-layer (small: 3 encoder self-, 3 decoder self- and 3 cross-attentions): SDPA
+    # for the plain ones, RHE's bottom layer explicit (it reads its weights to identify heads)
+    kernels = {name: row["attention_kernels"] for name, row in rows.items()}
+    assert sum(kernels["transformer"].values()) == sum(kernels["rhe"].values()) == 9
+    assert list(kernels["transformer"]) == ["MgsaAttention: sdpa flash_attention_for_cpu"]
+    assert kernels["rhe"] == {"MgsaAttention: sdpa flash_attention_for_cpu": 8, "RheAttention: explicit": 1}
+
+
+def test_checks_only_without_spacy(inputs, tmp_path):
+    """`--checks-only`: the kernel census and TorchDynamo's graphs, without timings, where spaCy is absent."""
+    output = tmp_path / "checks.json"
+    result = run_without_spacy("--inputs", str(inputs), "--device", "cpu", "--threads", "1", "--backbones", "marian",
+                               "--sizes", "small", "--variants", "transformer", "phrase_representation", "rhe (prune)",
+                               "--checks-only", "--kernel-check", "--compile-check", "--compile-steps", "0",
+                               "--output", str(output), *SMALL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(output.read_text())["results"][0]["variants"]
+    assert list(rows) == ["transformer", "phrase_representation", "rhe (prune)"]
+    for row in rows.values():
+        assert "train_step_s" not in row and row["attention_kernels"]
+        assert (row["compile"]["graphs"], row["compile"]["graph_breaks"]) == (1, 0), row["compile"]
+    # PR adds a phrase attention to each of the 3 encoder and 3 decoder layers
+    assert sum(rows["phrase_representation"]["attention_kernels"].values()) == 9 + 6
+    table = output.with_suffix(".md").read_text()
+    assert "train step" not in table and table.count("| rhe (prune) |") == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the refusal cannot be shown")

@@ -10,21 +10,26 @@ import torch
 from mgsa_hf import MgsaForConditionalGeneration
 
 
-# (encoder_type, variant fields) of the rows whose tensors' shapes follow from the batch's shape alone
+# (encoder_type, variant fields) of the rows that trace as one graph: their tensors' shapes follow from the batch's
+# shape alone (PR's phrase count and MG-SA's syntactic one are bounds from the shape under compile, RHE-prune computes
+# every head's context there)
 ONE_GRAPH = [
     ("transformer", {}),
     ("phrase_memory", {}),
     ("hybrid", {}),
     ("rhe", {}),
     ("rhe", {"rhe_attention": "dea"}),
+    ("rhe", {"rhe_mode": "rhe_prune"}),
+    ("phrase_representation", {}),
+    ("phrase_representation", {"pr_segmentation": "parse"}),
 ]
-# and the rows with a data-dependent size: MG-SA's syntactic phrase count and its recurrence over the phrases, PR's
-# phrase count, the heads RHE-prune keeps
-DATA_DEPENDENT = [
+# and MG-SA's recurrences, which run eagerly (their number of steps depends on the data): the best row's ON-LSTM over
+# the phrases, the LSTM interaction and the LSTM composition over each phrase's words
+EAGER_RECURRENCE = [
     ("phrase_memory", {"phrase_partition": "syntactic", "phrase_composition": "sans", "phrase_interaction": "on_lstm",
                        "phrase_tag_supervision": True}),
-    ("phrase_representation", {}),
-    ("rhe", {"rhe_mode": "rhe_prune"}),
+    ("phrase_memory", {"phrase_interaction": "lstm"}),
+    ("phrase_memory", {"phrase_composition": "lstm"}),
 ]
 
 
@@ -50,7 +55,7 @@ def test_training_forward_is_one_graph(multi30k_processor, multi30k_val, tiny_co
     assert explained.graph_break_count == 0, reasons
 
 
-@pytest.mark.parametrize("encoder_type, fields", ONE_GRAPH + DATA_DEPENDENT, ids=lambda value: str(value))
+@pytest.mark.parametrize("encoder_type, fields", ONE_GRAPH + EAGER_RECURRENCE, ids=lambda value: str(value))
 def test_compiled_loss_and_gradients_equal_eager(multi30k_processor, multi30k_val, tiny_config, encoder_type, fields):
     import torch._dynamo
 
@@ -71,10 +76,12 @@ def test_compiled_loss_and_gradients_equal_eager(multi30k_processor, multi30k_va
 
 
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="Inductor needs a C++ compiler")
-@pytest.mark.parametrize("encoder_type, fields", [ONE_GRAPH[2], DATA_DEPENDENT[1]], ids=lambda value: str(value))
+@pytest.mark.parametrize("encoder_type, fields", [ONE_GRAPH[2], ONE_GRAPH[6], EAGER_RECURRENCE[0]],
+                         ids=lambda value: str(value))
 def test_default_backend_compiles_and_matches_eager(multi30k_processor, multi30k_val, tiny_config, encoder_type,
                                                     fields):
-    """The default backend (Inductor, generated C++ on CPU) on a one-graph row (hybrid) and a row with breaks (PR)."""
+    """The default backend (Inductor, generated C++ on CPU) on two one-graph rows (hybrid, PR) and MG-SA's best row,
+    whose recurrence runs eagerly between compiled graphs."""
     import torch._dynamo
 
     model, batch = model_and_batch(multi30k_processor, multi30k_val, tiny_config, encoder_type, fields)
@@ -85,3 +92,17 @@ def test_default_backend_compiles_and_matches_eager(multi30k_processor, multi30k
     torch._dynamo.reset()
     torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-4, atol=1e-5)
     assert all(torch.isfinite(param.grad).all() for param in model.parameters() if param.grad is not None)
+
+
+def test_out_of_range_phrase_tags_are_refused_compiled_too(multi30k_processor, multi30k_val, tiny_config):
+    """Tag ids past `num_phrase_tags` raise eagerly (ValueError) and, checked on the device, in a compiled graph."""
+    import torch._dynamo
+
+    model, batch = model_and_batch(multi30k_processor, multi30k_val, tiny_config, *EAGER_RECURRENCE[0])
+    batch["phrase_tags"] = batch["phrase_tags"].masked_fill(batch["phrase_tags"] >= 0, model.config.num_phrase_tags)
+    with pytest.raises(ValueError, match="num_phrase_tags"):
+        model(**batch)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="num_phrase_tags"):
+        torch.compile(model, backend="aot_eager")(**batch)
+    torch._dynamo.reset()

@@ -130,6 +130,10 @@ def phrase_partition(config, syntax: MgsaSyntaxInputs) -> PhrasePartition:
             f"{tuple(syntax.phrase_ids.shape)}: make the processor produce `phrase_levels` = {levels} levels."
         )
     phrase_ids = syntax.phrase_ids[:, :levels].masked_fill(~padding_mask.unsqueeze(1), -1)
+    if torch.compiler.is_compiling():
+        # a bound that follows from the shape, as the phrase keys are padded to L anyway: the graph does not depend on
+        # the data, and the phrases past a sentence's last are empty and masked
+        return PhrasePartition(phrase_ids, length)
     num_phrases = int(phrase_ids.max()) + 1
     if num_phrases > length:
         raise ValueError(
@@ -258,7 +262,10 @@ class LstmComposition(nn.Module):
         self.output_dim = config.phrase_head_width()
         self.lstm = nn.LSTM(config.d_model, self.output_dim, batch_first=True)
 
+    @torch.compiler.disable
     def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
+        """Under `torch.compile` this runs eagerly, as the interaction's recurrence does (its number of steps is the
+        longest phrase's length)."""
         batch_size, num_granularities, length = partition.phrase_ids.shape
         dim = hidden_states.shape[-1]
         # the rows of hidden_states (flattened to (B * L, D)) grouped by phrase, and where each segment starts there
@@ -502,7 +509,9 @@ class PhraseMemoryAttention(MgsaAttention):
         """
         num_levels = partition.phrase_ids.shape[1]
         token_tags = phrase_tags[:, :num_levels].masked_fill(partition.phrase_ids < 0, -100)
-        if int(token_tags.max()) >= self.config.num_phrase_tags:
+        if torch.compiler.is_compiling():  # checked on the device, without reading the value back into the graph
+            torch._assert_async(token_tags.max() < self.config.num_phrase_tags, "`phrase_tags` exceed num_phrase_tags")
+        elif int(token_tags.max()) >= self.config.num_phrase_tags:
             raise ValueError(
                 f"`phrase_tags` holds tag id {int(token_tags.max())} but `num_phrase_tags` is "
                 f"{self.config.num_phrase_tags}."

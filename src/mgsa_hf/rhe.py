@@ -208,6 +208,11 @@ class RheAttention(MgsaAttention):
         weights = nn.functional.softmax(energy.masked_fill(padding, torch.finfo(energy.dtype).min), dim=-1)
         important = self.identify_important_heads(weights, syntax.dependency, syntax.padding_mask)  # (B, H)
         contribution = MgsaLayerOutput(head_labels=important.long())
+        if self.mode == "rhe_prune" and torch.compiler.is_compiling():
+            # the same context with the pruned heads' weights zeroed: the number of kept heads depends on the data,
+            # so a compiled graph computes every head rather than break at `nonzero`
+            weights = weights * important[:, :, None, None]
+            return self.merge_heads(torch.matmul(self.attention_dropout(weights), value)), weights, contribution
         if self.mode == "rhe_prune":
             # only the important (sentence, head) pairs compute a context; the pruned ones stay 0
             rows = important.flatten().nonzero().squeeze(-1)
