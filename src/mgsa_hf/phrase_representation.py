@@ -6,8 +6,8 @@ self-attention (attentive combination, Eq. 7-8); every decoder layer attends to 
 tokens, the phrases being a learned mix over the encoder levels 0..d (Transparent Attention, Eq. 6).
 
 Phrases are vectorised over the batch: the in-phrase mean and softmax are (B, P, L) masked weights applied with one
-batched matmul, the max glance is a max over segments of the tokens sorted by phrase, so no loop runs over sentences or
-phrases.
+batched matmul, the max glance is a max over (B, P, M) slots gathered from the tokens, so no loop runs over sentences
+or phrases.
 """
 
 from dataclasses import dataclass
@@ -25,15 +25,14 @@ from .modeling_layers import (
     MgsaLayerOutput,
     MgsaSyntaxInputs,
 )
-from .phrase_memory import PhrasePartition
 
 
 @dataclass
 class PhraseSegmentation:
     """
     A batch of source sentences cut into phrases (any token → phrase map: phrases need not be contiguous). P is the
-    padded number of phrases: the largest of a sentence in the batch, or under `torch.compile` a bound that follows
-    from the batch's shape ([`segment_phrases`]).
+    padded number of phrases and M the padded phrase size: the largest in the batch, or under `torch.compile` bounds
+    that follow from the batch's shape ([`segment_phrases`]).
 
     Attributes:
         mask (`torch.BoolTensor` of shape `(batch_size, P)`):
@@ -45,15 +44,16 @@ class PhraseSegmentation:
         logit_bias (`torch.Tensor` of shape `(batch_size, P, seq_len)`):
             0 where the token belongs to the phrase, the dtype's minimum elsewhere (a softmax over it stays inside the
             phrase).
-        partition ([`PhrasePartition`] of one granularity):
-            the tokens sorted by phrase and the phrases' sizes, for the max-over-time glance (a max over segments).
+        member_index (`torch.LongTensor` of shape `(batch_size * P * M,)`):
+            Row of each phrase's tokens in the (batch_size * seq_len) flattened states; a phrase's unused slots repeat
+            its first token (a padded phrase's: the sentence's first token), which leaves a max over them unchanged.
     """
 
     mask: torch.BoolTensor
     membership: torch.Tensor
     mean_weights: torch.Tensor
     logit_bias: torch.Tensor
-    partition: PhrasePartition
+    member_index: torch.LongTensor
 
     @property
     def num_phrases(self) -> int:
@@ -86,35 +86,49 @@ def fixed_phrase_ids(
 
 
 def segment_phrases(
-    phrase_ids: torch.LongTensor, dtype: torch.dtype = torch.float32, max_phrases: int | None = None
+    phrase_ids: torch.LongTensor,
+    dtype: torch.dtype = torch.float32,
+    max_phrases: int | None = None,
+    max_phrase_size: int | None = None,
 ) -> PhraseSegmentation:
     """
     (B, L) phrase index per token (-1 = none; a sentence's phrases numbered from 0) → [`PhraseSegmentation`] for
-    hidden states of `dtype`. Eagerly P is read back from the device, once. Under `torch.compile` P is `max_phrases`
-    (default and at most L), a bound on the phrase count that follows from the batch's shape, so that the graph does
-    not depend on the data; the phrases past a sentence's last are empty and masked wherever they are read, which
-    leaves every real phrase's vector and every attention output as they are eagerly.
+    hidden states of `dtype`. Eagerly P and M are read back from the device, once. Under `torch.compile` they are
+    `max_phrases` (at most L) and `max_phrase_size`, by default L, bounds that follow from the batch's shape, so that
+    the graph does not depend on the data: the phrases past a sentence's last are empty and masked wherever they are
+    read, and a phrase's unused slots repeat its first token, which leaves every real phrase's vector and every
+    attention output as they are eagerly.
     """
-    seq_len = phrase_ids.shape[1]
+    batch_size, seq_len = phrase_ids.shape
+    device = phrase_ids.device
+    sizes = torch.zeros(batch_size, seq_len + 1, dtype=torch.long, device=device)
+    # column 0 counts padding; ids past L (refused below) are clamped so that the count stays in range
+    sizes.scatter_add_(1, (phrase_ids + 1).clamp(max=seq_len), torch.ones_like(phrase_ids))
     if torch.compiler.is_compiling():
         num_phrases = seq_len if max_phrases is None else max_phrases
+        max_size = seq_len if max_phrase_size is None else max_phrase_size
     else:
-        num_phrases = max(int(phrase_ids.max()) + 1, 1)
+        num_phrases, max_size = torch.stack([phrase_ids.max() + 1, sizes[:, 1:].max()]).clamp(min=1).tolist()
         if num_phrases > seq_len:
             raise ValueError(
                 f"The phrase ids number {num_phrases} phrases in sequences of {seq_len} tokens: a sentence's phrases "
                 "must be numbered 0, 1, ... (`pr_phrase_ids` as the processor makes them)."
             )
-    partition = PhrasePartition(phrase_ids.unsqueeze(1), num_phrases)  # one granularity
-    members = partition.membership[:, 0]  # (B, P, L)
-    sizes = partition.segment_lengths[:, 0, :num_phrases, None]
+
+    members = phrase_ids.unsqueeze(1) == torch.arange(num_phrases, device=device).unsqueeze(-1)  # (B, P, L)
+    sizes = sizes[:, 1 : num_phrases + 1].unsqueeze(-1)
+    # member_index: the k-th token of a phrase goes to slot k, non-members to a dropped extra slot M
+    slots = members.int().argmax(-1, keepdim=True).repeat(1, 1, max_size + 1)
+    rank = (members.cumsum(-1) - 1).masked_fill(~members, max_size)
+    slots.scatter_(-1, rank, torch.arange(seq_len, device=device).expand_as(rank))
+    offsets = seq_len * torch.arange(batch_size, device=device).view(-1, 1, 1)
     membership = members.to(dtype)
     return PhraseSegmentation(
-        mask=partition.phrase_mask[:, 0],
+        mask=sizes.squeeze(-1) > 0,
         membership=membership,
         mean_weights=membership / sizes.clamp(min=1).to(dtype),
         logit_bias=torch.zeros_like(membership).masked_fill(~members, torch.finfo(dtype).min),
-        partition=partition,
+        member_index=(slots[..., :max_size] + offsets).flatten(),
     )
 
 
@@ -144,14 +158,15 @@ class PhraseRepresentationInputs:
             needed_by = 'encoder_type="phrase_representation" with pr_segmentation="parse"'
             syntax.require("pr_phrase_ids", needed_by=needed_by)
             phrase_ids = syntax.pr_phrase_ids.long().masked_fill(~syntax.padding_mask, -1)
-            max_phrases = seq_len
+            max_phrases = max_phrase_size = seq_len
         else:
             phrase_ids = fixed_phrase_ids(
                 syntax.padding_mask, config.pr_max_phrase_tokens, config.pr_min_phrase_tokens, config.pr_length_ratio
             )
-            # at most ceil((L - 1) / ntok_min) phrases before the EOS, and the EOS's own
+            # at most ceil((L - 1) / ntok_min) phrases before the EOS, and the EOS's own; none longer than ntok_max
             max_phrases = (seq_len + config.pr_min_phrase_tokens - 2) // config.pr_min_phrase_tokens + 1
-        segmentation = segment_phrases(phrase_ids, hidden_states.dtype, max_phrases)
+            max_phrase_size = config.pr_max_phrase_tokens
+        segmentation = segment_phrases(phrase_ids, hidden_states.dtype, max_phrases, max_phrase_size)
         phrase_attention_mask = create_bidirectional_mask(
             config=config,
             inputs_embeds=hidden_states,
@@ -184,8 +199,10 @@ class AttentivePhrasePooling(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, segmentation: PhraseSegmentation) -> torch.Tensor:
         """hidden_states (B, L, D) → phrase vectors (B, P, D)."""
-        if self.glance == "max":  # Eq. 2, max-over-time over each phrase's tokens
-            glance = segmentation.partition.max_pool(hidden_states)[:, 0]
+        if self.glance == "max":  # Eq. 2, max-over-time over each phrase's (B, P, M) token slots
+            batch_size, _, embed_dim = hidden_states.shape
+            members = hidden_states.reshape(-1, embed_dim).index_select(0, segmentation.member_index)
+            glance = members.view(batch_size, segmentation.num_phrases, -1, embed_dim).max(dim=2).values
         else:  # Eq. 2, mean
             glance = torch.bmm(segmentation.mean_weights, hidden_states)
         if not self.attentive:
