@@ -271,7 +271,10 @@ def benchmark_size(args, inputs: dict, inputs_path: Path, backbone: str, size: s
     kernels = None
     if args.kernel_check and size == args.sizes[0]:
         log(f"{label}: attention kernels")
-        kernels = {name: attention_kernels(model, train_batches[0], device, amp) for name, model in models.items()}
+        kernels = {name: kernel_check(model, train_batches[0], device, amp) for name, model in models.items()}
+        reference = next(iter(kernels))
+        for entry in kernels.values():
+            entry["kernels_ratio"] = entry["kernels_per_step"] / kernels[reference]["kernels_per_step"]
     compiled = None
     if args.compile_check and size == args.sizes[0]:
         log(f"{label}: torch.compile")
@@ -282,7 +285,7 @@ def benchmark_size(args, inputs: dict, inputs_path: Path, backbone: str, size: s
             "parameters": model.num_parameters(),
             **(timings[name] if timings else {}),
             "attn_implementation": model.config._attn_implementation,
-            **({"attention_kernels": kernels[name]} if kernels else {}),
+            **(kernels[name] if kernels else {}),
             **({"compile": compiled[name]} if compiled else {}),
         }
     return {
@@ -375,16 +378,18 @@ def compile_check(models: dict, batch: dict, device, amp: bool, steps: int) -> d
     return report
 
 
-def attention_kernels(model, batch: dict, device, amp: bool) -> dict[str, int]:
+def kernel_check(model, batch: dict, device, amp: bool) -> dict:
     """
-    Which kernel computes each attention sub-layer of a training forward. For every call of a module of the package's
-    attention core ([`MgsaAttention`] and the variants' subclasses), the `scaled_dot_product_attention` (SDPA)
-    implementations it ran, outside any nested attention module: on CUDA flash, efficient (memory-efficient), cudnn or
-    math; on CPU flash_attention_for_cpu or math (SDPA's unfused fallback); or "explicit" where the module computes
-    softmax(QKᵀ)V itself, without SDPA.
+    The kernels of a training step, counted as they are dispatched (on any device):
 
-    Returns:
-        `{"<module class>: <kernels>": number of calls}`.
+    * `attention_kernels`: which kernel computes each attention sub-layer of the forward. For every call of a module
+      of the package's attention core ([`MgsaAttention`] and the variants' subclasses), the
+      `scaled_dot_product_attention` (SDPA) implementations it ran, outside any nested attention module: on CUDA
+      flash, efficient (memory-efficient), cudnn or math; on CPU flash_attention_for_cpu or math (SDPA's unfused
+      fallback); or "explicit" where the module computes softmax(QKᵀ)V itself, without SDPA.
+      `{"<module class>: <kernels>": number of calls}`.
+    * `kernels_per_step`: the operators forward + backward dispatch that compute something (views, which launch
+      nothing, left out): about one kernel launch each on a GPU, where a small step's time follows their number.
     """
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -392,6 +397,9 @@ def attention_kernels(model, batch: dict, device, amp: bool) -> dict[str, int]:
     from mgsa_hf.modeling_layers import MgsaAttention
 
     sdpa_calls = []  # [kernel, claimed by an attention module], one per SDPA call
+    computing_ops = [0]
+    views = {"alias", "detach", "expand", "lift_fresh", "permute", "select", "slice", "split", "split_with_sizes",
+             "squeeze", "t", "transpose", "unbind", "unsqueeze", "view", "_reshape_alias", "_unsafe_view"}
 
     class SdpaCalls(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -399,8 +407,10 @@ def attention_kernels(model, batch: dict, device, amp: bool) -> dict[str, int]:
                 sdpa_calls.append(["math", False])  # unless a fused kernel is dispatched below
             return func(*args, **(kwargs or {}))
 
-    class FusedKernels(TorchDispatchMode):
+    class DispatchedOps(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not (func.is_view or func.overloadpacket.__name__ in views):
+                computing_ops[0] += 1
             name = func._schema.name.removeprefix("aten::_scaled_dot_product_")
             if name != func._schema.name and not name.endswith("backward") and sdpa_calls:
                 sdpa_calls[-1][0] = name.removesuffix("_attention")
@@ -420,17 +430,24 @@ def attention_kernels(model, batch: dict, device, amp: bool) -> dict[str, int]:
         label = f"{type(module).__name__}: {' + '.join(sorted(kernels)) or 'explicit'}"
         census[label] = census.get(label, 0) + 1
 
+    model.train()
+    batch = to_device(batch, device)
+    with autocast(device, amp):
+        model(**batch).loss.backward()  # a first step: lazy initialisations dispatch once
+    model.zero_grad(set_to_none=True)
     for module in model.modules():
         if isinstance(module, MgsaAttention):
             handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
     try:
-        model.train()
-        with SdpaCalls(), FusedKernels(), autocast(device, amp):
-            model(**to_device(batch, device))
+        with SdpaCalls(), DispatchedOps():
+            with autocast(device, amp):
+                loss = model(**batch).loss
+            loss.backward()
     finally:
         for handle in handles:
             handle.remove()
-    return dict(sorted(census.items()))
+        model.zero_grad(set_to_none=True)
+    return {"attention_kernels": dict(sorted(census.items())), "kernels_per_step": computing_ops[0]}
 
 
 def markdown_table(result: dict) -> str:
@@ -468,15 +485,17 @@ def markdown_table(result: dict) -> str:
         )
     rows = result["variants"].values()
     if any("attention_kernels" in row or "compile" in row for row in rows):
-        lines += ["", "Checks on a training forward: the kernel of each attention sub-layer (calls), and the graphs "
-                  "TorchDynamo traces (graph breaks):", "",
-                  "| variant | attention kernels | torch.compile graphs (breaks) |", "| --- | --- | --- |"]
+        lines += ["", "Checks on a training step: the kernel of each attention sub-layer (calls), the kernels forward "
+                  "and backward dispatch, and the graphs TorchDynamo traces (graph breaks):", "",
+                  "| variant | attention kernels | kernels per fwd + bwd (ratio) | torch.compile graphs (breaks) |",
+                  "| --- | --- | --- | --- |"]
         for name, row in result["variants"].items():
             kernels = ", ".join(f"{label} × {count}" for label, count in row.get("attention_kernels", {}).items())
+            launches = f"{row['kernels_per_step']} ({row['kernels_ratio']:.3f})" if "kernels_per_step" in row else ""
             compiled = row.get("compile", {})
             graphs = f"{compiled['graphs']} ({compiled['graph_breaks']})" if "graphs" in compiled else (
                 compiled.get("error", ""))
-            lines.append(f"| {name} | {kernels} | {graphs} |")
+            lines.append(f"| {name} | {kernels} | {launches} | {graphs} |")
     return "\n".join(lines)
 
 
@@ -526,7 +545,7 @@ def parse_args(argv=None):
                         help="CPU: fresh processes per variant whose peak memory is measured; the median counts")
     parser.add_argument("--kernel-check", action="store_true",
                         help="at the first size: which kernel (SDPA flash / efficient / math, or explicit) computes "
-                             "each attention sub-layer of a training forward")
+                             "each attention sub-layer of a training forward, and how many kernels a step dispatches")
     parser.add_argument("--checks-only", action="store_true",
                         help="run only --kernel-check / --compile-check, without the timings and memory")
     parser.add_argument("--compile-check", action="store_true",

@@ -75,6 +75,9 @@ def test_timings_from_saved_inputs_without_spacy(inputs, tmp_path):
     assert sum(kernels["transformer"].values()) == sum(kernels["rhe"].values()) == 9
     assert list(kernels["transformer"]) == ["MgsaAttention: sdpa flash_attention_for_cpu"]
     assert kernels["rhe"] == {"MgsaAttention: sdpa flash_attention_for_cpu": 8, "RheAttention: explicit": 1}
+    # and the kernels a step dispatches: RHE's explicit attention and syntax bias add some to the same model
+    assert rows["transformer"]["kernels_ratio"] == 1.0
+    assert rows["rhe"]["kernels_per_step"] > rows["transformer"]["kernels_per_step"] > 100
 
 
 def test_checks_only_without_spacy(inputs, tmp_path):
@@ -88,7 +91,7 @@ def test_checks_only_without_spacy(inputs, tmp_path):
     rows = json.loads(output.read_text())["results"][0]["variants"]
     assert list(rows) == ["transformer", "phrase_representation", "rhe (prune)"]
     for row in rows.values():
-        assert "train_step_s" not in row and row["attention_kernels"]
+        assert "train_step_s" not in row and row["attention_kernels"] and row["kernels_per_step"] > 0
         assert (row["compile"]["graphs"], row["compile"]["graph_breaks"]) == (1, 0), row["compile"]
     # PR adds a phrase attention to each of the 3 encoder and 3 decoder layers
     assert sum(rows["phrase_representation"]["attention_kernels"].values()) == 9 + 6
