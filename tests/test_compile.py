@@ -106,3 +106,23 @@ def test_out_of_range_phrase_tags_are_refused_compiled_too(multi30k_processor, m
     with pytest.raises(RuntimeError, match="num_phrase_tags"):
         torch.compile(model, backend="aot_eager")(**batch)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("encoder_type, fields, name", [
+    ("phrase_representation", {"pr_segmentation": "parse"}, "pr_phrase_ids"),
+    (*EAGER_RECURRENCE[0], "phrase_ids"),
+], ids=["pr_parse", "phrase_memory_syntactic"])
+def test_misnumbered_phrases_are_refused_compiled_too(multi30k_processor, multi30k_val, tiny_config, encoder_type,
+                                                      fields, name):
+    """Phrase ids past the sentence length raise eagerly (ValueError) and in a compiled graph, where the phrase count
+    is a bound from the shape and the numbering is checked on the device."""
+    import torch._dynamo
+
+    model, batch = model_and_batch(multi30k_processor, multi30k_val, tiny_config, encoder_type, fields)
+    batch[name] = batch[name].masked_fill(batch[name] >= 0, batch["input_ids"].shape[1])
+    with pytest.raises(ValueError, match="numbe"):
+        model(**batch)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="0, 1"):
+        torch.compile(model, backend="aot_eager")(**batch)
+    torch._dynamo.reset()

@@ -132,7 +132,8 @@ def phrase_partition(config, syntax: MgsaSyntaxInputs) -> PhrasePartition:
     phrase_ids = syntax.phrase_ids[:, :levels].masked_fill(~padding_mask.unsqueeze(1), -1)
     if torch.compiler.is_compiling():
         # a bound that follows from the shape, as the phrase keys are padded to L anyway: the graph does not depend on
-        # the data, and the phrases past a sentence's last are empty and masked
+        # the data, and the phrases past a sentence's last are empty and masked; the numbering is checked on the device
+        torch._assert_async(phrase_ids.max() < length, "`phrase_ids` must number a sentence's phrases 0, 1, ...")
         return PhrasePartition(phrase_ids, length)
     num_phrases = int(phrase_ids.max()) + 1
     if num_phrases > length:

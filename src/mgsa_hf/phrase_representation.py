@@ -107,6 +107,8 @@ def segment_phrases(
     if torch.compiler.is_compiling():
         num_phrases = seq_len if max_phrases is None else max_phrases
         max_size = seq_len if max_phrase_size is None else max_phrase_size
+        # checked on the device, without reading the value back into the graph
+        torch._assert_async(phrase_ids.max() < num_phrases, "phrase ids must number a sentence's phrases 0, 1, ...")
     else:
         num_phrases, max_size = torch.stack([phrase_ids.max() + 1, sizes[:, 1:].max()]).clamp(min=1).tolist()
         if num_phrases > seq_len:
