@@ -94,35 +94,23 @@ def test_default_backend_compiles_and_matches_eager(multi30k_processor, multi30k
     assert all(torch.isfinite(param.grad).all() for param in model.parameters() if param.grad is not None)
 
 
-def test_out_of_range_phrase_tags_are_refused_compiled_too(multi30k_processor, multi30k_val, tiny_config):
-    """Tag ids past `num_phrase_tags` raise eagerly (ValueError) and, checked on the device, in a compiled graph."""
-    import torch._dynamo
-
-    model, batch = model_and_batch(multi30k_processor, multi30k_val, tiny_config, *EAGER_RECURRENCE[0])
-    batch["phrase_tags"] = batch["phrase_tags"].masked_fill(batch["phrase_tags"] >= 0, model.config.num_phrase_tags)
-    with pytest.raises(ValueError, match="num_phrase_tags"):
-        model(**batch)
-    torch._dynamo.reset()
-    with pytest.raises(RuntimeError, match="num_phrase_tags"):
-        torch.compile(model, backend="aot_eager")(**batch)
-    torch._dynamo.reset()
-
-
-@pytest.mark.parametrize("encoder_type, fields, name", [
-    ("phrase_representation", {"pr_segmentation": "parse"}, "pr_phrase_ids"),
-    (*EAGER_RECURRENCE[0], "phrase_ids"),
-], ids=["pr_parse", "phrase_memory_syntactic"])
-def test_misnumbered_phrases_are_refused_compiled_too(multi30k_processor, multi30k_val, tiny_config, encoder_type,
-                                                      fields, name):
-    """Phrase ids past the sentence length raise eagerly (ValueError) and in a compiled graph, where the phrase count
-    is a bound from the shape and the numbering is checked on the device."""
+@pytest.mark.parametrize("encoder_type, fields, name, eager_match, compiled_match", [
+    (*EAGER_RECURRENCE[0], "phrase_tags", "num_phrase_tags", "num_phrase_tags"),
+    (*EAGER_RECURRENCE[0], "phrase_ids", "numbers", "0, 1"),
+    ("phrase_representation", {"pr_segmentation": "parse"}, "pr_phrase_ids", "number", "0, 1"),
+], ids=["phrase_tags", "phrase_ids", "pr_phrase_ids"])
+def test_bad_syntax_ids_are_refused_compiled_too(multi30k_processor, multi30k_val, tiny_config, encoder_type, fields,
+                                                 name, eager_match, compiled_match):
+    """Tag ids past `num_phrase_tags` and phrase ids past the sentence length raise eagerly (ValueError) and in a
+    compiled graph, where they are checked on the device (the phrase count there being a bound from the shape)."""
     import torch._dynamo
 
     model, batch = model_and_batch(multi30k_processor, multi30k_val, tiny_config, encoder_type, fields)
-    batch[name] = batch[name].masked_fill(batch[name] >= 0, batch["input_ids"].shape[1])
-    with pytest.raises(ValueError, match="numbe"):
+    bad_id = model.config.num_phrase_tags if name == "phrase_tags" else batch["input_ids"].shape[1]
+    batch[name] = batch[name].masked_fill(batch[name] >= 0, bad_id)
+    with pytest.raises(ValueError, match=eager_match):
         model(**batch)
     torch._dynamo.reset()
-    with pytest.raises(RuntimeError, match="0, 1"):
+    with pytest.raises(RuntimeError, match=compiled_match):
         torch.compile(model, backend="aot_eager")(**batch)
     torch._dynamo.reset()
