@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 from bench_length import add_batch_arguments, build_inputs
-from bench_speed import REPO, SIZES, VARIANTS, build_model, synchronize, to_device
+from bench_speed import REPO, SIZES, VARIANTS, build_model, select_device, synchronize, to_device
 
 
 # bench_speed.py's rows whose variant changes only some encoder self-attentions, and two bounds for RHE: how many
@@ -158,9 +158,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch sees no CUDA device here.")
+    device = select_device(args.device)
     inputs = torch.load(args.inputs) if args.inputs else build_inputs(args)
     reference = build_model(inputs["vocab"], "marian", args.size, VARIANTS["transformer"], device).train()
     runners, layers = {}, {}

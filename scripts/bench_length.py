@@ -28,6 +28,7 @@ from bench_speed import (
     build_model,
     build_processor,
     read_sentences,
+    select_device,
     time_training,
 )
 
@@ -141,9 +142,7 @@ def main(argv=None):
             torch.save(inputs, args.save_inputs)
             log(f"saved {args.save_inputs}")
             return
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch sees no CUDA device here.")
+    device = select_device(args.device)
     models = {name: build_model(inputs["vocab"], "marian", args.size, VARIANTS[name], device)
               for name in args.variants}
     lengths = {}

@@ -156,6 +156,14 @@ def to_device(batch: dict, device) -> dict:
     return {key: value.to(device) for key, value in batch.items()}
 
 
+def select_device(name: str) -> torch.device:
+    """The `--device` to time on; `cuda` where torch sees no GPU is refused with a clear message."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here.")
+    return device
+
+
 def synchronize(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -578,9 +586,7 @@ def main(argv=None) -> None:
         torch.save(build_inputs(args), args.save_inputs)
         log(f"inputs written to {args.save_inputs}")
         return
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch sees no CUDA device here.")
+    device = select_device(args.device)
     with tempfile.TemporaryDirectory() as folder:
         if args.inputs:
             inputs, inputs_path = torch.load(args.inputs), Path(args.inputs)
