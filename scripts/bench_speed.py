@@ -233,10 +233,24 @@ def peak_memory_cuda(model, batch, device, amp: bool = False) -> float:
     return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
+def load_inputs(path, vocab_size: int | None = None) -> dict:
+    """Batches saved by `--save-inputs`, with the models' vocabulary widened to `vocab_size` when given."""
+    inputs = torch.load(path)
+    return with_vocab_size(inputs, vocab_size)
+
+
+def with_vocab_size(inputs: dict, vocab_size: int | None) -> dict:
+    if vocab_size is not None:
+        if vocab_size < inputs["vocab"]["vocab_size"]:
+            raise SystemExit(f"--vocab-size {vocab_size} is below the tokenizer's {inputs['vocab']['vocab_size']}")
+        inputs["vocab"] = dict(inputs["vocab"], vocab_size=vocab_size)
+    return inputs
+
+
 def peak_memory_cpu_child(args) -> None:
     """Runs in a subprocess: the peak resident-set growth (MiB) over one training step, printed as JSON — the CPU
     counterpart of `peak_memory_cuda`."""
-    inputs = torch.load(args.memory_batch)
+    inputs = load_inputs(args.memory_batch, args.vocab_size)
     batch = inputs["long_batch"]
     fields = json.loads(args.memory_fields)
     model = build_model(inputs["vocab"], args.memory_backbone, args.memory_size, fields, torch.device("cpu"))
@@ -254,13 +268,17 @@ def peak_memory_cpu_child(args) -> None:
     print(json.dumps({"peak_mib": (peak_kib - rss_kib) / 1024}))
 
 
-def peak_memory_cpu(inputs_path: Path, backbone: str, size: str, fields: dict, repeats: int) -> list[float]:
+def peak_memory_cpu(
+    inputs_path: Path, backbone: str, size: str, fields: dict, repeats: int, vocab_size: int | None = None
+) -> list[float]:
     """`peak_memory_cpu_child`'s figure in each of `repeats` fresh processes (the caller takes the median): the
     resident-set peak of one process varies by tens of MiB with the allocator's timing (the same variant measured
     561-605 MiB)."""
     command = [sys.executable, __file__, "--memory-child", "--memory-batch", str(inputs_path),
                "--memory-backbone", backbone, "--memory-size", size, "--memory-fields", json.dumps(fields),
                "--threads", str(torch.get_num_threads())]
+    if vocab_size is not None:
+        command += ["--vocab-size", str(vocab_size)]
     peaks = []
     for _ in range(repeats):
         result = subprocess.run(command, capture_output=True, text=True, check=True)
@@ -299,6 +317,7 @@ def benchmark_size(args, inputs: dict, inputs_path: Path, backbone: str, size: s
     return {
         "size": label,
         "config": SIZES[backbone][size],
+        "vocab_size": inputs["vocab"]["vocab_size"],
         "batch": {"sentences": len(train_batches[0]["input_ids"]), "mean_source_tokens": float(
             sum(b["attention_mask"].sum() for b in train_batches) / sum(len(b["input_ids"]) for b in train_batches))},
         "long_batch_source_tokens": list(long_batch["input_ids"].shape),
@@ -321,7 +340,7 @@ def measure(args, models: dict, inputs: dict, inputs_path: Path, backbone: str, 
         memory_runs = {name: [peak_memory_cuda(model, long_batch, device, amp)] for name, model in models.items()}
     else:
         memory_runs = {
-            name: peak_memory_cpu(inputs_path, backbone, size, fields, args.memory_repeats)
+            name: peak_memory_cpu(inputs_path, backbone, size, fields, args.memory_repeats, args.vocab_size)
             for name, fields in args.variants.items()
         }
     memory = {name: statistics.median(peaks) for name, peaks in memory_runs.items()}
@@ -466,7 +485,8 @@ def markdown_table(result: dict) -> str:
     timed = {name: row for name, row in result["variants"].items() if "train_step_s" in row}  # none: --checks-only
     memory = f"; memory at {result['long_batch_source_tokens'][1]}-token sentences" if timed else ""
     lines = [
-        f"**{result['size']}** ({config['d_model']}d, {layers[0]}+{layers[1]} layers, {heads} heads; "
+        f"**{result['size']}** ({config['d_model']}d, {layers[0]}+{layers[1]} layers, {heads} heads, "
+        f"vocabulary {result.get('vocab_size', 8000)}; "
         f"{result['batch']['sentences']} sentences per batch, {result['batch']['mean_source_tokens']:.1f} source "
         f"tokens on average{memory})",
     ]
@@ -560,6 +580,10 @@ def parse_args(argv=None):
                         help="at the first size: graph breaks under torch.compile and the compiled step's speed-up")
     parser.add_argument("--compile-steps", type=int, default=10, help="timed compiled steps (0: graph breaks only)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--vocab-size", type=int,
+                        help="the models' vocabulary (default: the 8k tokenizer's); a larger one widens only the "
+                             "embeddings and the output layer, e.g. 32000 for the papers' WMT BPE vocabularies, while "
+                             "the batches keep the tokenizer's ids")
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--memory-batch", help=argparse.SUPPRESS)
     parser.add_argument("--memory-backbone", help=argparse.SUPPRESS)
@@ -589,10 +613,11 @@ def main(argv=None) -> None:
     device = select_device(args.device)
     with tempfile.TemporaryDirectory() as folder:
         if args.inputs:
-            inputs, inputs_path = torch.load(args.inputs), Path(args.inputs)
+            inputs, inputs_path = load_inputs(args.inputs, args.vocab_size), Path(args.inputs)
         else:  # the CPU memory probes (subprocesses) read the batches from a file
             inputs, inputs_path = build_inputs(args), Path(folder) / "inputs.pt"
             torch.save(inputs, inputs_path)
+            with_vocab_size(inputs, args.vocab_size)
         results = []
         for backbone in args.backbones:
             for size in args.sizes:  # written after each size, so a long run keeps what it has measured

@@ -53,6 +53,8 @@ def main(argv=None) -> None:
     parser.add_argument("--inputs", help="batches saved by `bench_speed.py --save-inputs` (else built here)")
     parser.add_argument("--data", default=str(bench_speed.DEFAULT_DATA))
     parser.add_argument("--gen-tokens", type=int, default=20)
+    parser.add_argument("--vocab-size", type=int, help="the models' vocabulary (default: the tokenizer's 8000); "
+                        "e.g. 32000, the papers' WMT BPE vocabularies (see bench_speed.py --vocab-size)")
     parser.add_argument("--output", default=str(REPO / "benchmarks" / "flops-cpu.json"))
     args = parser.parse_args(argv)
     unknown = [name for name in args.variants if name not in bench_speed.VARIANTS]
@@ -60,9 +62,10 @@ def main(argv=None) -> None:
         raise SystemExit(f"unknown variants {unknown}: choose from {list(bench_speed.VARIANTS)}")
     variants = ["transformer", *(name for name in args.variants if name != "transformer")]
     if args.inputs:
-        inputs = torch.load(args.inputs)
+        inputs = bench_speed.load_inputs(args.inputs, args.vocab_size)
     else:
         inputs = bench_speed.build_inputs(bench_speed.parse_args(["--data", args.data, "--batch-size", "32"]))
+        bench_speed.with_vocab_size(inputs, args.vocab_size)
     rows = {}
     for name in variants:
         model = bench_speed.build_model(inputs["vocab"], args.backbone, args.size, bench_speed.VARIANTS[name],
@@ -75,7 +78,8 @@ def main(argv=None) -> None:
         row["train_step_ratio"] = row["train_step_gflops"] / rows["transformer"]["train_step_gflops"]
         row["generation_ratio"] = row["generation_gflops"] / rows["transformer"]["generation_gflops"]
     command = "python scripts/count_flops.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    lines = [f"Command: `{command}`", "", f"**{args.backbone} {args.size}**", "",
+    vocab_size = inputs["vocab"]["vocab_size"]
+    lines = [f"Command: `{command}`", "", f"**{args.backbone} {args.size}**, vocabulary {vocab_size}", "",
              "| variant | params | train step GFLOP | ratio | generation GFLOP | ratio |",
              "| --- | --- | --- | --- | --- | --- |"]
     for name, row in rows.items():
@@ -84,6 +88,7 @@ def main(argv=None) -> None:
                      f"{row['generation_ratio']:.3f} |")
     output = Path(args.output)
     output.write_text(json.dumps({"command": command, "backbone": args.backbone, "size": args.size,
+                                  "vocab_size": vocab_size,
                                   "torch": torch.__version__, "rows": rows}, indent=2) + "\n")
     output.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -59,10 +59,11 @@ def test_timings_from_saved_inputs_without_spacy(inputs, tmp_path):
     result = run_without_spacy("--inputs", str(inputs), "--device", "cpu", "--dtype", "bf16", "--threads", "1",
                                "--backbones", "marian", "--sizes", "small", "--variants", "transformer", "rhe",
                                "--steps", "1", "--warmup", "0", "--gen-rounds", "1", "--gen-tokens", "2",
-                               "--kernel-check", "--output", str(output), *SMALL)
+                               "--kernel-check", "--vocab-size", "9000", "--output", str(output), *SMALL)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(output.read_text())
     assert report["dtype"] == "bf16 autocast" and report["transformers"]
+    assert report["results"][0]["vocab_size"] == 9000  # the models' vocabulary, wider than the tokenizer's
     rows = report["results"][0]["variants"]
     assert set(rows) == {"transformer", "rhe"} and rows["transformer"]["train_step_ratio"] == 1.0
     assert all(row["train_step_s"] > 0 and row["peak_memory_mib"] > 0 for row in rows.values())
@@ -216,3 +217,19 @@ def test_flop_counts_from_saved_inputs(inputs, tmp_path):
     assert rows["hybrid"]["train_step_ratio"] == pytest.approx(1.0, abs=0.01)
     table = output.with_suffix(".md").read_text()
     assert all(f"| {name} |" in table for name in rows)
+
+    # a wider vocabulary (--vocab-size) adds the same output-layer work to every row: 2 FLOPs per multiply-add,
+    # forward and the backward pass's two products, for each label position of each batch
+    wide = tmp_path / "flops-wide.json"
+    tokenizer_vocab = torch.load(inputs)["vocab"]["vocab_size"]
+    subprocess.run([sys.executable, str(REPO / "scripts" / "count_flops.py"), "--inputs", str(inputs), "--size",
+                    "small", "--variants", "phrase_representation", "--gen-tokens", "3", "--vocab-size",
+                    str(tokenizer_vocab + 1000), "--output", str(wide)], check=True, capture_output=True, text=True,
+                   timeout=600)
+    wide_rows = json.loads(wide.read_text())["rows"]
+    label_positions = sum(batch["labels"].numel() for batch in torch.load(inputs)["train_batches"])
+    d_model = 256
+    for name, row in wide_rows.items():
+        added = (row["train_step_gflops"] - rows[name]["train_step_gflops"]) * 1e9
+        assert added == pytest.approx(3 * 2 * label_positions * d_model * 1000, rel=1e-6), name
+    assert wide_rows["phrase_representation"]["train_step_ratio"] < rows["phrase_representation"]["train_step_ratio"]
