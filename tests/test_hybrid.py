@@ -302,10 +302,14 @@ def test_fused_path_matches_the_explicit_distributions(fields):
     fused = HybridAttention(hybrid_config(attn_implementation="sdpa", **fields), 4, layer_idx=0).eval()
     fused.load_state_dict(explicit.state_dict())
     hidden, padding_mask, _ = padded_inputs(lengths=(9, 5), width=9)
-    for position_bias in (None, torch.randn(1, 4, 9, 9)):
-        expected, weights, _ = explicit(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask),
-                                        position_bias=position_bias)
-        actual, no_weights, _ = fused(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask),
-                                      position_bias=position_bias)
-        torch.testing.assert_close(actual[padding_mask], expected[padding_mask], atol=1e-5, rtol=1e-5)
-        assert weights.shape == (2, 4, 9, 9) and no_weights is None
+    # the local pattern as a masked kernel (9 tokens) and, for longer sentences, from each window's keys
+    assert fused.fused_local_max_length >= 9
+    for fused_local_max_length in (fused.fused_local_max_length, 8):
+        fused.fused_local_max_length = fused_local_max_length
+        for position_bias in (None, torch.randn(1, 4, 9, 9)):
+            expected, weights, _ = explicit(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask),
+                                            position_bias=position_bias)
+            actual, no_weights, _ = fused(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask),
+                                          position_bias=position_bias)
+            torch.testing.assert_close(actual[padding_mask], expected[padding_mask], atol=1e-5, rtol=1e-5)
+            assert weights.shape == (2, 4, 9, 9) and no_weights is None

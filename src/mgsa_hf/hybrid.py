@@ -16,6 +16,11 @@ from .modeling_layers import (
 )
 
 
+def additive_mask(allowed: torch.BoolTensor, dtype: torch.dtype) -> torch.Tensor:
+    """An attention kernel's additive mask: 0 where `allowed`, the dtype's minimum elsewhere (same shape)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
 class HybridAttention(MgsaAttention):
     """
     Self-attention that mixes a global and a local pattern of one energy ξ_i = Q_i Kᵀ / √d_h per head (Eq. 1):
@@ -30,14 +35,18 @@ class HybridAttention(MgsaAttention):
     The layer returns its gates in its [`MgsaLayerOutput`]: (B, L) per token or (B, H, L) per head.
 
     With `attn_implementation="eager"` both distributions are formed as (B, H, L, L) and their gated mix is returned
-    as the attention weights (for analysis). Otherwise the global context comes from the configured kernel (SDPA) and
-    the local one from the 2m + 1 keys of each window, so the layer costs about what plain attention does and holds
-    nothing of size L × L; it returns no weights. Attention dropout applies to each distribution. Backends: `eager`
-    and `sdpa` (flex and flash attention's masks cannot take the additive key mask of the global pattern, so they
-    raise).
+    as the attention weights (for analysis). Otherwise the global context comes from the configured kernel (SDPA), and
+    the local one too for sentences of up to `fused_local_max_length` tokens (the band of Eq. 3 as its mask), from the
+    2m + 1 keys of each window for longer ones; the layer keeps no L × L weights for the backward pass (with a fused
+    kernel) and returns no weights. Attention dropout
+    applies to each distribution. Backends: `eager` and `sdpa` (flex and flash attention's masks cannot take the
+    additive masks of the two patterns, so they raise).
     """
 
     supported_attn_implementations = ("eager", "sdpa")
+    # the longest sentences whose local pattern runs as a masked fused kernel (`local_context`); on CPU at Marian base
+    # the two forms cost the same between 32 and 64 tokens (`scripts/bench_layer.py`, BENCHMARKS.md)
+    fused_local_max_length = 32
 
     def __init__(self, config, num_heads: int, is_decoder: bool = False, is_causal: bool = False, layer_idx=None,
                  **kwargs):
@@ -150,19 +159,32 @@ class HybridAttention(MgsaAttention):
         the mask is always made, so that the graph does not branch on the data."""
         key_mask = None
         if torch.compiler.is_compiling() or not padding_mask.all():
-            key_mask = torch.zeros(padding_mask.shape, dtype=query.dtype, device=query.device)
-            key_mask = key_mask.masked_fill(~padding_mask, torch.finfo(query.dtype).min)[:, None, None, :]
-        kwargs = {} if position_bias is None else {"position_bias": position_bias}
-        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
-        context, _ = attention_interface(
-            self, query, key, value, key_mask, dropout=self.dropout if self.training else 0.0, scaling=self.scaling,
-            is_causal=False, **kwargs,
-        )
-        return context.transpose(1, 2)
+            key_mask = additive_mask(padding_mask[:, None, None, :], query.dtype)
+        return self.kernel_context(query, key, value, key_mask, position_bias)
 
     def local_context(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        padding_mask: torch.BoolTensor,
+        position_bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """
+        softmax(B(ξ_i)) V (Eq. 3), (B, H, L, d_h). Up to `fused_local_max_length` tokens, the same kernel as the global
+        pattern with B(ξ_i) as its mask (the band |i - j| ≤ m and the padding keys, (B, 1, L, L)): one fused kernel
+        each way, where the banded form below dispatches about 30 small ones (what a GPU step at these sizes pays
+        for), but L² work. Longer sentences take the banded form, whose work grows with L (2m + 1 keys per query).
+        """
+        length = query.shape[2]
+        if length > self.fused_local_max_length:
+            return self.banded_local_context(query, key, value, padding_mask, position_bias)
+        positions = torch.arange(length, device=query.device)
+        in_window = (positions[:, None] - positions[None, :]).abs() <= self.window
+        allowed = in_window & padding_mask[:, None, None, :]
+        return self.kernel_context(query, key, value, additive_mask(allowed, query.dtype), position_bias)
+
+    def banded_local_context(
         self,
         query: torch.Tensor,
         key: torch.Tensor,
@@ -195,6 +217,27 @@ class HybridAttention(MgsaAttention):
         for offset in range(1, width):
             context = context + weights[..., offset, None] * padded_values[:, :, offset : offset + length]
         return context
+
+    def kernel_context(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        position_bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """softmax(ξ_i + key_mask) V (Eq. 1 with T5's bias in ξ_i) with the configured attention kernel, attention
+        dropout included: query, key, value (B, H, L, d_h), key_mask additive, broadcastable to (B, H, L, L) →
+        (B, H, L, d_h)."""
+        kwargs = {} if position_bias is None else {"position_bias": position_bias}
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        context, _ = attention_interface(
+            self, query, key, value, key_mask, dropout=self.dropout if self.training else 0.0, scaling=self.scaling,
+            is_causal=False, **kwargs,
+        )
+        return context.transpose(1, 2)
 
 
 # --------------------------------------------------------------------------------------------------------------------
