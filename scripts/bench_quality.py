@@ -15,6 +15,9 @@ machine without spaCy or `datasets`; `prepare` runs where the package is install
     python scripts/bench_quality.py prepare --budget base
     python scripts/bench_quality.py train --budget base --rows defaults best --seeds 1 2 3 --jobs 5   # on the GPU
     python scripts/bench_quality.py report --budget base
+    # each row at the recipe of the budget where it scored best on validation (a selection budget, from the
+    # results of budgets reported already)
+    python scripts/bench_quality.py report --budget cpu-tuned
     # gold (or another parser's) trees instead of the derived ones: one PTB tree per source line, empty: derived
     python scripts/bench_quality.py prepare --budget cpu --train-trees trees/train.ptb --validation-trees trees/val.ptb
 
@@ -22,6 +25,12 @@ Budgets are JSON files in `configs/quality/` (`prepare` settings and the `Recipe
 `<root>/<budget>/<row>/seed-<seed>/`; a finished run is reused and an interrupted one resumes from its last
 checkpoint. `report` writes `benchmarks/quality-<budget>.json` (one record per run under `runs`), the test
 hypotheses beside it, a plot of validation loss against steps, and the budget's table in `benchmarks/BENCHMARKS.md`.
+
+A selection budget (`"select": {"from": [budgets], "by": "validation_bleu"}`) trains nothing: its `report` reads the
+reported results of its budgets (`benchmarks/quality-<budget>.json` and the test hypotheses beside them), keeps for
+every row the budget with the best mean validation score over the seeds they share (the same rule for every row, the
+transformer included: a learning rate tuned per row on validation, say), and tests the rows chosen against the
+transformer chosen.
 """
 
 import argparse
@@ -350,6 +359,13 @@ def collect_runs(root: Path) -> list[dict]:
     return runs
 
 
+def hypotheses_path(record: dict, target_lang: str) -> Path:
+    """Where a run's test translations are: beside its result in its run folder, or (a run read back from a reported
+    budget) the copy the report keeps."""
+    return Path(record["test_hypotheses"]) if "test_hypotheses" in record else \
+        Path(record["run_dir"]) / f"test.hyp.{target_lang}"
+
+
 def summarize(runs: list[dict]) -> dict:
     """Per row: BLEU and chrF on each split and distinct test outputs, mean ± std over seeds; steps, steps/s and
     parameters."""
@@ -372,8 +388,7 @@ def significance(runs: list[dict], references: list[str], target_lang: str) -> d
     from sacrebleu.metrics import BLEU, CHRF
 
     def hypotheses(name):
-        return {r["seed"]: read_lines(Path(r["run_dir"]) / f"test.hyp.{target_lang}") for r in runs
-                if r["name"] == name}
+        return {r["seed"]: read_lines(hypotheses_path(r, target_lang)) for r in runs if r["name"] == name}
 
     baseline = hypotheses(BASELINE)
     tests = {}
@@ -442,7 +457,25 @@ def render_budget(report: dict) -> str:
         lines += ["Against `transformer` on test 2016: " + "; ".join(verdicts) + ".", ""]
     if report.get("plot"):
         lines += [f"![validation loss against steps]({Path(report['plot']).name})", ""]
+    if report.get("selection"):
+        lines += render_selection(report)
     return "\n".join(lines)
+
+
+def render_selection(report: dict) -> list[str]:
+    """The scores every row had in each budget of a selection, and the budget chosen."""
+    selection = report["selection"]
+    budgets = list(next(iter(selection.values()))["scores"])
+    by = SELECTION_METRICS[next(iter(selection.values()))["by"]][2]
+    header = " | ".join(f"`{budget}`: valid / test" for budget in budgets)
+    lines = [f"Each row's budget, chosen by the mean {by} over the seeds shown (the test scores beside it are not "
+             "used to choose):", "", f"| row | seeds | {header} | chosen |",
+             "| --- | --- | " + " | ".join("---" for _ in budgets) + " | --- |"]
+    for name, row in selection.items():
+        cells = " | ".join(f"{row['scores'][b]['validation']:.2f} / {row['scores'][b]['test']:.2f}" for b in budgets)
+        recipe = ", ".join(f"{key} {value}" for key, value in row["recipe"].items())
+        lines.append(f"| `{name}` | {', '.join(map(str, row['seeds']))} | {cells} | `{row['chosen']}` ({recipe}) |")
+    return lines + [""]
 
 
 def render_papers() -> str:
@@ -571,19 +604,146 @@ def report(args, name: str, budget: dict, argv) -> dict:
     result["plot"] = plot_curves(runs, results_path.with_suffix("").parent / f"quality-{name}-curves.png")
     if result["plot"]:
         result["plot"] = os.path.relpath(result["plot"], results_path.parent)
-    results_path.parent.mkdir(parents=True, exist_ok=True)
-    results_path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-    hypotheses = results_path.with_suffix("")
-    shutil.rmtree(hypotheses, ignore_errors=True)
+    shutil.rmtree(results_path.with_suffix(""), ignore_errors=True)
     for record in runs:
-        target = hypotheses / f"{record['name'].replace('/', '-')}.seed-{record['seed']}.test.hyp.{target_lang}"
+        target = kept_hypotheses(results_path, record, target_lang)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(Path(record["run_dir"]) / f"test.hyp.{target_lang}", target)
+    write_results(args, result, results_path)
+    return result
+
+
+def kept_hypotheses(results_path: Path, record: dict, target_lang: str) -> Path:
+    """Where a report keeps a run's test translations: `<results minus .json>/<row>.seed-<seed>.test.hyp.<lang>`."""
+    name = record["name"].replace("/", "-")
+    return results_path.with_suffix("") / f"{name}.seed-{record['seed']}.test.hyp.{target_lang}"
+
+
+def write_results(args, result: dict, results_path: Path) -> None:
+    """The results JSON, and the quality section of BENCHMARKS.md with every reported budget's table."""
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     markdown = Path(args.markdown) if args.markdown else REPO / "benchmarks" / "BENCHMARKS.md"
     others = sorted(p for p in results_path.parent.glob("quality-*.json") if p != results_path)
     reports = [result, *(json.loads(p.read_text()) for p in others if args.markdown is None)]
     update_markdown(markdown, sorted(reports, key=lambda report: report["budget"]))  # the same order every time
     print(render_budget(result))
+
+
+# ------------------------------------------------------------------------------------------ selection budgets
+
+
+# a selection's criterion → (split, metric) of the run records, and how tables name it
+SELECTION_METRICS = {"validation_bleu": ("validation", "bleu", "validation BLEU"),
+                     "validation_chrf": ("validation", "chrf", "validation chrF")}
+
+
+def reported_runs(results_path: Path, target_lang: str) -> tuple[dict, list[dict]]:
+    """A reported budget's results JSON and its runs, each pointing at the copy of its test translations kept beside
+    the JSON (`<results>/<row>.seed-<seed>.test.hyp.<lang>`)."""
+    if not results_path.is_file():
+        raise SystemExit(f"{results_path} does not exist: report that budget first.")
+    reported = json.loads(results_path.read_text())
+    runs = []
+    for record in reported["runs"]:
+        hypotheses = kept_hypotheses(results_path, record, target_lang)
+        if not hypotheses.is_file():
+            raise SystemExit(f"{hypotheses} is missing: the paired test needs every run's test translations.")
+        runs.append({**record, "budget": reported["budget"], "test_hypotheses": str(hypotheses)})
+    return reported, runs
+
+
+def select_runs(runs_by_budget: dict[str, list[dict]], by: str) -> tuple[list[dict], dict]:
+    """
+    For every row that all the budgets ran, the runs of the budget with the highest mean `by` (validation BLEU or
+    chrF) over the seeds the budgets share for that row (ties: the first budget); the transformer by the same rule.
+
+    Returns the chosen runs (those seeds) and, per row, every budget's mean validation and test scores and the choice.
+    """
+    split, metric, _ = SELECTION_METRICS[by]
+    budgets = list(runs_by_budget)
+    names = set.intersection(*({r["name"] for r in runs} for runs in runs_by_budget.values()))
+    if BASELINE not in names:
+        raise SystemExit(f"every selected budget needs `{BASELINE}` runs.")
+    chosen, selection = [], {}
+    for name in sorted(names, key=lambda n: (n != BASELINE, n)):
+        seeds = sorted(set.intersection(*({r["seed"] for r in runs if r["name"] == name}
+                                          for runs in runs_by_budget.values())))
+        scores = {}
+        for budget in budgets:
+            records = [r for r in runs_by_budget[budget] if r["name"] == name and r["seed"] in seeds]
+            scores[budget] = {"validation": round(float(np.mean([r[split][metric] for r in records])), 2),
+                              "test": round(float(np.mean([r["test"][metric] for r in records])), 2)}
+        best = max(budgets, key=lambda budget: scores[budget]["validation"])  # max keeps the first of equals
+        selection[name] = {"seeds": seeds, "by": by, "scores": scores, "chosen": best}
+        chosen += [r for r in runs_by_budget[best] if r["name"] == name and r["seed"] in seeds]
+    return chosen, selection
+
+
+def recipe_differences(budgets: list[str]) -> dict[str, dict]:
+    """Budget → the recipe fields (`model.<field>` for the model's) in which the budgets differ: what the selection
+    chooses between."""
+
+    def flat(recipe: dict) -> dict:
+        model = {f"model.{key}": value for key, value in recipe.get("model", {}).items()}
+        return {**{key: value for key, value in recipe.items() if key != "model"}, **model}
+
+    recipes = {name: flat(load_budget(name)[1].get("recipe", {})) for name in budgets}
+    fields = sorted({key for recipe in recipes.values() for key in recipe})
+    differing = [key for key in fields if len({json.dumps(recipe.get(key)) for recipe in recipes.values()}) > 1]
+    return {name: {key: recipes[name].get(key) for key in differing} for name in budgets}
+
+
+def report_selection(args, name: str, budget: dict, argv) -> dict:
+    """`report` of a selection budget: the chosen runs of its budgets' reported results, tested against the chosen
+    transformer, written as a budget's results are (JSON, BENCHMARKS.md table) with the selection beside them."""
+    select = budget["select"]
+    sources, by = list(select["from"]), select.get("by", "validation_bleu")
+    if by not in SELECTION_METRICS:
+        raise SystemExit(f"budget {name}: `select.by` must be one of {sorted(SELECTION_METRICS)}, not {by!r}.")
+    results_dir = (Path(args.results).parent if args.results else REPO / "benchmarks")
+    target_lang = load_budget(sources[0])[1].get("prepare", {}).get("target_lang", "de")
+    reported, runs_by_budget = {}, {}
+    for source in sources:
+        reported[source], runs_by_budget[source] = reported_runs(results_dir / f"quality-{source}.json", target_lang)
+    signatures = {json.dumps(report["signatures"], sort_keys=True) for report in reported.values()}
+    if len(signatures) > 1:
+        raise SystemExit(f"budgets {sources} were scored with different metrics: {sorted(signatures)}.")
+    runs, selection = select_runs(runs_by_budget, by)
+    settings = recipe_differences(sources)
+    for row in selection.values():
+        row["recipe"] = settings[row["chosen"]]
+    from mgsa_hf.prepared_training import SPLITS
+    from mgsa_hf.tokenization_utils import read_lines as read_text_lines
+
+    candidates = [Path(args.data) / f"{SPLITS['test']}.{target_lang}{suffix}" for suffix in (".gz", "")]
+    references_file = next((path for path in candidates if path.is_file()), None)
+    if references_file is None:
+        raise SystemExit(f"no test references {candidates[1].name}[.gz] in {args.data} (--data).")
+    references = list(read_text_lines(references_file))
+    first = reported[sources[0]]
+    described = [f"`{source}` ({', '.join(f'{k} {v}' for k, v in settings[source].items())})" for source in sources]
+    results_path = Path(args.results) if args.results else REPO / "benchmarks" / f"quality-{name}.json"
+    result = {
+        "budget": name,
+        "command": "python scripts/bench_quality.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+        "commit": git_commit(),
+        "budget_file": os.path.relpath(load_budget_path(args.budget), REPO),
+        "protocol": f"per row, whichever of {', '.join(described[:-1])} and {described[-1]} has the higher mean "
+                    f"{SELECTION_METRICS[by][2]} over their shared seeds; otherwise {first['protocol']}",
+        "environment": first["environment"],
+        "signatures": first["signatures"],
+        "sources": {source: {"commit": report.get("commit"), "command": report["command"]}
+                    for source, report in reported.items()},
+        "selection": selection,
+        "summary": summarize(runs),
+        "significance": significance(runs, references, target_lang),
+        "papers": {k: v for k, v in PAPER_RESULTS.items() if k in {r["name"] for r in runs}},
+        "runs": [{**{k: v for k, v in r.items() if k != "test_hypotheses"},
+                  "test_hypotheses": os.path.relpath(r["test_hypotheses"], results_path.parent)} for r in runs],
+        "plot": None,
+    }
+    write_results(args, result, results_path)
     return result
 
 
@@ -596,6 +756,11 @@ def main(argv=None) -> dict | None:
     name, budget = load_budget(args.budget)
     if args.step == "run-one":
         return run_one(args, name, budget)
+    if "select" in budget:
+        if args.step not in ("report", "all"):
+            raise SystemExit(f"budget {name} selects among the reported results of {budget['select']['from']}: "
+                             "train and report those budgets, then `report` this one.")
+        return report_selection(args, name, budget, argv)
     if args.step in ("prepare", "all"):
         prepare(args, name, budget)
     if args.step in ("train", "all"):

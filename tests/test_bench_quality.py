@@ -347,3 +347,68 @@ def test_rhe_head_rate_of_a_run_equals_the_processor_path(dry_run, tmp_path):
     assert json.loads(output.read_text())["runs"] == results
     with pytest.raises(SystemExit, match="not an RHE run"):
         rhe_head_rate.head_rate(root / "dry-run" / "hybrid" / "seed-1", corpus, "test", 16)
+
+
+def selection_record(name, seed, validation, test):
+    return {"name": name, "seed": seed, "validation": {"bleu": validation, "chrf": 50.0},
+            "test": {"bleu": test, "chrf": 50.0}}
+
+
+def test_selection_picks_each_rows_best_validation_budget():
+    """Every row, the transformer included, takes the budget of its higher mean validation BLEU over the seeds the
+    budgets share (a seed only one budget ran does not count); test scores play no part, and a tie keeps the first
+    budget."""
+    fast = [selection_record("transformer", 1, 30.0, 20.0), selection_record("transformer", 2, 32.0, 20.0),
+            selection_record("hybrid", 1, 31.0, 40.0), selection_record("hybrid", 2, 31.0, 40.0),
+            selection_record("rhe", 1, 30.0, 30.0), selection_record("rhe", 2, 30.0, 30.0)]
+    slow = [selection_record("transformer", 1, 30.5, 25.0), selection_record("transformer", 2, 31.0, 25.0),
+            selection_record("transformer", 3, 99.0, 25.0),  # a seed `fast` has not run: not counted
+            selection_record("hybrid", 1, 31.5, 10.0), selection_record("hybrid", 2, 31.0, 10.0),
+            selection_record("rhe", 1, 29.0, 30.0), selection_record("rhe", 2, 31.0, 30.0),
+            selection_record("phrase_memory", 1, 40.0, 40.0)]  # a row only one budget ran: left out
+    runs, selection = bench_quality.select_runs({"fast": fast, "slow": slow}, "validation_bleu")
+    assert {name: row["chosen"] for name, row in selection.items()} == {
+        "transformer": "fast", "hybrid": "slow", "rhe": "fast"}
+    assert selection["transformer"]["seeds"] == [1, 2]
+    assert selection["transformer"]["scores"] == {"fast": {"validation": 31.0, "test": 20.0},
+                                                  "slow": {"validation": 30.75, "test": 25.0}}
+    assert sorted((r["name"], r["seed"], r["test"]["bleu"]) for r in runs) == [
+        ("hybrid", 1, 10.0), ("hybrid", 2, 10.0), ("rhe", 1, 30.0), ("rhe", 2, 30.0),
+        ("transformer", 1, 20.0), ("transformer", 2, 20.0)]
+    with pytest.raises(SystemExit, match="transformer"):
+        bench_quality.select_runs({"fast": fast[2:], "slow": slow}, "validation_bleu")
+
+
+def test_selection_of_one_budget_reproduces_its_report(tmp_path):
+    """A selection budget read from the committed `cpu` results (their test translations and Multi30k's references)
+    gives back that budget's summary and paired tests; with two budgets it names what it chose, and it trains
+    nothing."""
+    import shutil
+
+    for source in ("cpu", "cpu-half-lr"):
+        shutil.copyfile(REPO / "benchmarks" / f"quality-{source}.json", tmp_path / f"quality-{source}.json")
+        shutil.copytree(REPO / "benchmarks" / f"quality-{source}", tmp_path / f"quality-{source}")
+    committed = json.loads((tmp_path / "quality-cpu.json").read_text())
+    rows = ["transformer", "phrase_representation"]
+    committed["runs"] = [r for r in committed["runs"] if r["name"] in rows]
+    (tmp_path / "quality-cpu.json").write_text(json.dumps(committed))
+    budget = tmp_path / "cpu-only.json"
+    budget.write_text(json.dumps({"select": {"from": ["cpu"], "by": "validation_bleu"}}))
+    common = ["--data", str(DATA), "--markdown", str(tmp_path / "BENCHMARKS.md")]
+    report = bench_quality.main(["report", "--budget", str(budget), "--results", str(tmp_path / "one.json"),
+                                 *common])
+    assert report["summary"] == {name: committed["summary"][name] for name in rows}
+    # the paired test, recomputed from the kept translations and the corpus' references, is the committed one
+    assert report["significance"] == {"phrase_representation": committed["significance"]["phrase_representation"]}
+
+    budget.write_text(json.dumps({"select": {"from": ["cpu", "cpu-half-lr"], "by": "validation_bleu"}}))
+    both = bench_quality.main(["report", "--budget", str(budget), "--results", str(tmp_path / "two.json"), *common])
+    assert set(both["selection"]) == set(rows)
+    for name, row in both["selection"].items():
+        better = max(row["scores"], key=lambda source: row["scores"][source]["validation"])
+        assert row["chosen"] == better and row["recipe"] == {"learning_rate": {"cpu": 0.005,
+                                                                               "cpu-half-lr": 0.0025}[better]}
+        assert {r["budget"] for r in both["runs"] if r["name"] == name} == {better}
+    assert "| chosen |" in (tmp_path / "BENCHMARKS.md").read_text()
+    with pytest.raises(SystemExit, match="selects among"):
+        bench_quality.main(["train", "--budget", str(budget)])
