@@ -34,6 +34,14 @@ class TrainConfig:
     `max_*_samples`), an empty line where the processor's own tree is used; or `tree_column` names the field of the
     JSONL records (or the column of the Hub dataset) that holds them. A plug-in parser for every sentence is a
     `processor` setting instead (`processor: {tree_parser: "package.module:function"}`).
+
+    The model is initialised after seeding with `training.seed` (as the Trainer seeds the data order and dropout), so
+    a run with a given `tokenizer` repeats the same numbers on the same machine and thread count; a joint vocabulary
+    trained anew can differ from run to run in a few dozen ids (`tokenizers`' unigram trainer sums its scores in
+    hash-map order), so two runs that each train one differ a little. `reuse_cpu_memory` (training on CPU, Linux
+    with glibc): freed memory stays in the process for the next step's tensors instead of being handed back to the
+    system and faulted in again ([`reuse_freed_cpu_memory`]); it holds the run's peak memory for the rest of the
+    process.
     """
 
     data: str = "../shared/data/multi30k"
@@ -59,6 +67,7 @@ class TrainConfig:
     resume_from_checkpoint: str | bool | None = None
     output_dir: str = "runs/mgsa-multi30k"
     examples: list = field(default_factory=list)
+    reuse_cpu_memory: bool = True
 
 
 class _Yaml12Loader(yaml.SafeLoader):
@@ -151,6 +160,33 @@ def _training_arguments(config: TrainConfig):
         **config.training,
     }
     return Seq2SeqTrainingArguments(**fields)
+
+
+def reuse_freed_cpu_memory() -> bool:
+    """
+    Make glibc's allocator keep what the process frees, for the process's lifetime: every allocation comes from its
+    heap (`M_MMAP_MAX` 0: none is mapped alone) and the heap is not trimmed below 2 GiB of free space
+    (`M_TRIM_THRESHOLD`). By default a block over the mapping threshold (128 KiB, rising to at most 32 MiB as mapped
+    blocks are freed) is mapped when allocated and unmapped when freed, so a CPU training step that allocates and frees
+    the same large tensors (a 4k-token batch's logits over the vocabulary are tens of MiB) has the kernel zero and
+    fault in hundreds of MiB of fresh pages every step: 16% of the default
+    `mgsa-hf train` step on 2 cores (`benchmarks/BENCHMARKS.md`, "The default CPU recipe"). The same as the
+    environment variables `MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=...` set before the process starts; jemalloc or
+    tcmalloc preloaded do it too. Returns whether it applied (False off Linux or without glibc's `mallopt`).
+    """
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and others have no mallopt
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
 
 
 def _backbone_classes(config: TrainConfig):
@@ -314,6 +350,8 @@ def _maybe_average(trainer, config: TrainConfig, processed, corpus, tokenizer) -
 def train(config: TrainConfig, callbacks: list | None = None):
     """Run the whole recipe; returns `(results, model)`: the results written to `output_dir/results.json` and the
     trained model (on every process). `callbacks` are `TrainerCallback`s added to the Trainer."""
+    from transformers import set_seed
+
     from .data_collator import MgsaDataCollator
     from .evaluation import build_compute_metrics
     from .model_card import build_model_card
@@ -322,8 +360,11 @@ def train(config: TrainConfig, callbacks: list | None = None):
     training_args = _training_arguments(config)  # validates the `training` section before any work
     if config.init_from is None:
         _backbone_classes(config)[0](**config.model)  # validates the `model` section before any work
+    if config.reuse_cpu_memory and training_args.use_cpu:
+        reuse_freed_cpu_memory()
     corpus, processor, processed = prepare(config, training_args)
     tokenizer = processor.tokenizer
+    set_seed(training_args.seed)  # the new modules' initialisation, as the Trainer seeds the rest
     model = build_model(config, tokenizer)
     trainer = MgsaSeq2SeqTrainer(  # keeps MG-SA's tag loss under label smoothing
         model=model,
