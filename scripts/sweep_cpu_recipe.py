@@ -34,8 +34,9 @@ CANDIDATES = {
     "b96-do0.1-init0.088-linear": SMALL_BATCHES + [
         "model.init_std=0.088", "model.dropout=0.1", "training.lr_scheduler_type=linear",
         "training.learning_rate=0.005"],
-    "b224-do0.1-init0.088": ["model.init_std=0.088"],
-    "default": [],  # b224-do0.1: 224-pair batches, lr 0.005 after 300 warm-up steps, dropout 0.1, 520 steps
+    "b224-do0.1-init0.088": ["model.init_std=0.088", "training.max_steps=520"],
+    "b224-do0.1": ["training.max_steps=520"],  # the default until it had the time for 600 steps
+    "default": [],  # 224-pair batches, lr 0.005 after 300 warm-up steps, dropout 0.1, 600 steps
 }
 
 
