@@ -154,6 +154,32 @@ def test_runs_with_one_seed_repeat_and_cpu_memory_reuse_is_asked_for(tmp_path, o
     assert not torch.equal(other.model.shared.weight, first.model.shared.weight)
 
 
+def test_a_model_that_ignores_its_source_is_reported(tmp_path, one_thread, capsys):
+    """`mgsa-hf train` prints each split's share of distinct translations (from the saved translations) and warns
+    when it is under half, the mark of a model that writes the same sentence for every input; a model that reads its
+    source gets no warning."""
+    import argparse
+
+    from mgsa_hf.training import COLLAPSED_FRACTION, run_train
+
+    def run(name, *overrides):
+        capsys.readouterr()
+        results = run_train(argparse.Namespace(config=str(TINY), overrides=[
+            f"data={DATA}", f"output_dir={tmp_path / name}", "training.eval_strategy=no", *overrides]))
+        hypotheses = (tmp_path / name / "test.hyp.de").read_text().splitlines()
+        test = next(row for row in results["scores"] if row["split"] == "test")
+        assert test["distinct_fraction"] == len(set(hypotheses)) / len(hypotheses)
+        return test["distinct_fraction"], capsys.readouterr().out
+
+    fraction, output = run("one-step", "training.max_steps=1")  # a one-step model writes one sentence
+    assert fraction < COLLAPSED_FRACTION and "WARNING: the model writes the same few sentences" in output
+    assert f"{fraction:.1%} distinct" in output
+    # trained on 8 sentences until it knows them, and tested on them: it reads its source
+    fraction, output = run("trained", "training.max_steps=300", "max_train_samples=8",
+                           "splits={train: train, validation: train, test: train}")
+    assert fraction >= COLLAPSED_FRACTION and "WARNING" not in output
+
+
 def test_reused_cpu_memory_is_not_faulted_in_again():
     """After `reuse_freed_cpu_memory`, a process that allocates, fills and frees a 64 MiB tensor again and again
     takes its pages from what it freed: almost no page faults, against 64 MiB of fresh pages per tensor without it

@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 
 
 def translation_scores(predictions: list[str], references: list[str]) -> dict:
-    """Corpus BLEU and chrF of detokenized `predictions` against raw `references`, with sacreBLEU's signatures."""
+    """Corpus BLEU and chrF of detokenized `predictions` against raw `references`, with sacreBLEU's signatures, and
+    the fraction of distinct predictions (a model that writes one sentence for every input scores 1 / n)."""
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions but {len(references)} references.")
     bleu = sacrebleu.metrics.BLEU()
@@ -22,6 +23,7 @@ def translation_scores(predictions: list[str], references: list[str]) -> dict:
         "chrf": chrf_score.score,
         "bleu_signature": str(bleu.get_signature()),
         "chrf_signature": str(chrf.get_signature()),
+        "distinct_fraction": len(set(predictions)) / max(len(predictions), 1),
     }
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .evaluation import translation_scores
 from .syntax_fields import LEVELLED_SYNTAX_FIELDS, SOURCE_SYNTAX_PAD_VALUES
 
 
@@ -392,15 +393,6 @@ def translate_split(model, split: PreparedSplit, tokenizer, device, recipe: Reci
     return hypotheses
 
 
-def scores(hypotheses: list[str], references: list[str]) -> dict:
-    """sacreBLEU BLEU and chrF with signatures, and the fraction of distinct translations."""
-    from .evaluation import translation_scores
-
-    result = translation_scores(hypotheses, references)
-    result["distinct_fraction"] = len(set(hypotheses)) / max(len(hypotheses), 1)
-    return result
-
-
 def train_run(corpus: PreparedCorpus, run_dir: str | Path, recipe: Recipe, row: dict, seed: int,
               device: str | None = None, threads: int | None = None) -> dict:
     """
@@ -460,7 +452,7 @@ def train_run(corpus: PreparedCorpus, run_dir: str | Path, recipe: Recipe, row: 
                 hypotheses = translate_split(model, corpus.split("validation"), corpus.tokenizer(), device, recipe,
                                              limit=recipe.eval_bleu_samples, num_beams=1)
                 references = corpus.references("validation")[: len(hypotheses)]
-                record["validation_bleu_greedy"] = round(scores(hypotheses, references)["bleu"], 2)
+                record["validation_bleu_greedy"] = round(translation_scores(hypotheses, references)["bleu"], 2)
             _log(run_dir, record)
         if step % recipe.save_every == 0 or step == recipe.max_steps:
             _save_checkpoint(model, run_dir, step, max(recipe.keep_checkpoints, recipe.average_last))
@@ -523,6 +515,6 @@ def _finish(corpus, run_dir, model, recipe, row, seed, step, train_seconds, devi
     for split in ("validation", "test"):
         hypotheses = translate_split(model, corpus.split(split), tokenizer, device, recipe)
         (run_dir / f"{split}.hyp.{target_lang}").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
-        result[split] = scores(hypotheses, corpus.references(split))
+        result[split] = translation_scores(hypotheses, corpus.references(split))
     (run_dir / "result.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     return result

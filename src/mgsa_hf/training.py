@@ -19,6 +19,8 @@ import yaml
 logger = logging.getLogger(__name__)
 
 DEFAULT_CONFIG = Path(__file__).with_name("default_train_config.yaml")
+# below this fraction of distinct translations a trained model is reported as not reading its source
+COLLAPSED_FRACTION = 0.5
 
 
 @dataclass
@@ -452,7 +454,16 @@ def run_train(args) -> dict:
 
     if PartialState().is_main_process:
         for row in results["scores"]:
-            print(f"{row['split']}: BLEU {row['bleu']:.2f}  chrF {row['chrf']:.2f}  ({row['bleu_signature']})")
+            print(f"{row['split']}: BLEU {row['bleu']:.2f}  chrF {row['chrf']:.2f}  "
+                  f"{row['distinct_fraction']:.1%} distinct  ({row['bleu_signature']})")
+        collapsed = [row["split"] for row in results["scores"] if row["distinct_fraction"] < COLLAPSED_FRACTION]
+        if collapsed:
+            message = (f"the model writes the same few sentences for most inputs of {' and '.join(collapsed)} (under "
+                       f"{COLLAPSED_FRACTION:.0%} distinct): it learnt the target language but not to read its "
+                       "source. Train again with another `training.seed=...`, a lower `training.learning_rate` or "
+                       "more steps.")
+            logger.warning(message)
+            print(f"WARNING: {message}")
         if config.examples:
             translations = translate_examples(config.output_dir, config.examples)
             for source, translation in zip(config.examples, translations, strict=True):
