@@ -577,14 +577,10 @@ def report(args, name: str, budget: dict, argv) -> dict:
     target_lang = corpus.manifest["target_lang"]
     recipe = budget["recipe"]
     model = recipe.get("model", {})
-    results_path = Path(args.results) if args.results else REPO / "benchmarks" / f"quality-{name}.json"
+    results_path = results_file(args, name)
     first = runs[0]
-    command = "python scripts/bench_quality.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     result = {
-        "budget": name,
-        "command": command,
-        "commit": git_commit(),
-        "budget_file": os.path.relpath(load_budget_path(args.budget), REPO),
+        **result_header(args, name, argv),
         "protocol": f"{model.get('d_model')}d {model.get('encoder_layers')}+{model.get('decoder_layers')} layers, "
                     f"{first['steps']} steps of ≤ {recipe.get('max_tokens')} tokens, lr {recipe.get('learning_rate')} "
                     f"after {recipe.get('warmup_steps')} warm-up steps, label smoothing "
@@ -611,6 +607,19 @@ def report(args, name: str, budget: dict, argv) -> dict:
         shutil.copyfile(Path(record["run_dir"]) / f"test.hyp.{target_lang}", target)
     write_results(args, result, results_path)
     return result
+
+
+def results_file(args, name: str) -> Path:
+    """The budget's results JSON: `--results`, or `benchmarks/quality-<budget>.json`."""
+    return Path(args.results) if args.results else REPO / "benchmarks" / f"quality-{name}.json"
+
+
+def result_header(args, name: str, argv) -> dict:
+    """What every results JSON opens with: the budget, the command that made it, the commit and the budget file."""
+    return {"budget": name,
+            "command": "python scripts/bench_quality.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+            "commit": git_commit(),
+            "budget_file": os.path.relpath(load_budget_path(args.budget), REPO)}
 
 
 def kept_hypotheses(results_path: Path, record: dict, target_lang: str) -> Path:
@@ -701,11 +710,12 @@ def report_selection(args, name: str, budget: dict, argv) -> dict:
     sources, by = list(select["from"]), select.get("by", "validation_bleu")
     if by not in SELECTION_METRICS:
         raise SystemExit(f"budget {name}: `select.by` must be one of {sorted(SELECTION_METRICS)}, not {by!r}.")
-    results_dir = (Path(args.results).parent if args.results else REPO / "benchmarks")
+    results_path = results_file(args, name)
     target_lang = load_budget(sources[0])[1].get("prepare", {}).get("target_lang", "de")
     reported, runs_by_budget = {}, {}
     for source in sources:
-        reported[source], runs_by_budget[source] = reported_runs(results_dir / f"quality-{source}.json", target_lang)
+        reported[source], runs_by_budget[source] = reported_runs(
+            results_path.parent / f"quality-{source}.json", target_lang)
     signatures = {json.dumps(report["signatures"], sort_keys=True) for report in reported.values()}
     if len(signatures) > 1:
         raise SystemExit(f"budgets {sources} were scored with different metrics: {sorted(signatures)}.")
@@ -713,24 +723,18 @@ def report_selection(args, name: str, budget: dict, argv) -> dict:
     settings = recipe_differences(sources)
     for row in selection.values():
         row["recipe"] = settings[row["chosen"]]
+    from mgsa_hf.data import _find_split_file
     from mgsa_hf.prepared_training import SPLITS
     from mgsa_hf.tokenization_utils import read_lines as read_text_lines
 
-    candidates = [Path(args.data) / f"{SPLITS['test']}.{target_lang}{suffix}" for suffix in (".gz", "")]
-    references_file = next((path for path in candidates if path.is_file()), None)
-    if references_file is None:
-        raise SystemExit(f"no test references {candidates[1].name}[.gz] in {args.data} (--data).")
-    references = list(read_text_lines(references_file))
+    references = list(read_text_lines(_find_split_file(Path(args.data), SPLITS["test"], target_lang)))
     first = reported[sources[0]]
     described = [f"`{source}` ({', '.join(f'{k} {v}' for k, v in settings[source].items())})" for source in sources]
-    results_path = Path(args.results) if args.results else REPO / "benchmarks" / f"quality-{name}.json"
+    choices = described[0] if len(described) == 1 else f"{', '.join(described[:-1])} and {described[-1]}"
     result = {
-        "budget": name,
-        "command": "python scripts/bench_quality.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
-        "commit": git_commit(),
-        "budget_file": os.path.relpath(load_budget_path(args.budget), REPO),
-        "protocol": f"per row, whichever of {', '.join(described[:-1])} and {described[-1]} has the higher mean "
-                    f"{SELECTION_METRICS[by][2]} over their shared seeds; otherwise {first['protocol']}",
+        **result_header(args, name, argv),
+        "protocol": f"per row, whichever of {choices} has the higher mean {SELECTION_METRICS[by][2]} over their "
+                    f"shared seeds; otherwise {first['protocol']}",
         "environment": first["environment"],
         "signatures": first["signatures"],
         "sources": {source: {"commit": report.get("commit"), "command": report["command"]}

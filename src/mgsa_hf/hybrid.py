@@ -12,13 +12,9 @@ from .modeling_layers import (
     MgsaAttention,
     MgsaLayerOutput,
     MgsaSyntaxInputs,
+    additive_mask,
     eager_attention_forward,
 )
-
-
-def additive_mask(allowed: torch.BoolTensor, dtype: torch.dtype) -> torch.Tensor:
-    """An attention kernel's additive mask: 0 where `allowed`, the dtype's minimum elsewhere (same shape)."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 class HybridAttention(MgsaAttention):
@@ -80,10 +76,8 @@ class HybridAttention(MgsaAttention):
         energy = self.energy(query, key, position_bias)  # Eq. 1
         minimum = torch.finfo(energy.dtype).min
         energy = energy.masked_fill(~padding_mask[:, None, None, :], minimum)
-        positions = torch.arange(energy.shape[-1], device=energy.device)
-        outside_window = (positions[:, None] - positions[None, :]).abs() > self.window
         global_weights = nn.functional.softmax(energy, dim=-1)
-        local_weights = nn.functional.softmax(energy.masked_fill(outside_window, minimum), dim=-1)
+        local_weights = nn.functional.softmax(energy.masked_fill(~self.window_band(energy), minimum), dim=-1)
         return global_weights, local_weights
 
     def forward(
@@ -146,6 +140,12 @@ class HybridAttention(MgsaAttention):
         contribution = MgsaLayerOutput(gates=gates if self.per_head_gate else gates.squeeze(1))
         return self.merge_heads(context), weights, contribution
 
+    def window_band(self, states: torch.Tensor) -> torch.BoolTensor:
+        """B(ξ_i)'s band (Eq. 3): (L, L), `True` where |i − j| ≤ m, for the length and device of `states` (·, ·, L,
+        ·)."""
+        positions = torch.arange(states.shape[2], device=states.device)
+        return (positions[:, None] - positions[None, :]).abs() <= self.window
+
     def global_context(
         self,
         query: torch.Tensor,
@@ -179,9 +179,7 @@ class HybridAttention(MgsaAttention):
         length = query.shape[2]
         if length > self.fused_local_max_length:
             return self.banded_local_context(query, key, value, padding_mask, position_bias)
-        positions = torch.arange(length, device=query.device)
-        in_window = (positions[:, None] - positions[None, :]).abs() <= self.window
-        allowed = in_window & padding_mask[:, None, None, :]
+        allowed = self.window_band(query) & padding_mask[:, None, None, :]
         return self.kernel_context(query, key, value, additive_mask(allowed, query.dtype), position_bias)
 
     def banded_local_context(

@@ -139,6 +139,11 @@ def resolve_cache(past_key_values: Cache | None, kwargs: dict) -> Cache | None:
     return cache if cache is not None else past_key_values
 
 
+def additive_mask(allowed: torch.BoolTensor, dtype: torch.dtype) -> torch.Tensor:
+    """An attention kernel's additive mask: 0 where `allowed`, the dtype's minimum elsewhere (same shape)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
 def eager_attention_forward(
     module: nn.Module,
     query: torch.Tensor,

@@ -38,7 +38,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .modeling_layers import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, eager_attention_forward
+from .modeling_layers import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, additive_mask, eager_attention_forward
 from .on_lstm import OnLstm
 
 
@@ -498,8 +498,7 @@ class PhraseMemoryAttention(MgsaAttention):
         word_mask = padding_mask.unsqueeze(1).expand(-1, self.word_heads, -1)
         phrase_mask = partition.phrase_mask[:, self.head_granularity]
         phrase_mask = nn.functional.pad(phrase_mask, (0, length - partition.num_phrases), value=False)
-        valid = torch.cat([word_mask, phrase_mask], 1).unsqueeze(2)
-        return torch.zeros(valid.shape, dtype=dtype, device=valid.device).masked_fill(~valid, torch.finfo(dtype).min)
+        return additive_mask(torch.cat([word_mask, phrase_mask], 1).unsqueeze(2), dtype)
 
     def tag_loss(
         self, phrases: torch.Tensor, partition: PhrasePartition, phrase_tags: torch.LongTensor
