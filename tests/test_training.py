@@ -96,6 +96,9 @@ def test_model_card_carries_scores(trained_tiny):
     for row in results["scores"]:
         assert measured[(row["split"], "bleu")] == pytest.approx(row["bleu"], abs=0.01)
         assert measured[(row["split"], "chrf")] == pytest.approx(row["chrf"], abs=0.01)
+        # the share of distinct translations, so that a model writing one sentence for every input shows it
+        assert f"| {row['split']} | {row['bleu']:.2f} | {row['chrf']:.2f} | {100 * row['distinct_fraction']:.1f}% |" \
+            in card.text
     assert "transformer" in card.data.tags and card.data.pipeline_tag == "translation"
 
 
