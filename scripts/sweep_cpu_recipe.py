@@ -24,9 +24,13 @@ from mgsa_hf.tokenization_utils import read_lines
 
 
 # The candidates measured for the default recipe (benchmarks/BENCHMARKS.md, "The default CPU recipe"); each is the
-# packaged default config (128 wide, 4+4 layers, 4 heads, FFN 256, shared embeddings) plus these overrides.
-SMALL_BATCHES = ["model.dropout=0.2", "training.learning_rate=0.004", "training.warmup_steps=200",
-                 "training.per_device_train_batch_size=96", "training.max_steps=1200"]
+# packaged default config (128 wide, 4+4 layers, 4 heads, FFN 256, shared embeddings) plus these overrides. The
+# earlier ones batch a fixed number of length-grouped sentence pairs.
+SENTENCE_BATCHES = ["max_tokens_per_batch=null", "training.train_sampling_strategy=group_by_length"]
+SMALL_BATCHES = SENTENCE_BATCHES + [
+    "model.dropout=0.2", "training.learning_rate=0.004", "training.warmup_steps=200",
+    "training.per_device_train_batch_size=96", "training.max_steps=1200"]
+LARGE_BATCHES = SENTENCE_BATCHES + ["training.per_device_train_batch_size=224"]
 CANDIDATES = {
     "b96-do0.2": SMALL_BATCHES,
     "b96-do0.2-init0.088": SMALL_BATCHES + ["model.init_std=0.088"],
@@ -34,9 +38,10 @@ CANDIDATES = {
     "b96-do0.1-init0.088-linear": SMALL_BATCHES + [
         "model.init_std=0.088", "model.dropout=0.1", "training.lr_scheduler_type=linear",
         "training.learning_rate=0.005"],
-    "b224-do0.1-init0.088": ["model.init_std=0.088", "training.max_steps=520"],
-    "b224-do0.1": ["training.max_steps=520"],  # the default until it had the time for 600 steps
-    "default": [],  # 224-pair batches, lr 0.005 after 300 warm-up steps, dropout 0.1, 600 steps
+    "b224-do0.1-init0.088": LARGE_BATCHES + ["model.init_std=0.088", "training.max_steps=520"],
+    "b224-do0.1": LARGE_BATCHES + ["training.max_steps=520"],  # the default until it had the time for 600 steps
+    "b224-do0.1-600": LARGE_BATCHES + ["training.max_steps=600"],  # the default until token-count batches
+    "default": [],  # the packaged config as it is
 }
 
 

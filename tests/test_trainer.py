@@ -1,10 +1,13 @@
-"""`MgsaSeq2SeqTrainer`: MG-SA's tag loss (Eq. 10) trains under the Trainer's label smoothing, and is logged."""
+"""`MgsaSeq2SeqTrainer`: MG-SA's tag loss (Eq. 10) trains under the Trainer's label smoothing, and is logged;
+token-count batches."""
 
+import numpy as np
 import pytest
 import torch
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from mgsa_hf import MgsaDataCollator, MgsaForConditionalGeneration, MgsaSeq2SeqTrainer
+from mgsa_hf.trainer_mgsa import TokenBatchSampler
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -87,3 +90,50 @@ def test_gradient_accumulation_keeps_the_tag_share(multi30k_processor, tiny_conf
     without_tag = trainer.label_smoother(outputs, inputs["labels"], num_items_in_batch=torch.tensor(10))
     share = 1000.0 * outputs.tag_loss / (2 if scaled else 1)
     torch.testing.assert_close(with_items, without_tag + share, rtol=1e-4, atol=1e-3)
+
+
+def test_token_batches_cover_the_data_once_within_the_limit():
+    """Every epoch holds every example once, in batches of at most `max_tokens` padded tokens on either side (a
+    sentence over the limit alone); the order changes with the epoch and the seed and repeats for equal ones."""
+    rng = np.random.default_rng(0)
+    sources, targets = rng.integers(2, 40, size=500), rng.integers(2, 40, size=500)
+    sources[7] = 90  # longer than the limit: a batch of its own
+    sampler = TokenBatchSampler(sources, targets, max_tokens=128, seed=3)
+    epochs = []
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        assert len(batches) == len(sampler)
+        assert sorted(index for batch in batches for index in batch) == list(range(500))
+        for batch in batches:
+            padded = max(max(sources[batch]), max(targets[batch])) * len(batch)
+            assert padded <= 128 or batch == [7]
+        epochs.append(batches)
+    assert epochs[0] != epochs[1]
+    again = TokenBatchSampler(sources, targets, max_tokens=128, seed=3)
+    assert list(again) == epochs[0]
+    assert list(TokenBatchSampler(sources, targets, max_tokens=128, seed=4)) != epochs[0]
+    with pytest.raises(ValueError, match="positive"):
+        TokenBatchSampler(sources, targets, max_tokens=0)
+
+
+def test_trainer_batches_by_token_count(multi30k_processor, tiny_config, multi30k_val, tmp_path):
+    """With `max_tokens_per_batch` the Trainer's training batches are the sampler's: padded `input_ids` and `labels`
+    within the limit, every sentence once per epoch, and training runs on them."""
+    from datasets import Dataset
+
+    sources, targets = multi30k_val
+    encoding = multi30k_processor(sources, text_target=targets)
+    dataset = Dataset.from_dict({key: encoding[key] for key in ("input_ids", "attention_mask", "labels")})
+    model = MgsaForConditionalGeneration(tiny_config(multi30k_processor, "transformer"))
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=2,
+                                    report_to="none", use_cpu=True, save_strategy="no")
+    trainer = MgsaSeq2SeqTrainer(model=model, args=args, train_dataset=dataset, max_tokens_per_batch=160,
+                                 data_collator=MgsaDataCollator(tokenizer=multi30k_processor.tokenizer, model=model))
+    batches = list(trainer.get_train_dataloader())
+    assert sum(len(batch["input_ids"]) for batch in batches) == len(sources)
+    assert max(len(batch["input_ids"]) for batch in batches) > 4  # not per_device_train_batch_size
+    for batch in batches:
+        assert batch["input_ids"].numel() <= 160 and batch["labels"].numel() <= 160
+    trainer.train()
+    assert trainer.state.global_step == 2

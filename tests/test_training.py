@@ -210,20 +210,25 @@ def test_reused_cpu_memory_is_not_faulted_in_again():
     assert default > pages / 2 and reused < pages / 4, (default, reused)
 
 
-def test_resume_from_checkpoint_equals_an_uninterrupted_run(tmp_path, one_thread):
+@pytest.mark.parametrize("batching", [[], ["max_tokens_per_batch=800"]], ids=["sentences", "tokens"])
+def test_resume_from_checkpoint_equals_an_uninterrupted_run(tmp_path, one_thread, batching):
     """Stopped after checkpoint-2 and resumed, a run reaches step 4 with the weights and the logged losses of the
-    uninterrupted run (CPU, one thread: the Trainer restores the data order and the RNG states, dropout included)."""
-    _, model = train(tiny_config(tmp_path, "training.max_steps=4"))
+    uninterrupted run (CPU, one thread: the Trainer restores the data order and the RNG states, dropout included).
+    With token-count batches (3 per epoch of the 64 sentences here) the resumed run skips into the middle of the first
+    epoch and then draws the second epoch's order."""
+    _, model = train(tiny_config(tmp_path, "training.max_steps=4", *batching))
     uninterrupted = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     checkpoints = tmp_path / "checkpoints"
     logged = json.loads((checkpoints / "checkpoint-4" / "trainer_state.json").read_text())["log_history"]
     shutil.rmtree(checkpoints / "checkpoint-4")
     assert (checkpoints / "checkpoint-2").is_dir()
     resume = f"resume_from_checkpoint={checkpoints / 'checkpoint-2'}"
-    results, model = train(tiny_config(tmp_path, "training.max_steps=4", resume))
+    results, model = train(tiny_config(tmp_path, "training.max_steps=4", resume, *batching))
     assert results["global_step"] == 4
     state = json.loads((checkpoints / "checkpoint-4" / "trainer_state.json").read_text())
     assert state["global_step"] == 4
+    if batching:
+        assert 1 < state["epoch"] < 2, state["epoch"]
 
     def losses(history):
         entries = [entry for entry in history if "loss" in entry]
@@ -265,16 +270,18 @@ def test_mismatched_and_empty_corpora(tmp_path):
         train(tiny_config(tmp_path / "run", f"data={corpus}", "splits={train: train}"))
 
 
-def test_two_cpu_processes_with_accelerate(tmp_path):
-    """`accelerate launch` with the 2-CPU-process config: both ranks finish with identical parameters."""
+@pytest.mark.parametrize("batching", [["training.per_device_train_batch_size=8"], ["max_tokens_per_batch=300"]],
+                         ids=["sentences", "tokens"])
+def test_two_cpu_processes_with_accelerate(tmp_path, batching):
+    """`accelerate launch` with the 2-CPU-process config: both ranks finish with identical parameters (with
+    token-count batches, accelerate hands each process whole batches of different sizes)."""
     command = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", str(REPO / "configs" / "accelerate" / "cpu_2proc.yaml"),
         "--main_process_port", "29561",
         str(REPO / "tests" / "scripts" / "train_and_digest.py"), str(TINY),
         f"data={DATA}", f"output_dir={tmp_path}", "training.max_steps=3", "training.eval_steps=1",
-        "training.save_steps=1",
-        "training.per_device_train_batch_size=8",
+        "training.save_steps=1", *batching,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)

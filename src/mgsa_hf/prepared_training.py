@@ -12,9 +12,10 @@ Two steps:
    (MG-SA's tag loss), bf16 autocast on a GPU, checkpoints from which an interrupted run resumes, the average of the
    last checkpoints, and beam-search translation of validation and test scored with sacreBLEU.
 
-Why a loop of its own rather than `Seq2SeqTrainer` (which `mgsa-hf train` uses): the Trainer needs `datasets`-style
-data and `accelerate`, has no token-count batches, and its label smoother drops the model's auxiliary losses; this
-loop is short and reproducible at equal steps for every variant.
+Why a loop of its own rather than `Seq2SeqTrainer` (which `mgsa-hf train` uses, with the same token-count batches
+through [`TokenBatchSampler`]): the Trainer needs `datasets`-style data and `accelerate`, which a GPU image may lack,
+and its label smoother drops the model's auxiliary losses (`MgsaSeq2SeqTrainer` adds them back); this loop is short
+and reproducible at equal steps for every variant.
 """
 
 import json

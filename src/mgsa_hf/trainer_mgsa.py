@@ -1,12 +1,66 @@
-"""`Seq2SeqTrainer` that keeps the model's auxiliary losses.
+"""`Seq2SeqTrainer` that keeps the model's auxiliary losses and can batch by token count.
 
 `Seq2SeqTrainer` computes the translation loss itself when `label_smoothing_factor > 0` (its `LabelSmoother`) or when
 a `compute_loss_func` is given, from the logits alone: the model's own `loss`, which holds MG-SA's phrase-tag term
 λ·L_tag (Hao et al., 2019, Eq. 10; λ = `phrase_tag_loss_weight`), is then dropped and the tag classifier never
 trains. [`MgsaSeq2SeqTrainer`] adds the term back in exactly those cases and logs the tag loss on its own.
+
+With `max_tokens_per_batch` it trains on batches of at most that many padded tokens (fairseq's `--max-tokens`, the
+batching of the MT papers), drawn in random order, instead of a fixed number of sentences ([`TokenBatchSampler`]).
 """
 
+import logging
+
+import numpy as np
+from torch.utils.data import DataLoader, Sampler
 from transformers import Seq2SeqTrainer
+
+from .prepared_training import token_batches
+
+
+logger = logging.getLogger(__name__)
+
+
+class TokenBatchSampler(Sampler):
+    """
+    Batches of dataset indices holding at most `max_tokens` padded tokens on the source and on the target side
+    (sentences grouped by length, as fairseq's `--max-tokens`), in a random order that changes every epoch
+    ([`set_epoch`], which the Trainer calls) and repeats for a seed. A sentence longer than `max_tokens` is a batch of
+    its own. Unlike the Trainer's `group_by_length`, whose batches run from the longest to the shortest sentences of
+    each mega-batch, consecutive batches are independent draws, and short sentences come in larger batches.
+
+    Args:
+        source_lengths (`Sequence[int]`): tokens of each example's source (`input_ids`).
+        target_lengths (`Sequence[int]`): tokens of each example's target (`labels`).
+        max_tokens (`int`): the most padded tokens of a batch on either side (longest sentence × sentences).
+        seed (`int`): the shuffling seed.
+    """
+
+    batch_size = None  # batches vary in size: accelerate shards them whole across processes
+    drop_last = False
+
+    def __init__(self, source_lengths, target_lengths, max_tokens: int, seed: int = 0):
+        if max_tokens < 1:
+            raise ValueError(f"`max_tokens_per_batch` must be a positive number of tokens, got {max_tokens}.")
+        self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
+        self.target_lengths = np.asarray(target_lengths, dtype=np.int64)
+        if self.source_lengths.shape != self.target_lengths.shape:
+            raise ValueError("source and target lengths must have one entry per example.")
+        self.max_tokens = max_tokens
+        self.seed = seed
+        self.epoch = 0
+        # ties are broken at random, but the boundaries depend on the sorted lengths alone: the count is fixed
+        self._num_batches = len(token_batches(self.source_lengths, self.target_lengths, max_tokens, None))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        rng = np.random.default_rng([self.seed, self.epoch])
+        yield from token_batches(self.source_lengths, self.target_lengths, self.max_tokens, rng)
+
+    def __len__(self) -> int:
+        return self._num_batches
 
 
 class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
@@ -15,12 +69,40 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
     smoothed or not) plus `phrase_tag_loss_weight` × the model's `tag_loss` (MG-SA Eq. 10) whenever the model
     returns one; the mean tag loss since the last log is logged as `tag_loss`. Models without auxiliary losses train
     exactly as under `Seq2SeqTrainer`.
+
+    Args:
+        max_tokens_per_batch (`int`, *optional*):
+            Train on batches of at most this many padded tokens per process and side ([`TokenBatchSampler`], seeded
+            by `args.data_seed` or `args.seed`) instead of `per_device_train_batch_size` sentences; the training
+            dataset needs `input_ids` and `labels` columns. `train_sampling_strategy` is then not used.
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, max_tokens_per_batch: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.max_tokens_per_batch = max_tokens_per_batch
         self._tag_loss_total = None
         self._tag_loss_count = 0
+
+    def get_train_dataloader(self) -> DataLoader:
+        if self.max_tokens_per_batch is None:
+            return super().get_train_dataloader()
+        if self.train_dataset is None:
+            raise ValueError("Trainer: training requires a train_dataset.")
+        dataset = self._remove_unused_columns(self.train_dataset, description="Training")
+        missing = sorted({"input_ids", "labels"} - set(getattr(dataset, "column_names", None) or ()))
+        if missing:
+            raise ValueError(f"`max_tokens_per_batch` batches a `datasets.Dataset` by its `input_ids` and `labels` "
+                             f"lengths; the training dataset has no {missing} column.")
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        sampler = TokenBatchSampler([len(ids) for ids in dataset["input_ids"]],
+                                    [len(ids) for ids in dataset["labels"]], self.max_tokens_per_batch, seed)
+        # the Trainer's own log states `per_device_train_batch_size`, which these batches do not use
+        logger.info("training batches of at most %d tokens: %d per epoch, %.1f sentences on average",
+                    self.max_tokens_per_batch, len(sampler), len(dataset) / len(sampler))
+        loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=self.data_collator,
+                            num_workers=self.args.dataloader_num_workers, pin_memory=self.args.dataloader_pin_memory,
+                            persistent_workers=self.args.dataloader_persistent_workers)
+        return self.accelerator.prepare(loader)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # the Trainer recomputes the loss from the logits in these two cases, leaving the model's own loss aside
@@ -65,4 +147,4 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
         super().log(logs, *args, **kwargs)
 
 
-__all__ = ["MgsaSeq2SeqTrainer"]
+__all__ = ["MgsaSeq2SeqTrainer", "TokenBatchSampler"]

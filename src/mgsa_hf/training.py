@@ -43,7 +43,8 @@ class TrainConfig:
     hash-map order), so two runs that each train one differ a little. `reuse_cpu_memory` (training on CPU, Linux
     with glibc): freed memory stays in the process for the next step's tensors instead of being handed back to the
     system and faulted in again ([`reuse_freed_cpu_memory`]); it holds the run's peak memory for the rest of the
-    process.
+    process. `max_tokens_per_batch`: training batches of at most that many padded tokens per side and process, in
+    random order ([`TokenBatchSampler`]), instead of `training.per_device_train_batch_size` sentences.
     """
 
     data: str = "../shared/data/multi30k"
@@ -70,6 +71,7 @@ class TrainConfig:
     output_dir: str = "runs/mgsa-multi30k"
     examples: list = field(default_factory=list)
     reuse_cpu_memory: bool = True
+    max_tokens_per_batch: int | None = None
 
 
 class _Yaml12Loader(yaml.SafeLoader):
@@ -377,6 +379,7 @@ def train(config: TrainConfig, callbacks: list | None = None):
         processing_class=tokenizer,
         compute_metrics=build_compute_metrics(tokenizer),
         callbacks=callbacks,
+        max_tokens_per_batch=config.max_tokens_per_batch,
     )
     train_output = trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     results = {"encoder_type": model.config.encoder_type, "global_step": train_output.global_step,
@@ -404,6 +407,9 @@ def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores
     hyperparameters = {key: config.training[key] for key in sorted(config.training)
                        if key in ("learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size",
                                   "warmup_steps", "label_smoothing_factor", "lr_scheduler_type")}
+    if config.max_tokens_per_batch:  # the batch is counted in tokens, not sentences
+        hyperparameters.pop("per_device_train_batch_size", None)
+        hyperparameters["max_tokens_per_batch"] = config.max_tokens_per_batch
     card = build_model_card(
         trainer.model.config,
         model_id=output_dir.name,
