@@ -49,14 +49,34 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+LOADING = threading.Lock()  # `from_pretrained` initialises on the meta device, which is not safe across threads
+
+
+def spread_of(model_folder: Path, sources: list[str], targets: list[str]) -> float:
+    """[`encoder_token_spread`] of a saved model over the tokens of `sources`."""
+    from transformers import AutoTokenizer
+
+    from mgsa_hf import MgsaForConditionalGeneration
+    from mgsa_hf.evaluation import encoder_token_spread
+
+    with LOADING:
+        tokenizer = AutoTokenizer.from_pretrained(model_folder)
+        model = MgsaForConditionalGeneration.from_pretrained(model_folder)
+    batch = tokenizer(sources, text_target=targets, return_tensors="pt", padding=True, truncation=True, max_length=64)
+    batch["labels"] = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
+    return encoder_token_spread(model, dict(batch))
+
+
 def run_one(candidate: str, seed: int, args, threads: int) -> dict:
     """Train one (candidate, seed) to `args.steps` and return its validation scores and training losses."""
-    run_dir = Path(args.runs) / f"{candidate}-seed{seed}"
+    run_dir = Path(args.runs) / f"{candidate}-seed{seed}{f'-every{args.every}' if args.every else ''}"
     overrides = [
         *CANDIDATES[candidate], *args.set,
         f"data={args.data}", f"output_dir={run_dir}", f"training.seed={seed}",
-        f"training.max_steps={args.steps}", "training.save_strategy=steps", f"training.save_steps={args.steps}",
+        f"training.max_steps={args.steps}", "training.save_strategy=steps",
+        f"training.save_steps={args.every or args.steps}", "training.save_total_limit=null",
         "training.logging_steps=10", "training.disable_tqdm=true", "training.eval_strategy=no",
+        "collapse_check_step=null",  # the run is measured, not restarted
         f"max_eval_samples={args.validation_samples}", "max_test_samples=1", "examples=[]",
         *([f"tokenizer={args.tokenizer}"] if args.tokenizer else []),
     ]
@@ -64,18 +84,35 @@ def run_one(candidate: str, seed: int, args, threads: int) -> dict:
            "TOKENIZERS_PARALLELISM": "false"}
     log = run_dir.with_suffix(".log")
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as stream:
-        subprocess.run([sys.executable, "-m", "mgsa_hf.cli", "train", *overrides], env=env, check=True,
-                       stdout=stream, stderr=subprocess.STDOUT)
+    if not (run_dir / "results.json").is_file():  # written last: a finished run is measured, not trained again
+        with log.open("w") as stream:
+            subprocess.run([sys.executable, "-m", "mgsa_hf.cli", "train", *overrides], env=env, check=True,
+                           stdout=stream, stderr=subprocess.STDOUT)
     results = json.loads((run_dir / "results.json").read_text())
     validation = next(row for row in results["scores"] if row["split"] == "validation")
     state = json.loads((run_dir / "checkpoints" / f"checkpoint-{args.steps}" / "trainer_state.json").read_text())
     losses = {entry["step"]: entry["loss"] for entry in state["log_history"] if "loss" in entry}
-    return {"candidate": candidate, "seed": seed, "threads": threads, "steps": args.steps,
-            "validation_bleu": round(validation["bleu"], 2),
-            "validation_distinct_fraction": validation["distinct_fraction"],
-            "collapsed": validation["distinct_fraction"] < COLLAPSED_FRACTION,
-            "loss": losses}
+    sources, targets = validation_pairs(args)
+    record = {"candidate": candidate, "seed": seed, "threads": threads, "steps": args.steps, "every": args.every,
+              "encoder_token_spread": round(spread_of(run_dir, sources, targets), 4),
+              "validation_bleu": round(validation["bleu"], 2),
+              "validation_distinct_fraction": validation["distinct_fraction"],
+              "collapsed": validation["distinct_fraction"] < COLLAPSED_FRACTION,
+              "loss": losses}
+    if args.every:  # the spread at every saved step: when a run leaves the one-sentence stage, or collapses
+        checkpoints = sorted((run_dir / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+        record["encoder_token_spread_by_step"] = {
+            int(checkpoint.name.split("-")[1]): round(spread_of(checkpoint, sources, targets), 4)
+            for checkpoint in checkpoints}
+    return record
+
+
+def validation_pairs(args) -> tuple[list[str], list[str]]:
+    """The first `--validation-samples` validation pairs: what the encoder token spread is measured on."""
+    from mgsa_hf.tokenization_utils import read_lines
+
+    return (list(read_lines(Path(args.data) / "val.en.gz", args.validation_samples)),
+            list(read_lines(Path(args.data) / "val.de.gz", args.validation_samples)))
 
 
 def batch_statistics(tokenizer_folder: str, data: str, seed: int = 1) -> dict:
@@ -115,15 +152,19 @@ def batch_statistics(tokenizer_folder: str, data: str, seed: int = 1) -> dict:
 
 def summary(runs: list[dict]) -> str:
     """Per candidate: collapsed runs, and the training loss at the probe's last steps over the seeds."""
-    lines = ["| candidate | runs | collapsed | validation BLEU, median (min-max) | loss at the last logged step, "
-             "median (max) | seeds that collapsed |", "| --- | --- | --- | --- | --- | --- |"]
-    for candidate in dict.fromkeys(run["candidate"] for run in runs):
-        rows = [run for run in runs if run["candidate"] == candidate]
+    lines = ["| candidate | runs | collapsed | validation BLEU, median (min-max) | encoder token spread, median "
+             "(min) | seeds that collapsed |", "| --- | --- | --- | --- | --- | --- |"]
+    for candidate in dict.fromkeys(run["candidate"] for run in runs if not run.get("every")):
+        rows = [run for run in runs if run["candidate"] == candidate and not run.get("every")]
         bleus = [run["validation_bleu"] for run in rows]
-        last = [run["loss"][max(run["loss"], key=int)] for run in rows]
+        spreads = [run["encoder_token_spread"] for run in rows if "encoder_token_spread" in run]
+        spread_text = f"{median(spreads):.3f} ({min(spreads):.3f})" if spreads else "-"
         collapsed = [str(run["seed"]) for run in rows if run["collapsed"]]
         lines.append(f"| `{candidate}` | {len(rows)} | {len(collapsed)} | {median(bleus):.2f} ({min(bleus):.2f}-"
-                     f"{max(bleus):.2f}) | {median(last):.3f} ({max(last):.3f}) | {', '.join(collapsed) or '-'} |")
+                     f"{max(bleus):.2f}) | {spread_text} | {', '.join(collapsed) or '-'} |")
+    for run in (run for run in runs if run.get("every")):
+        curve = ", ".join(f"{step}: {spread:.3f}" for step, spread in run["encoder_token_spread_by_step"].items())
+        lines.append(f"\n`{run['candidate']}` seed {run['seed']}, encoder token spread by step: {curve}")
     return "\n".join(lines)
 
 
@@ -139,6 +180,9 @@ def main() -> None:
     parser.add_argument("--runs", default="runs/collapse-probe")
     parser.add_argument("--output", default="benchmarks/collapse-probe.json")
     parser.add_argument("--set", nargs="*", default=[], help="extra overrides for every run")
+    parser.add_argument("--every", type=int, help="save every N steps and measure the encoder spread at each")
+    parser.add_argument("--backfill", action="store_true",
+                        help="add the encoder spread to recorded runs that lack it, from their saved models")
     parser.add_argument("--batches", action="store_true",
                         help="only describe one epoch of each batching (needs --tokenizer) and add it to the output")
     args = parser.parse_args()
@@ -155,10 +199,17 @@ def main() -> None:
         output.write_text(json.dumps(record, indent=1) + "\n")
         print(json.dumps(record["batches"], indent=1))
         return
-    done = {(run["candidate"], run["seed"]) for run in record["runs"]}
+    if args.backfill:
+        sources, targets = validation_pairs(args)
+        for run in record["runs"]:
+            folder = Path(args.runs) / f"{run['candidate']}-seed{run['seed']}"
+            if "encoder_token_spread" not in run and (folder / "config.json").is_file():
+                run["encoder_token_spread"] = round(spread_of(folder, sources, targets), 4)
+        output.write_text(json.dumps(record, indent=1) + "\n")
+    done = {(run["candidate"], run["seed"], run.get("every")) for run in record["runs"]}
     # seeds outermost, so that an interrupted probe has compared the candidates on the same seeds
     todo = [(candidate, seed) for seed in parse_seeds(args.seeds) for candidate in args.candidates
-            if (candidate, seed) not in done]
+            if (candidate, seed, args.every) not in done]
     threads = 1 if args.parallel > 1 else (os.cpu_count() or 1)
     lock = threading.Lock()
 

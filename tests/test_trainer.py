@@ -137,3 +137,25 @@ def test_trainer_batches_by_token_count(multi30k_processor, tiny_config, multi30
         assert batch["input_ids"].numel() <= 160 and batch["labels"].numel() <= 160
     trainer.train()
     assert trainer.state.global_step == 2
+
+
+def test_encoder_token_spread_tells_a_collapsed_encoder(multi30k_processor, tiny_config, multi30k_val):
+    """A new model's encoder keeps its tokens apart; with the last layer's output norm at zero weight every token
+    leaves the encoder as the norm's bias (one vector): spread 0, as when the bias is zero too. The model's training
+    mode is restored."""
+    from mgsa_hf.evaluation import encoder_token_spread
+
+    sources, targets = multi30k_val
+    torch.manual_seed(0)
+    model = MgsaForConditionalGeneration(tiny_config(multi30k_processor, "phrase_memory")).train()
+    collator = MgsaDataCollator(tokenizer=multi30k_processor.tokenizer, model=model)
+    encoding = multi30k_processor(sources, text_target=targets)
+    batch = collator([{key: encoding[key][i] for key in encoding} for i in range(len(sources))])
+    assert encoder_token_spread(model, batch) > 0.5
+    assert model.training
+    with torch.no_grad():
+        model.get_encoder().layers[-1].final_layer_norm.weight.zero_()
+    assert encoder_token_spread(model, batch) == pytest.approx(0.0, abs=1e-6)
+    with torch.no_grad():
+        model.get_encoder().layers[-1].final_layer_norm.bias.zero_()
+    assert encoder_token_spread(model, batch) == 0.0

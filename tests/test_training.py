@@ -242,6 +242,37 @@ def test_resume_from_checkpoint_equals_an_uninterrupted_run(tmp_path, one_thread
     AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
 
 
+def test_a_collapsed_encoder_restarts_with_the_next_seed(tmp_path, one_thread, capsys):
+    """With `collapse_check_step`, a run whose encoder token spread is under `collapse_min_spread` at that step stops
+    there and starts again from a new initialisation with the next seed; the last attempt is not checked. Forced here
+    with a limit no encoder reaches (2.0); at 0 no run restarts."""
+    import argparse
+
+    from mgsa_hf.training import run_train
+
+    results = run_train(argparse.Namespace(config=str(TINY), overrides=[
+        f"data={DATA}", f"output_dir={tmp_path / 'forced'}", "training.max_steps=4", "training.eval_strategy=no",
+        "collapse_check_step=2", "collapse_min_spread=2.0", "collapse_restarts=1"]))
+    assert "seed 0: the encoder had collapsed at step 2" in capsys.readouterr().out
+    assert [(row["seed"], row["step"]) for row in results["restarts"]] == [(0, 2)]
+    assert 0 < results["restarts"][0]["encoder_token_spread"] < 2.0
+    assert results["seed"] == 1 and results["global_step"] == 4
+    state = json.loads((tmp_path / "forced" / "checkpoints" / "checkpoint-4" / "trainer_state.json").read_text())
+    assert not any("encoder_token_spread" in entry for entry in state["log_history"])  # the second run's history
+    assert json.loads((tmp_path / "forced" / "results.json").read_text())["restarts"] == results["restarts"]
+    _, seeded = train(tiny_config(tmp_path / "seed1", "training.max_steps=4", "training.eval_strategy=no",
+                                  "training.seed=1", f"tokenizer={tmp_path / 'forced' / 'tokenizer'}"))
+    restarted = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "forced")
+    for name, tensor in seeded.state_dict().items():  # the restart is the run of seed 1
+        torch.testing.assert_close(restarted.state_dict()[name], tensor, msg=name)
+
+    results, _ = train(tiny_config(tmp_path / "healthy", "training.max_steps=4", "training.eval_strategy=no",
+                                   "collapse_check_step=2", "collapse_min_spread=0.0"))
+    assert "restarts" not in results and results["seed"] == 0
+    state = json.loads((tmp_path / "healthy" / "checkpoints" / "checkpoint-4" / "trainer_state.json").read_text())
+    assert [entry["step"] for entry in state["log_history"] if "encoder_token_spread" in entry] == [2]
+
+
 @pytest.mark.parametrize(
     "overrides, error, message",
     [

@@ -27,6 +27,29 @@ def translation_scores(predictions: list[str], references: list[str]) -> dict:
     }
 
 
+def encoder_token_spread(model, batch: dict) -> float:
+    """
+    How different the encoder's output states of the tokens of `batch` are: the mean distance of a token's state
+    from the mean of all states, over their mean norm. A model that reads its source keeps its tokens apart (about
+    0.95 on Multi30k), while a model that writes one sentence for every input has an encoder that sends every token
+    of every sentence out as one vector (0.000: each post-norm layer shrinks what tells tokens apart), so
+    cross-attention has nothing to read.
+
+    Args:
+        model: a seq2seq model whose output has `encoder_last_hidden_state`.
+        batch (`dict`): a collated batch with `attention_mask` and `labels` (its sentences' features, syntax
+            fields included when the encoder reads them).
+    """
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        states = model(**batch).encoder_last_hidden_state
+    model.train(was_training)
+    states = states[batch["attention_mask"].bool()].float()
+    # all-zero states (a norm with zero weight and bias) tell no token apart either: 0
+    return float((states - states.mean(0)).norm(dim=-1).mean() / states.norm(dim=-1).mean().clamp_min(1e-12))
+
+
 def decode_token_ids(tokenizer, token_ids) -> list[str]:
     """Decode generated ids or labels (where -100 marks ignored positions) to detokenized strings."""
     token_ids = np.asarray(token_ids)

@@ -13,8 +13,9 @@ import logging
 
 import numpy as np
 from torch.utils.data import DataLoader, Sampler
-from transformers import Seq2SeqTrainer
+from transformers import Seq2SeqTrainer, TrainerCallback
 
+from .evaluation import encoder_token_spread
 from .prepared_training import token_batches
 
 
@@ -61,6 +62,31 @@ class TokenBatchSampler(Sampler):
 
     def __len__(self) -> int:
         return self._num_batches
+
+
+class EncoderCollapseCallback(TrainerCallback):
+    """
+    Stops training at `check_step` when the encoder has collapsed: when the spread of its output states over the
+    tokens of `batch` (held-out sentences, [`encoder_token_spread`]) is under `min_spread`. Such a run has settled as
+    a target-side language model whose encoder sends every token out as one vector, a state it does not leave in the
+    steps that follow (`benchmarks/BENCHMARKS.md`, "The default CPU recipe"); `mgsa_hf.training.train` then starts
+    again with the next seed. The spread measured is kept in `spread` and logged as `encoder_token_spread`.
+    """
+
+    def __init__(self, batch: dict, check_step: int, min_spread: float):
+        self.batch, self.check_step, self.min_spread = batch, check_step, min_spread
+        self.spread, self.collapsed = None, False
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step != self.check_step:
+            return
+        batch = {name: value.to(model.device) for name, value in self.batch.items()}
+        self.spread = encoder_token_spread(model, batch)
+        state.log_history.append({"encoder_token_spread": round(self.spread, 4), "step": state.global_step})
+        if self.spread < self.min_spread:
+            self.collapsed = True
+            control.should_training_stop = True
+            control.should_save = False
 
 
 class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
@@ -147,4 +173,4 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
         super().log(logs, *args, **kwargs)
 
 
-__all__ = ["MgsaSeq2SeqTrainer", "TokenBatchSampler"]
+__all__ = ["EncoderCollapseCallback", "MgsaSeq2SeqTrainer", "TokenBatchSampler"]

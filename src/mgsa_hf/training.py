@@ -45,6 +45,11 @@ class TrainConfig:
     system and faulted in again ([`reuse_freed_cpu_memory`]); it holds the run's peak memory for the rest of the
     process. `max_tokens_per_batch`: training batches of at most that many padded tokens per side and process, in
     random order ([`TokenBatchSampler`]), instead of `training.per_device_train_batch_size` sentences.
+
+    `collapse_check_step`: at this step the spread of the encoder's output states over the tokens of 100 validation
+    sentences is measured ([`EncoderCollapseCallback`]); under `collapse_min_spread` the run has become a target-side
+    language model whose encoder sends every token out as one vector, and it starts again from a new initialisation
+    with the next seed, at most `collapse_restarts` times (the last attempt is not checked). None: no check.
     """
 
     data: str = "../shared/data/multi30k"
@@ -72,6 +77,9 @@ class TrainConfig:
     examples: list = field(default_factory=list)
     reuse_cpu_memory: bool = True
     max_tokens_per_batch: int | None = None
+    collapse_check_step: int | None = None
+    collapse_min_spread: float = 0.5
+    collapse_restarts: int = 2
 
 
 class _Yaml12Loader(yaml.SafeLoader):
@@ -351,9 +359,24 @@ def _maybe_average(trainer, config: TrainConfig, processed, corpus, tokenizer) -
             "averaged_bleu": averaged["bleu"], "kept_average": kept}
 
 
+def _collapse_guard(config: TrainConfig, processed, collator):
+    """The [`EncoderCollapseCallback`] of `config` (None without `collapse_check_step` or a validation split): its
+    sentences are the first 100 of validation, as the model reads them."""
+    from .trainer_mgsa import EncoderCollapseCallback
+
+    if not config.collapse_check_step or "validation" not in processed:
+        return None
+    rows = processed["validation"].select(range(min(100, len(processed["validation"]))))
+    return EncoderCollapseCallback(collator(list(rows)), config.collapse_check_step, config.collapse_min_spread)
+
+
 def train(config: TrainConfig, callbacks: list | None = None):
     """Run the whole recipe; returns `(results, model)`: the results written to `output_dir/results.json` and the
-    trained model (on every process). `callbacks` are `TrainerCallback`s added to the Trainer."""
+    trained model (on every process). `callbacks` are `TrainerCallback`s added to the Trainer. With
+    `collapse_check_step`, a run whose encoder has collapsed by that step starts again with the next seed, at most
+    `collapse_restarts` times (the results list them under `restarts`)."""
+    import shutil
+
     from transformers import set_seed
 
     from .data_collator import MgsaDataCollator
@@ -368,22 +391,41 @@ def train(config: TrainConfig, callbacks: list | None = None):
         reuse_freed_cpu_memory()
     corpus, processor, processed = prepare(config, training_args)
     tokenizer = processor.tokenizer
-    set_seed(training_args.seed)  # the new modules' initialisation, as the Trainer seeds the rest
-    model = build_model(config, tokenizer)
-    trainer = MgsaSeq2SeqTrainer(  # keeps MG-SA's tag loss under label smoothing
-        model=model,
-        args=training_args,
-        train_dataset=processed["train"],
-        eval_dataset=processed["validation"] if "validation" in processed else None,
-        data_collator=MgsaDataCollator(tokenizer=tokenizer, model=model),
-        processing_class=tokenizer,
-        compute_metrics=build_compute_metrics(tokenizer),
-        callbacks=callbacks,
-        max_tokens_per_batch=config.max_tokens_per_batch,
-    )
-    train_output = trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    restarts = []
+    for attempt in range(config.collapse_restarts + 1):
+        set_seed(training_args.seed)  # the new modules' initialisation, as the Trainer seeds the rest
+        model = build_model(config, tokenizer)
+        collator = MgsaDataCollator(tokenizer=tokenizer, model=model)
+        guard = _collapse_guard(config, processed, collator) if attempt < config.collapse_restarts else None
+        trainer = MgsaSeq2SeqTrainer(  # keeps MG-SA's tag loss under label smoothing
+            model=model,
+            args=training_args,
+            train_dataset=processed["train"],
+            eval_dataset=processed["validation"] if "validation" in processed else None,
+            data_collator=collator,
+            processing_class=tokenizer,
+            compute_metrics=build_compute_metrics(tokenizer),
+            callbacks=[*(callbacks or []), *([guard] if guard else [])],
+            max_tokens_per_batch=config.max_tokens_per_batch,
+        )
+        train_output = trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+        if guard is None or not guard.collapsed:
+            break
+        restarts.append({"seed": training_args.seed, "step": guard.check_step,
+                         "encoder_token_spread": round(guard.spread, 4)})
+        logger.warning("seed %d: at step %d the encoder sends every token out as nearly one vector (token spread %.4f "
+                       "< %.2f), the state of a model that writes one sentence for every input; starting again with "
+                       "seed %d.", training_args.seed, guard.check_step, guard.spread, config.collapse_min_spread,
+                       training_args.seed + 1)
+        trainer.accelerator.wait_for_everyone()
+        if trainer.is_world_process_zero():
+            shutil.rmtree(training_args.output_dir, ignore_errors=True)  # no checkpoint of the dropped run is kept
+        trainer.accelerator.wait_for_everyone()
+        training_args.seed += 1
     results = {"encoder_type": model.config.encoder_type, "global_step": train_output.global_step,
-               "train_loss": train_output.training_loss}
+               "train_loss": train_output.training_loss, "seed": training_args.seed}
+    if restarts:
+        results["restarts"] = restarts
     if trainer.is_world_process_zero():
         # the main process translates validation and test in corpus order and saves; the others are done
         if config.average_last_checkpoints:
@@ -459,6 +501,9 @@ def run_train(args) -> dict:
     from accelerate import PartialState
 
     if PartialState().is_main_process:
+        for restart in results.get("restarts", []):
+            print(f"seed {restart['seed']}: the encoder had collapsed at step {restart['step']} (token spread "
+                  f"{restart['encoder_token_spread']:.4f}); trained again with seed {restart['seed'] + 1}")
         for row in results["scores"]:
             print(f"{row['split']}: BLEU {row['bleu']:.2f}  chrF {row['chrf']:.2f}  "
                   f"{row['distinct_fraction']:.1%} distinct  ({row['bleu_signature']})")
