@@ -41,7 +41,8 @@ CANDIDATES = {
     "b224-do0.1-init0.088": LARGE_BATCHES + ["model.init_std=0.088", "training.max_steps=520"],
     "b224-do0.1": LARGE_BATCHES + ["training.max_steps=520"],  # the default until it had the time for 600 steps
     "b224-do0.1-600": LARGE_BATCHES + ["training.max_steps=600"],  # the default until token-count batches
-    "default": [],  # the packaged config as it is
+    "default": [],  # the packaged config as it is (benchmarks/cpu-recipe-sweep.json holds it at 520 grouped steps)
+    "tokens-4096": ["max_tokens_per_batch=4096", "training.max_steps=700"],  # the default since token batches
 }
 
 

@@ -115,6 +115,19 @@ def test_token_batches_cover_the_data_once_within_the_limit():
     assert list(TokenBatchSampler(sources, targets, max_tokens=128, seed=4)) != epochs[0]
     with pytest.raises(ValueError, match="positive"):
         TokenBatchSampler(sources, targets, max_tokens=0)
+    # dealt to several processes: a multiple of their number of batches, each example at most once, the few left
+    # over change with the epoch
+    replicas = next(count for count in (3, 4, 5, 7) if len(sampler) % count)
+    dealt = TokenBatchSampler(sources, targets, max_tokens=128, seed=3, num_replicas=replicas)
+    assert len(dealt) % replicas == 0 and len(sampler) - replicas < len(dealt) < len(sampler)
+    left_over = []
+    for epoch in (0, 1):
+        dealt.set_epoch(epoch)
+        batches = list(dealt)
+        indices = [index for batch in batches for index in batch]
+        assert len(batches) == len(dealt) and len(indices) == len(set(indices))
+        left_over.append(set(range(500)) - set(indices))
+    assert left_over[0] != left_over[1]
 
 
 def test_trainer_batches_by_token_count(multi30k_processor, tiny_config, multi30k_val, tmp_path):

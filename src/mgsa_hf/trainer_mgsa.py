@@ -35,12 +35,14 @@ class TokenBatchSampler(Sampler):
         target_lengths (`Sequence[int]`): tokens of each example's target (`labels`).
         max_tokens (`int`): the most padded tokens of a batch on either side (longest sentence × sentences).
         seed (`int`): the shuffling seed.
+        num_replicas (`int`): the processes the batches are dealt to, whole: each epoch's shuffled batches are cut to
+            a multiple of it (the few left over differ from epoch to epoch), so that every process takes as many.
     """
 
-    batch_size = None  # batches vary in size: accelerate shards them whole across processes
+    batch_size = None  # batches vary in size: accelerate deals them whole to the processes
     drop_last = False
 
-    def __init__(self, source_lengths, target_lengths, max_tokens: int, seed: int = 0):
+    def __init__(self, source_lengths, target_lengths, max_tokens: int, seed: int = 0, num_replicas: int = 1):
         if max_tokens < 1:
             raise ValueError(f"`max_tokens_per_batch` must be a positive number of tokens, got {max_tokens}.")
         self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
@@ -49,16 +51,18 @@ class TokenBatchSampler(Sampler):
             raise ValueError("source and target lengths must have one entry per example.")
         self.max_tokens = max_tokens
         self.seed = seed
+        self.num_replicas = num_replicas
         self.epoch = 0
         # ties are broken at random, but the boundaries depend on the sorted lengths alone: the count is fixed
-        self._num_batches = len(token_batches(self.source_lengths, self.target_lengths, max_tokens, None))
+        batches = len(token_batches(self.source_lengths, self.target_lengths, max_tokens, None))
+        self._num_batches = batches - batches % num_replicas
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self):
         rng = np.random.default_rng([self.seed, self.epoch])
-        yield from token_batches(self.source_lengths, self.target_lengths, self.max_tokens, rng)
+        yield from token_batches(self.source_lengths, self.target_lengths, self.max_tokens, rng)[: self._num_batches]
 
     def __len__(self) -> int:
         return self._num_batches
@@ -120,15 +124,22 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
             raise ValueError(f"`max_tokens_per_batch` batches a `datasets.Dataset` by its `input_ids` and `labels` "
                              f"lengths; the training dataset has no {missing} column.")
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        sampler = TokenBatchSampler([len(ids) for ids in dataset["input_ids"]],
-                                    [len(ids) for ids in dataset["labels"]], self.max_tokens_per_batch, seed)
+        lengths = [[len(ids) for ids in dataset[column]] for column in ("input_ids", "labels")]
+        sampler = TokenBatchSampler(*lengths, self.max_tokens_per_batch, seed, num_replicas=self.args.world_size)
         # the Trainer's own log states `per_device_train_batch_size`, which these batches do not use
         logger.info("training batches of at most %d tokens: %d per epoch, %.1f sentences on average",
                     self.max_tokens_per_batch, len(sampler), len(dataset) / len(sampler))
         loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=self.data_collator,
                             num_workers=self.args.dataloader_num_workers, pin_memory=self.args.dataloader_pin_memory,
                             persistent_workers=self.args.dataloader_persistent_workers)
-        return self.accelerator.prepare(loader)
+        # the batches have no one size, and the sampler gives every process as many: accelerate is to deal them
+        # whole, not pad the last round (which accelerate before 1.4 refuses for batches without a size)
+        even_batches = self.accelerator.even_batches
+        self.accelerator.even_batches = False
+        try:
+            return self.accelerator.prepare(loader)
+        finally:
+            self.accelerator.even_batches = even_batches
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # the Trainer recomputes the loss from the logits in these two cases, leaving the model's own loss aside
