@@ -151,7 +151,8 @@ def batch_statistics(tokenizer_folder: str, data: str, seed: int = 1) -> dict:
 
 
 def summary(runs: list[dict]) -> str:
-    """Per candidate: collapsed runs, and the training loss at the probe's last steps over the seeds."""
+    """Per candidate: collapsed runs, validation BLEU and the encoder token spread at the probe's last step over the
+    seeds; then the spread by step of the runs measured at every checkpoint (`--every`)."""
     lines = ["| candidate | runs | collapsed | validation BLEU, median (min-max) | encoder token spread, median "
              "(min) | seeds that collapsed |", "| --- | --- | --- | --- | --- | --- |"]
     for candidate in dict.fromkeys(run["candidate"] for run in runs if not run.get("every")):

@@ -272,6 +272,13 @@ def test_a_collapsed_encoder_restarts_with_the_next_seed(tmp_path, one_thread, c
     state = json.loads((tmp_path / "healthy" / "checkpoints" / "checkpoint-4" / "trainer_state.json").read_text())
     assert [entry["step"] for entry in state["log_history"] if "encoder_token_spread" in entry] == [2]
 
+    # a resumed run that collapses starts the next seed from its initialisation, not from the deleted checkpoint
+    resume = f"resume_from_checkpoint={tmp_path / 'healthy' / 'checkpoints' / 'checkpoint-2'}"
+    results, _ = train(tiny_config(tmp_path / "healthy", "training.max_steps=4", "training.eval_strategy=no",
+                                   "collapse_check_step=3", "collapse_min_spread=2.0", "collapse_restarts=1", resume))
+    assert [(row["seed"], row["step"]) for row in results["restarts"]] == [(0, 3)]
+    assert results["seed"] == 1 and results["global_step"] == 4
+
 
 @pytest.mark.parametrize(
     "overrides, error, message",

@@ -391,7 +391,7 @@ def train(config: TrainConfig, callbacks: list | None = None):
         reuse_freed_cpu_memory()
     corpus, processor, processed = prepare(config, training_args)
     tokenizer = processor.tokenizer
-    restarts = []
+    restarts, resume_from_checkpoint = [], config.resume_from_checkpoint
     for attempt in range(config.collapse_restarts + 1):
         set_seed(training_args.seed)  # the new modules' initialisation, as the Trainer seeds the rest
         model = build_model(config, tokenizer)
@@ -408,7 +408,7 @@ def train(config: TrainConfig, callbacks: list | None = None):
             callbacks=[*(callbacks or []), *([guard] if guard else [])],
             max_tokens_per_batch=config.max_tokens_per_batch,
         )
-        train_output = trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+        train_output = trainer.train(resume_from_checkpoint=resume_from_checkpoint)
         if guard is None or not guard.collapsed:
             break
         restarts.append({"seed": training_args.seed, "step": guard.check_step,
@@ -422,6 +422,7 @@ def train(config: TrainConfig, callbacks: list | None = None):
             shutil.rmtree(training_args.output_dir, ignore_errors=True)  # no checkpoint of the dropped run is kept
         trainer.accelerator.wait_for_everyone()
         training_args.seed += 1
+        resume_from_checkpoint = None  # the next seed starts from its own initialisation
     results = {"encoder_type": model.config.encoder_type, "global_step": train_output.global_step,
                "train_loss": train_output.training_loss, "seed": training_args.seed}
     if restarts:
