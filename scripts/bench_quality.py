@@ -9,15 +9,15 @@ outputs, and a paired bootstrap test of each row against `transformer` on test 2
 `mgsa_hf.prepared_training`: it needs only torch, transformers and sacreBLEU, so the `train` step runs on a GPU
 machine without spaCy or `datasets`; `prepare` runs where the package is installed.
 
-    # the CPU table: 2 seeds of the five defaults, two runs at a time with one thread each
+    # the CPU table: 2 seeds of the five defaults at two learning rates, two runs at a time with one thread each,
+    # every row at the rate of its better validation BLEU (a selection budget)
     python scripts/bench_quality.py all --budget cpu --seeds 1 2 --jobs 2 --threads 1
     # the GPU table: prepare here, carry runs/bench-quality/base/prepared to the GPU machine, train there
     python scripts/bench_quality.py prepare --budget base
     python scripts/bench_quality.py train --budget base --rows defaults best --seeds 1 2 3 --jobs 5   # on the GPU
     python scripts/bench_quality.py report --budget base
-    # each row at the recipe of the budget where it scored best on validation (a selection budget, from the
-    # results of budgets reported already)
-    python scripts/bench_quality.py report --budget cpu-tuned
+    # a selection again from its budgets' reported results (benchmarks/quality-cpu-lr-*.json), training nothing
+    python scripts/bench_quality.py report --budget cpu
     # gold (or another parser's) trees instead of the derived ones: one PTB tree per source line, empty: derived
     python scripts/bench_quality.py prepare --budget cpu --train-trees trees/train.ptb --validation-trees trees/val.ptb
 
@@ -26,11 +26,12 @@ Budgets are JSON files in `configs/quality/` (`prepare` settings and the `Recipe
 checkpoint. `report` writes `benchmarks/quality-<budget>.json` (one record per run under `runs`), the test
 hypotheses beside it, a plot of validation loss against steps, and the budget's table in `benchmarks/BENCHMARKS.md`.
 
-A selection budget (`"select": {"from": [budgets], "by": "validation_bleu"}`) trains nothing: its `report` reads the
-reported results of its budgets (`benchmarks/quality-<budget>.json` and the test hypotheses beside them), keeps for
-every row the budget with the best mean validation score over the seeds they share (the same rule for every row, the
-transformer included: a learning rate tuned per row on validation, say), and tests the rows chosen against the
-transformer chosen.
+A selection budget (`"select": {"from": [budgets], "by": "validation_bleu"}`) keeps for every row the budget with the
+best mean validation score over the seeds they share (the same rule for every row, the transformer included: a
+learning rate tuned per row on validation, say) and tests the rows chosen against the transformer chosen. Its
+`prepare` and `train` run those steps for each of its budgets (one prepared corpus, `<root>/<selection>/prepared`,
+when they prepare alike; their runs in one queue); `all` also reports each of them; its `report` reads their reported
+results (`benchmarks/quality-<budget>.json` and the test hypotheses beside them).
 """
 
 import argparse
@@ -152,6 +153,8 @@ def resolve_rows(specs: list[str]) -> dict[str, dict]:
 def recipe_of(budget: dict, max_steps: int | None):
     from mgsa_hf.prepared_training import Recipe
 
+    if "select" in budget:
+        raise SystemExit(f"a selection budget has no recipe of its own: name one of {budget['select']['from']}.")
     recipe = Recipe(**{k: (tuple(v) if k == "adam_betas" else v) for k, v in budget["recipe"].items()})
     if max_steps is not None:
         recipe.max_steps = max_steps
@@ -200,6 +203,11 @@ def prepared_folder(args, name: str) -> Path:
 
 def train(args, name: str, budget: dict) -> None:
     """Every row × seed, `--jobs` processes at a time; finished runs are skipped, interrupted ones resume."""
+    run_pending(args, pending_runs(args, name, budget))
+
+
+def pending_runs(args, name: str, budget: dict) -> list[tuple[str, Path, list[str]]]:
+    """`(label, run folder, command)` of every row × seed of the budget not finished yet."""
     rows = resolve_rows(args.rows)
     if args.at_common_step:
         args.max_steps = common_step([Path(args.root) / name / row / f"seed-{seed}" for row in rows
@@ -211,7 +219,7 @@ def train(args, name: str, budget: dict) -> None:
         for seed in args.seeds:
             run_dir = Path(args.root) / name / row / f"seed-{seed}"
             if (run_dir / "result.json").is_file():
-                print(f"[bench_quality] {row} seed {seed}: finished already", flush=True)
+                print(f"[bench_quality] {name}: {row} seed {seed}: finished already", flush=True)
                 continue
             command = [sys.executable, __file__, "run-one", "--budget", args.budget, "--root", args.root,
                        "--prepared", str(prepared_folder(args, name)), "--row-json", json.dumps(fields),
@@ -219,7 +227,13 @@ def train(args, name: str, budget: dict) -> None:
             command += ["--threads", str(args.threads)] if args.threads else []
             command += ["--device", args.device] if args.device else []
             command += ["--max-steps", str(args.max_steps)] if args.max_steps else []
-            pending.append((f"{row} seed {seed}", run_dir, command))
+            pending.append((f"{name}: {row} seed {seed}", run_dir, command))
+    return pending
+
+
+def run_pending(args, pending: list[tuple[str, Path, list[str]]]) -> None:
+    """Run the commands of `pending_runs`, `--jobs` processes at a time, each writing its run folder's stdout.log."""
+    pending = list(pending)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     if args.threads:
         env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
@@ -689,29 +703,76 @@ def select_runs(runs_by_budget: dict[str, list[dict]], by: str) -> tuple[list[di
     return chosen, selection
 
 
-def recipe_differences(budgets: list[str]) -> dict[str, dict]:
-    """Budget → the recipe fields (`model.<field>` for the model's) in which the budgets differ: what the selection
-    chooses between."""
+def recipe_differences(budgets: dict[str, dict]) -> dict[str, dict]:
+    """Budget name → the recipe fields (`model.<field>` for the model's) in which the budgets differ: what the
+    selection chooses between."""
 
     def flat(recipe: dict) -> dict:
         model = {f"model.{key}": value for key, value in recipe.get("model", {}).items()}
         return {**{key: value for key, value in recipe.items() if key != "model"}, **model}
 
-    recipes = {name: flat(load_budget(name)[1].get("recipe", {})) for name in budgets}
+    recipes = {name: flat(budget.get("recipe", {})) for name, budget in budgets.items()}
     fields = sorted({key for recipe in recipes.values() for key in recipe})
     differing = [key for key in fields if len({json.dumps(recipe.get(key)) for recipe in recipes.values()}) > 1]
     return {name: {key: recipes[name].get(key) for key in differing} for name in budgets}
 
 
+def selection_sources(name: str, budget: dict) -> dict[str, tuple[str, dict]]:
+    """Name → (the budget as `select.from` names it, the budget) of every budget a selection budget chooses among;
+    checks the selection's criterion too, before anything trains."""
+    by = budget["select"].get("by", "validation_bleu")
+    if by not in SELECTION_METRICS:
+        raise SystemExit(f"budget {name}: `select.by` must be one of {sorted(SELECTION_METRICS)}, not {by!r}.")
+    sources = {}
+    for spec in budget["select"]["from"]:
+        source, source_budget = load_budget(spec)
+        if "select" in source_budget:
+            raise SystemExit(f"budget {name}: a selection chooses among budgets that train, and {source} is none.")
+        sources[source] = (spec, source_budget)
+    return sources
+
+
+def source_arguments(args, name: str, sources: dict[str, tuple[str, dict]]) -> dict[str, argparse.Namespace]:
+    """The arguments each budget of a selection runs with: its own budget, the selection's prepared corpus when they
+    all prepare alike (`--prepared`, or `<root>/<selection>/prepared`; otherwise each its own), and its results JSON
+    beside the selection's, where `report_selection` reads it."""
+    shared = len({json.dumps(budget.get("prepare", {}), sort_keys=True) for _, budget in sources.values()}) == 1
+    results_folder = results_file(args, name).parent
+    return {source: argparse.Namespace(**{
+        **vars(args), "budget": spec, "results": str(results_folder / f"quality-{source}.json"),
+        "prepared": str(prepared_folder(args, name)) if shared else None}) for source, (spec, _) in sources.items()}
+
+
+def run_selection(args, name: str, budget: dict, argv) -> dict | None:
+    """
+    The steps of a selection budget. `prepare` and `train` run those steps for every budget it selects from (one
+    prepared corpus when their `prepare` settings agree; the runs of all of them in one queue, `--jobs` at a time);
+    `all` does both, reports each of those budgets, then the selection; `report` reports the selection from their
+    reported results (`benchmarks/quality-<budget>.json` and the test translations beside them).
+    """
+    sources = selection_sources(name, budget)
+    arguments = source_arguments(args, name, sources)
+    if args.step in ("prepare", "all"):
+        for source, (_, source_budget) in sources.items():
+            prepare(arguments[source], source, source_budget)
+    if args.step in ("train", "all"):  # every source's runs listed (and its recipe checked) before any starts
+        run_pending(args, [run for source, (_, source_budget) in sources.items()
+                           for run in pending_runs(arguments[source], source, source_budget)])
+    if args.step == "all":
+        for source, (_, source_budget) in sources.items():
+            report(arguments[source], source, source_budget, argv)
+    if args.step in ("report", "all"):
+        return report_selection(args, name, budget, argv)
+    return None
+
+
 def report_selection(args, name: str, budget: dict, argv) -> dict:
     """`report` of a selection budget: the chosen runs of its budgets' reported results, tested against the chosen
     transformer, written as a budget's results are (JSON, BENCHMARKS.md table) with the selection beside them."""
-    select = budget["select"]
-    sources, by = list(select["from"]), select.get("by", "validation_bleu")
-    if by not in SELECTION_METRICS:
-        raise SystemExit(f"budget {name}: `select.by` must be one of {sorted(SELECTION_METRICS)}, not {by!r}.")
+    budgets = {source: source_budget for source, (_, source_budget) in selection_sources(name, budget).items()}
+    sources, by = list(budgets), budget["select"].get("by", "validation_bleu")
     results_path = results_file(args, name)
-    target_lang = load_budget(sources[0])[1].get("prepare", {}).get("target_lang", "de")
+    target_lang = budgets[sources[0]].get("prepare", {}).get("target_lang", "de")
     reported, runs_by_budget = {}, {}
     for source in sources:
         reported[source], runs_by_budget[source] = reported_runs(
@@ -720,7 +781,7 @@ def report_selection(args, name: str, budget: dict, argv) -> dict:
     if len(signatures) > 1:
         raise SystemExit(f"budgets {sources} were scored with different metrics: {sorted(signatures)}.")
     runs, selection = select_runs(runs_by_budget, by)
-    settings = recipe_differences(sources)
+    settings = recipe_differences(budgets)
     for row in selection.values():
         row["recipe"] = settings[row["chosen"]]
     from mgsa_hf.data import _find_split_file
@@ -761,10 +822,7 @@ def main(argv=None) -> dict | None:
     if args.step == "run-one":
         return run_one(args, name, budget)
     if "select" in budget:
-        if args.step not in ("report", "all"):
-            raise SystemExit(f"budget {name} selects among the reported results of {budget['select']['from']}: "
-                             "train and report those budgets, then `report` this one.")
-        return report_selection(args, name, budget, argv)
+        return run_selection(args, name, budget, argv)
     if args.step in ("prepare", "all"):
         prepare(args, name, budget)
     if args.step in ("train", "all"):

@@ -8,8 +8,9 @@ and the same step function as `bench_quality.py`, for `--steps` steps without ev
 grows to the size of its input in a post-LN model shrinks the rest of the residual stream at every LayerNorm; this is
 how PR's uncentred Eq. 8 was found to slow learning at the CPU recipe:
 
-    python scripts/probe_sublayers.py --budget cpu --rows transformer phrase_representation \
-        configs/phrase_representation/max_attn_ta_uncentred.json --steps 300 --jobs 3 --threads 1
+    python scripts/probe_sublayers.py --budget cpu-lr-0.005 --prepared runs/bench-quality/cpu/prepared \
+        --rows transformer phrase_representation configs/phrase_representation/max_attn_ta_uncentred.json \
+        --steps 300 --jobs 3 --threads 1
 """
 
 import argparse
@@ -70,7 +71,8 @@ def probe_row(label: str, prepared: str, recipe, row: dict, seed: int, steps: in
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--budget", default="cpu", help="a name in configs/quality/ or a budget JSON file")
+    parser.add_argument("--budget", default="cpu-lr-0.005",
+                        help="a name in configs/quality/ or a budget JSON file (one with a recipe)")
     parser.add_argument("--root", default="runs/bench-quality", help="folder of the prepared corpus")
     parser.add_argument("--prepared", help="the prepared corpus folder (default: <root>/<budget>/prepared)")
     parser.add_argument("--rows", nargs="+", default=["transformer"], metavar="ROW",

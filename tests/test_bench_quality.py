@@ -380,20 +380,20 @@ def test_selection_picks_each_rows_best_validation_budget():
 
 
 def test_selection_of_one_budget_reproduces_its_report(tmp_path):
-    """A selection budget read from the committed `cpu` results (their test translations and Multi30k's references)
-    gives back that budget's summary and paired tests; with two budgets it names what it chose, and it trains
-    nothing."""
+    """A selection budget read from the committed `cpu-lr-0.005` results (their test translations and Multi30k's
+    references) gives back that budget's summary and paired tests; with both learning rates it names what it chose
+    for every row, as the committed `cpu` table does."""
     import shutil
 
-    for source in ("cpu", "cpu-half-lr"):
+    for source in ("cpu-lr-0.005", "cpu-lr-0.0025"):
         shutil.copyfile(REPO / "benchmarks" / f"quality-{source}.json", tmp_path / f"quality-{source}.json")
         shutil.copytree(REPO / "benchmarks" / f"quality-{source}", tmp_path / f"quality-{source}")
-    committed = json.loads((tmp_path / "quality-cpu.json").read_text())
+    committed = json.loads((tmp_path / "quality-cpu-lr-0.005.json").read_text())
     rows = ["transformer", "phrase_representation"]
     committed["runs"] = [r for r in committed["runs"] if r["name"] in rows]
-    (tmp_path / "quality-cpu.json").write_text(json.dumps(committed))
+    (tmp_path / "quality-cpu-lr-0.005.json").write_text(json.dumps(committed))
     budget = tmp_path / "cpu-only.json"
-    budget.write_text(json.dumps({"select": {"from": ["cpu"], "by": "validation_bleu"}}))
+    budget.write_text(json.dumps({"select": {"from": ["cpu-lr-0.005"], "by": "validation_bleu"}}))
     common = ["--data", str(DATA), "--markdown", str(tmp_path / "BENCHMARKS.md")]
     report = bench_quality.main(["report", "--budget", str(budget), "--results", str(tmp_path / "one.json"),
                                  *common])
@@ -401,14 +401,57 @@ def test_selection_of_one_budget_reproduces_its_report(tmp_path):
     # the paired test, recomputed from the kept translations and the corpus' references, is the committed one
     assert report["significance"] == {"phrase_representation": committed["significance"]["phrase_representation"]}
 
-    budget.write_text(json.dumps({"select": {"from": ["cpu", "cpu-half-lr"], "by": "validation_bleu"}}))
+    budget.write_text(json.dumps({"select": {"from": ["cpu-lr-0.005", "cpu-lr-0.0025"], "by": "validation_bleu"}}))
     both = bench_quality.main(["report", "--budget", str(budget), "--results", str(tmp_path / "two.json"), *common])
+    table = json.loads((REPO / "benchmarks" / "quality-cpu.json").read_text())
     assert set(both["selection"]) == set(rows)
     for name, row in both["selection"].items():
         better = max(row["scores"], key=lambda source: row["scores"][source]["validation"])
-        assert row["chosen"] == better and row["recipe"] == {"learning_rate": {"cpu": 0.005,
-                                                                               "cpu-half-lr": 0.0025}[better]}
+        assert row["chosen"] == better and row["recipe"] == {"learning_rate": {"cpu-lr-0.005": 0.005,
+                                                                               "cpu-lr-0.0025": 0.0025}[better]}
         assert {r["budget"] for r in both["runs"] if r["name"] == name} == {better}
+        assert row == table["selection"][name] and both["summary"][name] == table["summary"][name]
     assert "| chosen |" in (tmp_path / "BENCHMARKS.md").read_text()
-    with pytest.raises(SystemExit, match="selects among"):
-        bench_quality.main(["train", "--budget", str(budget)])
+
+
+def test_selection_budget_trains_both_budgets_and_chooses(dry_run, tmp_path, capsys):
+    """`all` of a selection budget over the dry-run recipe at two learning rates: one prepared corpus for both, their
+    runs in one queue, each budget reported beside the selection, every row from the budget of its better validation
+    BLEU; a second `train` finds every run finished, and a selection of selections is refused."""
+    budget = json.loads((REPO / "configs" / "quality" / "dry-run.json").read_text())
+    budget["recipe"]["learning_rate"] = 0.01
+    (tmp_path / "dry-run-fast.json").write_text(json.dumps(budget))
+    selection = tmp_path / "dry-choice.json"
+    selection.write_text(json.dumps({"select": {"from": ["dry-run", str(tmp_path / "dry-run-fast.json")]}}))
+    args = ["--budget", str(selection), "--root", str(tmp_path / "runs"), "--data", str(DATA), "--rows", "hybrid",
+            "--seeds", "1", "--jobs", "2", "--threads", "1", "--results", str(tmp_path / "quality-dry-choice.json"),
+            "--markdown", str(tmp_path / "BENCHMARKS.md")]
+    report = bench_quality.main(["all", *args])
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["dry-choice", "dry-run", "dry-run-fast"]
+    assert sorted(p.name for p in (tmp_path / "runs" / "dry-choice").iterdir()) == ["prepared"]
+    sources = {name: json.loads((tmp_path / f"quality-{name}.json").read_text())
+               for name in ("dry-run", "dry-run-fast")}
+    for name, lr in (("dry-run", 0.001), ("dry-run-fast", 0.01)):
+        assert {(r["name"], r["seed"]) for r in sources[name]["runs"]} == {("transformer", 1), ("hybrid", 1)}
+        assert f"lr {lr} " in sources[name]["protocol"]
+    for name, row in report["selection"].items():
+        scores = {source: next(r["validation"]["bleu"] for r in sources[source]["runs"] if r["name"] == name)
+                  for source in sources}
+        assert row["chosen"] == max(scores, key=scores.get)  # max keeps the first of equals, as the selection does
+        assert row["recipe"] == {"learning_rate": {"dry-run": 0.001, "dry-run-fast": 0.01}[row["chosen"]]}
+        chosen_run = next(r for r in sources[row["chosen"]]["runs"] if r["name"] == name)
+        assert [r["test"] for r in report["runs"] if r["name"] == name] == [chosen_run["test"]]
+    assert set(report["significance"]) == {"hybrid"}
+    assert sorted(report["sources"]) == ["dry-run", "dry-run-fast"]
+    # the shared corpus is the one the dry-run budget prepares on its own (the module's fixture)
+    shared, own = tmp_path / "runs" / "dry-choice" / "prepared", dry_run[0] / "dry-run" / "prepared"
+    assert (shared / "validation.en").read_text() == (own / "validation.en").read_text()
+    ids = [torch.load(folder / "train.pt")["input_ids"] for folder in (shared, own)]
+    assert ids[0].keys() == ids[1].keys() and all(torch.equal(ids[0][key], ids[1][key]) for key in ids[0])
+    capsys.readouterr()
+    bench_quality.main(["train", *args])
+    assert capsys.readouterr().out.count("finished already") == 4
+    nested = tmp_path / "nested.json"
+    nested.write_text(json.dumps({"select": {"from": [str(selection)]}}))
+    with pytest.raises(SystemExit, match="chooses among budgets that train"):
+        bench_quality.main(["train", "--budget", str(nested)])
