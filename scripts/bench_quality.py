@@ -291,7 +291,10 @@ def run_one(args, name: str, budget: dict) -> None:
 
 
 def read_lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").rstrip("\n").split("\n")
+    """The lines of a file written as one line per sentence, empty ones included (a model may translate a sentence
+    as nothing)."""
+    text = path.read_text(encoding="utf-8")
+    return (text[:-1] if text.endswith("\n") else text).split("\n")
 
 
 def paired_bootstrap(baseline: list[list[str]], system: list[list[str]], references: list[str], metric,
@@ -788,7 +791,9 @@ def report_selection(args, name: str, budget: dict, argv) -> dict:
     from mgsa_hf.prepared_training import SPLITS
     from mgsa_hf.tokenization_utils import read_lines as read_text_lines
 
-    references = list(read_text_lines(_find_split_file(Path(args.data), SPLITS["test"], target_lang)))
+    # the references the budgets' prepared corpus kept: the first `max_samples` of the split, or all of it
+    max_samples = budgets[sources[0]].get("prepare", {}).get("max_samples")
+    references = list(read_text_lines(_find_split_file(Path(args.data), SPLITS["test"], target_lang), max_samples))
     first = reported[sources[0]]
     described = [f"`{source}` ({', '.join(f'{k} {v}' for k, v in settings[source].items())})" for source in sources]
     choices = described[0] if len(described) == 1 else f"{', '.join(described[:-1])} and {described[-1]}"

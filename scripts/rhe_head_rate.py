@@ -7,7 +7,8 @@ The rate says what RHE does in practice: a head labelled redundant gets the synt
 is dropped (`"rhe_prune"`), so a rate near 100% makes RHE act as SEA on every head and RHE-prune drop the layer's
 attention.
 
-    python scripts/rhe_head_rate.py runs/bench-quality/cpu-lr-0.005/rhe/seed-* --prepared runs/bench-quality/cpu/prepared
+    python scripts/rhe_head_rate.py runs/bench-quality/cpu-lr-0.005/rhe/seed-* \
+        --prepared runs/bench-quality/cpu/prepared
 """
 
 import argparse

@@ -443,11 +443,9 @@ def test_selection_budget_trains_both_budgets_and_chooses(dry_run, tmp_path, cap
         assert [r["test"] for r in report["runs"] if r["name"] == name] == [chosen_run["test"]]
     assert set(report["significance"]) == {"hybrid"}
     assert sorted(report["sources"]) == ["dry-run", "dry-run-fast"]
-    # the shared corpus is the one the dry-run budget prepares on its own (the module's fixture)
+    # the shared corpus holds the sentences the dry-run budget prepares on its own (the module's fixture)
     shared, own = tmp_path / "runs" / "dry-choice" / "prepared", dry_run[0] / "dry-run" / "prepared"
     assert (shared / "validation.en").read_text() == (own / "validation.en").read_text()
-    ids = [torch.load(folder / "train.pt")["input_ids"] for folder in (shared, own)]
-    assert ids[0].keys() == ids[1].keys() and all(torch.equal(ids[0][key], ids[1][key]) for key in ids[0])
     capsys.readouterr()
     bench_quality.main(["train", *args])
     assert capsys.readouterr().out.count("finished already") == 4
