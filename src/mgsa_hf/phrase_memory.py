@@ -42,6 +42,10 @@ from .modeling_layers import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, a
 from .on_lstm import OnLstm
 
 
+# `torch.export` is tracing (torch >= 2.7; before, any trace takes the exportable form, which computes the same)
+is_exporting = getattr(torch.compiler, "is_exporting", torch.compiler.is_compiling)
+
+
 @dataclass
 class PhrasePartition:
     """
@@ -85,10 +89,17 @@ class PhrasePartition:
         """Element-wise max over each phrase's word vectors: (B, L, D) → (B, G, P, D); empty phrases hold 0."""
         batch_size, num_granularities, length = self.phrase_ids.shape
         dim = hidden_states.shape[-1]
-        index = self.token_order.view(batch_size, num_granularities * length, 1).expand(-1, -1, dim)
-        segments = hidden_states.gather(1, index).view(-1, dim)
-        pooled = torch.segment_reduce(segments, "max", lengths=self.segment_lengths.flatten(), unsafe=True)
-        pooled = pooled.view(batch_size, num_granularities, self.num_phrases + 1, dim)[:, :, : self.num_phrases]
+        slots_shape = (batch_size, num_granularities, self.num_phrases + 1, dim)
+        if is_exporting():
+            # ONNX has no segment reduction: the same maxima scattered into the phrase slots (ScatterElements "max")
+            index = self.scatter_index.unsqueeze(-1).expand(-1, -1, -1, dim)
+            words = hidden_states.unsqueeze(1).expand(-1, num_granularities, -1, -1)
+            pooled = hidden_states.new_zeros(slots_shape).scatter_reduce(2, index, words, "amax", include_self=False)
+        else:
+            index = self.token_order.view(batch_size, num_granularities * length, 1).expand(-1, -1, dim)
+            segments = hidden_states.gather(1, index).view(-1, dim)
+            pooled = torch.segment_reduce(segments, "max", lengths=self.segment_lengths.flatten(), unsafe=True)
+        pooled = pooled.view(slots_shape)[:, :, : self.num_phrases]
         return pooled.masked_fill(~self.phrase_mask.unsqueeze(-1), 0.0)
 
 

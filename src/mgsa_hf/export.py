@@ -1,0 +1,217 @@
+"""Export MGSA models for deployment.
+
+**ONNX**, every encoder type and both backbones: [`export_onnx`] writes one graph of the teacher-forced seq2seq
+forward: the source tokens, their padding mask, the source syntax fields the encoder type reads
+([`onnx_syntax_fields`]) and the decoder tokens in, the logits out, with dynamic batch and sequence axes.
+[`onnx_inputs`] picks a graph's inputs from a processor batch for onnxruntime.
+
+**CTranslate2**, the plain Transformer (`encoder_type="transformer"`, Marian backbone): [`export_ctranslate2`] writes
+a CTranslate2 model of a saved folder. CTranslate2's Transformer spec has plain multi-head attention only, so the
+variants, whose encoders attend over phrases (MG-SA, PR), through a gated local window (hybrid) or with syntax biases
+and redundant-head replacement (RHE), have no CTranslate2 form: they go to ONNX.
+
+Both need the `export` extra (`pip install "mgsa-hf[export]"`: onnx, onnxscript, onnxruntime, ctranslate2).
+"""
+
+import contextlib
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .rhe import required_syntax_fields
+
+
+# the source syntax fields a graph can take, in the order of its inputs (`syntax_fields.py`); `phrase_tags` feeds only
+# MG-SA's tag loss, never the logits
+EXPORTABLE_SYNTAX_FIELDS = (
+    "word_ids", "head_word_ids", "phrase_ids", "pr_phrase_ids", "local_phrase_start", "local_phrase_end", "tree_depth",
+)
+
+
+def onnx_syntax_fields(config) -> tuple[str, ...]:
+    """The source syntax fields that `config`'s encoder reads to compute the logits: MG-SA's `phrase_ids` with the
+    syntactic partition, PR's `pr_phrase_ids` with the parse segmentation, RHE's dependencies and local phrases (as
+    its `rhe_attention` and `rhe_mode` need them); none for the plain Transformer, hybrid, n-gram MG-SA and
+    fixed-size PR."""
+    if config.encoder_type == "phrase_memory" and config.phrase_partition == "syntactic":
+        return ("phrase_ids",)
+    if config.encoder_type == "phrase_representation" and config.pr_segmentation == "parse":
+        return ("pr_phrase_ids",)
+    if config.encoder_type == "rhe":
+        return required_syntax_fields(config)
+    return ()
+
+
+def onnx_input_names(config) -> list[str]:
+    """The inputs of the graph [`export_onnx`] writes for `config`, in order (all `int64`)."""
+    return ["input_ids", "attention_mask", "decoder_input_ids", *onnx_syntax_fields(config)]
+
+
+def check_onnx_exportable(config) -> None:
+    """Raise a clear error for the settings whose graph `torch.export` cannot trace: MG-SA's recurrent composition
+    and interactions, which run over each batch's real phrases packed by length (loops as long as the data's
+    longest phrase or phrase sequence)."""
+    if config.encoder_type != "phrase_memory":
+        return
+    recurrent = {
+        name: getattr(config, name)
+        for name in ("phrase_composition", "phrase_interaction")
+        if getattr(config, name) in ("lstm", "on_lstm")
+    }
+    if recurrent:
+        settings = ", ".join(f"{name}={value!r}" for name, value in recurrent.items())
+        raise ValueError(
+            f"MG-SA with {settings} does not export to ONNX: its recurrences run over each batch's real phrases "
+            "packed by length, loops whose number of steps depends on the data. The n-gram or syntactic partition "
+            'with the "max", "mean" or "sans" composition and no interaction (the defaults) export.'
+        )
+
+
+class Seq2SeqLogits(nn.Module):
+    """
+    What [`export_onnx`] traces: `model`'s teacher-forced forward without a cache, from the source tokens, their
+    padding mask, the decoder tokens and the source syntax fields to the logits.
+
+    Inputs are `(batch_size, source_len)` (`phrase_ids`: `(batch_size, levels, source_len)`) and `decoder_input_ids`
+    `(batch_size, target_len)`; the output is `(batch_size, target_len, vocab_size)`.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.LongTensor,
+        decoder_input_ids: torch.LongTensor,
+        word_ids: torch.LongTensor | None = None,
+        head_word_ids: torch.LongTensor | None = None,
+        phrase_ids: torch.LongTensor | None = None,
+        pr_phrase_ids: torch.LongTensor | None = None,
+        local_phrase_start: torch.LongTensor | None = None,
+        local_phrase_end: torch.LongTensor | None = None,
+        tree_depth: torch.LongTensor | None = None,
+    ) -> torch.Tensor:
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            word_ids=word_ids,
+            head_word_ids=head_word_ids,
+            phrase_ids=phrase_ids,
+            pr_phrase_ids=pr_phrase_ids,
+            local_phrase_start=local_phrase_start,
+            local_phrase_end=local_phrase_end,
+            tree_depth=tree_depth,
+            use_cache=False,
+        ).logits
+
+
+def example_graph_inputs(model: nn.Module, example_inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The graph's inputs from a processor batch: its tokens, mask and the syntax fields the encoder reads, with
+    `decoder_input_ids` as given or made from `labels` (shifted right, as in training)."""
+    config = model.config
+    inputs = dict(example_inputs)
+    if inputs.get("decoder_input_ids") is None:
+        if inputs.get("labels") is None:
+            raise ValueError(
+                "`example_inputs` needs `decoder_input_ids` or `labels`: pass a processor batch made with "
+                "`text_target=...`."
+            )
+        inputs["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(inputs["labels"])
+    if inputs.get("attention_mask") is None:
+        inputs["attention_mask"] = inputs["input_ids"].ne(config.pad_token_id).long()
+    missing = [name for name in onnx_input_names(config) if inputs.get(name) is None]
+    if missing:
+        raise ValueError(
+            f'encoder_type="{config.encoder_type}" reads {missing}, which `example_inputs` lacks: pass the output of '
+            "`MgsaProcessor` (e.g. `processor(texts, text_target=targets, return_tensors='pt')`)."
+        )
+    return {name: torch.as_tensor(inputs[name]).long() for name in onnx_input_names(config)}
+
+
+def export_onnx(
+    model: nn.Module,
+    output_path: str | Path,
+    example_inputs: Mapping[str, torch.Tensor],
+    *,
+    opset_version: int | None = None,
+    external_data: bool | None = None,
+    optimize: bool = True,
+) -> Path:
+    """
+    Write `model` ([`MgsaForConditionalGeneration`] or [`MgsaT5ForConditionalGeneration`], any encoder type) to
+    `output_path` as an ONNX graph of its teacher-forced forward, traced with `torch.onnx.export(dynamo=True)`.
+
+    The graph's inputs are named as the model's arguments ([`onnx_input_names`]): `input_ids`, `attention_mask`
+    `(batch, source_length)`, `decoder_input_ids` `(batch, target_length)` and the source syntax fields the encoder
+    type reads ([`onnx_syntax_fields`]; `phrase_ids` is `(batch, levels, source_length)` with the config's levels);
+    its output `logits` is `(batch, target_length, vocab_size)`. Batch and both lengths are dynamic.
+
+    Args:
+        model: the model; exported in eval mode (its mode is restored afterwards).
+        output_path: the `.onnx` file to write.
+        example_inputs: a processor batch to trace with, `processor(texts, text_target=targets,
+            return_tensors="pt")`: at least two sentences, each side at least two tokens long (a size-1 axis would be
+            fixed in the graph). `decoder_input_ids` are taken from it or made from its `labels`.
+        opset_version: the ONNX opset (None: the exporter's default).
+        external_data: store the weights in a separate `<output_path>.data` file (None: only past ONNX's 2 GB
+            limit).
+        optimize: run the exporter's graph optimisation (constant folding, redundancy elimination).
+
+    Returns:
+        The path written.
+    """
+    check_onnx_exportable(model.config)
+    inputs = example_graph_inputs(model, example_inputs)
+    batch_size, source_length = inputs["input_ids"].shape
+    target_length = inputs["decoder_input_ids"].shape[1]
+    if min(batch_size, source_length, target_length) < 2:
+        raise ValueError(
+            f"`example_inputs` has batch size {batch_size}, source length {source_length} and target length "
+            f"{target_length}: export from at least 2 sentences of at least 2 tokens each side, so that these axes "
+            "stay dynamic."
+        )
+    batch = torch.export.Dim("batch")
+    source = torch.export.Dim("source_length")
+    target = torch.export.Dim("target_length")
+    dynamic_shapes = {name: {0: batch, 1: source} for name in inputs}
+    dynamic_shapes["decoder_input_ids"] = {0: batch, 1: target}
+    if "phrase_ids" in inputs:
+        dynamic_shapes["phrase_ids"] = {0: batch, 2: source}
+
+    output_path = Path(output_path)
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    was_training = model.training
+    model.eval()
+    try:
+        # the exporter's progress messages (some onnxscript releases print them) go to stderr, not the caller's stdout
+        with torch.no_grad(), contextlib.redirect_stdout(sys.stderr):
+            program = torch.onnx.export(
+                Seq2SeqLogits(model).eval(),
+                (),
+                kwargs=inputs,
+                dynamic_shapes=dynamic_shapes,
+                output_names=["logits"],
+                opset_version=opset_version,
+                optimize=optimize,
+                dynamo=True,
+                verbose=False,
+            )
+    finally:
+        model.train(was_training)
+    program.save(output_path, external_data=external_data)
+    return output_path
+
+
+def onnx_inputs(batch: Mapping[str, torch.Tensor], input_names: list[str]) -> dict:
+    """The arrays an onnxruntime session of an exported graph takes, from a processor batch that holds its inputs
+    (`input_names`: `[i.name for i in session.get_inputs()]`)."""
+    missing = [name for name in input_names if batch.get(name) is None]
+    if missing:
+        raise ValueError(f"The graph reads {missing}, which the batch lacks: pass the output of `MgsaProcessor`.")
+    return {name: torch.as_tensor(batch[name]).long().numpy() for name in input_names}
