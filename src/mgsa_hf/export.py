@@ -215,3 +215,130 @@ def onnx_inputs(batch: Mapping[str, torch.Tensor], input_names: list[str]) -> di
     if missing:
         raise ValueError(f"The graph reads {missing}, which the batch lacks: pass the output of `MgsaProcessor`.")
     return {name: torch.as_tensor(batch[name]).long().numpy() for name in input_names}
+
+
+def as_marian(model) -> "transformers.MarianMTModel":  # noqa: F821
+    """The [`~transformers.MarianMTModel`] that computes what a plain-Transformer [`MgsaForConditionalGeneration`]
+    computes: the same config fields and, as the parameter names are Marian's, the same weights."""
+    from transformers import MarianConfig, MarianMTModel
+
+    marian_fields = set(MarianConfig().to_dict()) - {"model_type", "architectures", "transformers_version"}
+    config = MarianConfig(**{key: value for key, value in model.config.to_dict().items() if key in marian_fields})
+    marian = MarianMTModel(config)
+    marian.load_state_dict(model.state_dict(), strict=True)
+    return marian.eval()
+
+
+def _require_ctranslate2():
+    try:
+        import ctranslate2
+    except ImportError as error:
+        raise ImportError(
+            'CTranslate2 export needs the `ctranslate2` package: pip install "mgsa-hf[export]"'
+        ) from error
+    return ctranslate2
+
+
+def _marian_loader():
+    """A CTranslate2 loader for a Marian model as Transformers runs it, whatever its vocabulary layout.
+
+    CTranslate2's own `MarianMTLoader` is written for opus-mt conversions, where `<pad>` is the last token, added by
+    Transformers for the decoder start: it drops the last vocabulary entry and its embedding rows, and starts the
+    decoder from a zero vector, as Marian C++ does. This package's tokenizers put `<pad>` at id 2, and a model trained
+    with tied embeddings moves the `<pad>` row away from zero, so this loader keeps every token and starts the decoder
+    from the decoder start token's embedding, as `MarianMTModel.generate` does. The layers load as in `BartLoader`,
+    with Marian's post-norm and no embedding layer norm.
+    """
+    from ctranslate2.converters.transformers import BartLoader
+
+    class MarianAsRunLoader(BartLoader):
+        @property
+        def architecture_name(self):
+            return "MarianMTModel"
+
+        def get_model_spec(self, model):
+            model.config.normalize_before = False
+            model.config.normalize_embedding = False
+            return super().get_model_spec(model)
+
+        def set_config(self, config, model, tokenizer):
+            config.eos_token = tokenizer.eos_token
+            config.unk_token = tokenizer.unk_token
+            config.decoder_start_token = tokenizer.convert_ids_to_tokens(model.config.decoder_start_token_id)
+
+    return MarianAsRunLoader()
+
+
+def export_ctranslate2(
+    model_path: str | Path, output_dir: str | Path, *, quantization: str | None = None, force: bool = False
+) -> Path:
+    """
+    Write a CTranslate2 model of the saved `encoder_type="transformer"` MGSA folder `model_path` (Marian backbone,
+    one vocabulary for both sides) to `output_dir`, through the [`~transformers.MarianMTModel`] it equals
+    ([`as_marian`]) and CTranslate2's Transformer spec. CTranslate2 takes and returns token strings: give it
+    `tokenizer.convert_ids_to_tokens(tokenizer(text).input_ids)` (see [`translate_ctranslate2`]).
+
+    Args:
+        model_path: a folder written by `save_pretrained` (model and tokenizer, as `mgsa-hf train` saves them).
+        output_dir: the CTranslate2 model folder to write.
+        quantization: CTranslate2's weight type (`"int8"`, `"float16"`, ...; None keeps float32).
+        force: overwrite `output_dir` if it exists.
+
+    Raises:
+        ValueError: for another encoder type (they export to ONNX) or the T5 backbone.
+    """
+    from transformers import AutoConfig, AutoTokenizer
+
+    ctranslate2 = _require_ctranslate2()
+    from .modeling_mgsa import MgsaForConditionalGeneration
+
+    config = AutoConfig.from_pretrained(model_path)
+    if getattr(config, "model_type", None) != "mgsa":
+        raise ValueError(
+            f"{model_path} holds a {getattr(config, 'model_type', None)!r} model: CTranslate2 export takes the Marian "
+            "backbone (`mgsa`) with encoder_type=\"transformer\"; export other models to ONNX (`export_onnx`)."
+        )
+    if config.encoder_type != "transformer":
+        raise ValueError(
+            f'{model_path} has encoder_type="{config.encoder_type}": CTranslate2\'s Transformer spec has plain '
+            "multi-head attention only, so only encoder_type=\"transformer\" converts; export this model to ONNX "
+            "(`mgsa_hf.export.export_onnx`, `scripts/export_onnx.py`)."
+        )
+    if config.decoder_vocab_size not in (None, config.vocab_size):
+        raise ValueError(
+            f"{model_path} has a target vocabulary of {config.decoder_vocab_size} tokens and a source one of "
+            f"{config.vocab_size}: CTranslate2's Marian form shares one vocabulary."
+        )
+    model = MgsaForConditionalGeneration.from_pretrained(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if len(tokenizer) != config.vocab_size:
+        raise ValueError(
+            f"The tokenizer in {model_path} has {len(tokenizer)} tokens, the model's vocabulary {config.vocab_size}."
+        )
+    marian = as_marian(model)
+    loader = _marian_loader()
+
+    class MarianModelConverter(ctranslate2.converters.Converter):
+        def _load(self):
+            with torch.no_grad():
+                return loader(marian, tokenizer)
+
+    return Path(MarianModelConverter().convert(str(output_dir), quantization=quantization, force=force))
+
+
+def translate_ctranslate2(
+    translator, tokenizer, texts: list[str], max_length: int | None = None, **options
+) -> list[str]:
+    """
+    Translate `texts` with a `ctranslate2.Translator` of an [`export_ctranslate2`] folder and the model's tokenizer:
+    source tokens as the tokenizer makes them (EOS included, truncated to `max_length` tokens when given), the best
+    hypothesis decoded without special tokens. `options` go to `translate_batch` (`beam_size`, `max_batch_size`,
+    `max_decoding_length`, ...).
+    """
+    encoded = tokenizer(list(texts), truncation=max_length is not None, max_length=max_length)["input_ids"]
+    sources = [tokenizer.convert_ids_to_tokens(ids) for ids in encoded]
+    results = translator.translate_batch(sources, **options)
+    return [
+        tokenizer.decode(tokenizer.convert_tokens_to_ids(result.hypotheses[0]), skip_special_tokens=True)
+        for result in results
+    ]
