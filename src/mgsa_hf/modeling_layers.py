@@ -7,6 +7,7 @@ The attention variants (`phrase_memory.py`, `phrase_representation.py`, `hybrid.
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import partial
 
 import torch
 from torch import nn
@@ -90,6 +91,15 @@ class MgsaLayerOutput:
     head_labels: torch.LongTensor | None = None
     phrase_states: tuple[torch.Tensor, ...] = ()
     phrase_mask: torch.BoolTensor | None = None
+
+    def to_tuple(self) -> tuple[torch.Tensor | None, ...]:
+        """The fields as one flat tuple (tensors and Nones), the phrase levels last; [`from_tuple`] rebuilds it."""
+        return (self.tag_loss, self.gates, self.head_labels, self.phrase_mask, *self.phrase_states)
+
+    @classmethod
+    def from_tuple(cls, values: tuple[torch.Tensor | None, ...]) -> "MgsaLayerOutput":
+        tag_loss, gates, head_labels, phrase_mask, *phrase_states = values
+        return cls(tag_loss, gates, head_labels, tuple(phrase_states), phrase_mask)
 
 
 def split_self_attention_outputs(outputs: tuple) -> tuple[torch.Tensor, MgsaLayerOutput]:
@@ -345,7 +355,54 @@ class MgsaAttention(nn.Module):
         return self.output_proj(attn_output), attn_weights
 
 
-class MgsaPostNormLayer(GradientCheckpointingLayer):
+def checkpoint_layer(checkpoint: Callable, layer_call: Callable, *args):
+    """
+    `checkpoint(layer_call, *args)` (torch's checkpoint with the model's settings) such that every tensor a layer reads
+    or returns gets its gradient, with reentrant checkpointing (`use_reentrant=True`) too. That kind only reaches the
+    tensors passed and returned at the top level: a keyword tensor that requires grad (T5's position bias, PR's source
+    phrases) would be recomputed against the graph outside the layer, whose backward then runs once per layer
+    ("Trying to backward through the graph a second time"), and the tensors inside a layer's [`MgsaLayerOutput`]
+    (MG-SA's tag loss, PR's phrases), computed without grad, would get none. So the keyword tensors of `layer_call` (a
+    `functools.partial`, as `GradientCheckpointingLayer` makes it) go in positionally, and the layer's contribution
+    comes out as a flat tuple.
+    """
+    if not isinstance(layer_call, partial):
+        return checkpoint(layer_call, *args)
+    keywords = dict(layer_call.keywords)
+    tensor_names = [name for name, value in keywords.items() if isinstance(value, torch.Tensor)]
+    returns_contribution = False
+
+    def run(*inputs):
+        nonlocal returns_contribution
+        layer_args, tensors = inputs[: len(args)], inputs[len(args) :]
+        layer_keywords = {**keywords, **dict(zip(tensor_names, tensors, strict=True))}
+        output = layer_call.func(*layer_call.args, *layer_args, **layer_keywords)
+        returns_contribution = (
+            isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], MgsaLayerOutput)
+        )
+        return (output[0], *output[1].to_tuple()) if returns_contribution else output
+
+    output = checkpoint(run, *args, *(keywords[name] for name in tensor_names))
+    if returns_contribution:  # (hidden_states, *contribution) -> (hidden_states, MgsaLayerOutput)
+        return output[0], MgsaLayerOutput.from_tuple(output[1:])
+    return output
+
+
+class MgsaCheckpointingLayer(GradientCheckpointingLayer):
+    """A `GradientCheckpointingLayer` that checkpoints through [`checkpoint_layer`], so that reentrant checkpointing
+    gives the same gradients as the non-reentrant kind (and as no checkpointing)."""
+
+    @property
+    def _gradient_checkpointing_func(self) -> Callable:
+        return partial(checkpoint_layer, self._checkpoint_func)
+
+    @_gradient_checkpointing_func.setter
+    def _gradient_checkpointing_func(self, checkpoint: Callable) -> None:
+        # what `gradient_checkpointing_enable` sets: torch's checkpoint with the model's settings
+        self._checkpoint_func = checkpoint
+
+
+class MgsaPostNormLayer(MgsaCheckpointingLayer):
     """What Marian's encoder and decoder layers share: post-LN residual blocks and the feed-forward sub-layer
     (`fc1`, `fc2`, `final_layer_norm`)."""
 

@@ -18,7 +18,6 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions
 from transformers.models.marian.modeling_marian import shift_tokens_right
 from transformers.models.t5.modeling_t5 import (
@@ -36,6 +35,7 @@ from .configuration_mgsa import MgsaT5Config
 from .modeling_layers import (
     OUTPUT_CACHE_FIELD,
     MgsaAttention,
+    MgsaCheckpointingLayer,
     MgsaLayerOutput,
     MgsaSyntaxInputs,
     resolve_cache,
@@ -135,7 +135,7 @@ def clamp_inf(hidden_states: torch.Tensor) -> torch.Tensor:
     return hidden_states
 
 
-class MgsaT5Block(GradientCheckpointingLayer):
+class MgsaT5Block(MgsaCheckpointingLayer):
     """What T5's encoder and decoder blocks share: pre-RMSNorm residual sub-layers in `layer` (feed-forward last)."""
 
     def __init__(self, config: MgsaT5Config, layer_idx: int):
