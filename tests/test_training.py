@@ -330,6 +330,34 @@ def test_two_cpu_processes_with_accelerate(tmp_path, batching):
     AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
 
 
+@pytest.mark.parametrize("use_cpu", [True, False], ids=["use_cpu", "without_use_cpu"])
+def test_user_script_under_two_cpu_processes(tmp_path, use_cpu):
+    """A user's script with `MgsaSeq2SeqTrainer` under `accelerate launch` with the 2-CPU-process config: with
+    `use_cpu=True` the two processes train as one (world size 2, token batches, the pairs of both counted in
+    `train_samples_per_second`); without it the Trainer would train two independent copies, each seeing world size
+    1, so the script stops with an error naming `use_cpu=True`."""
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(REPO / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "29563",
+        str(REPO / "tests" / "scripts" / "trainer_processes.py"), str(tmp_path), *(["--use-cpu"] if use_cpu else []),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("ACCELERATE_USE_CPU", None)
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    if use_cpu:
+        assert result.returncode == 0, result.stderr[-4000:]
+        ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+        assert all(rank["world_size"] == 2 and rank["global_step"] == 2 for rank in ranks)
+        # 2 steps of one 4-pair batch in each of the 2 processes: the 16 pairs, whatever the per-device batch size
+        metrics = ranks[0]["metrics"]
+        assert metrics["train_samples_per_second"] == pytest.approx(16 / metrics["train_runtime"], rel=2e-3)
+    else:
+        assert result.returncode != 0
+        assert "The launcher started 2 processes, but the training arguments see one" in result.stderr
+        assert "set `use_cpu=True`" in result.stderr
+        assert not list(tmp_path.glob("rank*.json"))
+
+
 def test_demo_runs_every_encoder_type():
     """`mgsa-hf demo` as a user runs it: every encoder type parses real sentences, saves, reloads and generates."""
     result = subprocess.run([sys.executable, "-m", "mgsa_hf.cli", "demo"], capture_output=True, text=True,
