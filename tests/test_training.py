@@ -395,6 +395,49 @@ def test_corpus_files_through_datasets_loaders(tmp_path):
         load_parallel_corpus(bad, "en", "de", {"train": "train"})
 
 
+def test_multi30k_from_the_hub_as_the_readme_says(tmp_path, monkeypatch):
+    """The README's command for Multi30k from the Hub (where ../shared is missing): the dataset id reaches
+    `load_dataset`, its `en`/`de` columns become the `translation` pairs, and the run trains and scores validation
+    and test. The Hub cannot be reached here: `load_dataset` serves the first lines of the local Multi30k files in
+    the Hub dataset's layout (splits train, validation, test; a column per language). A split it lacks is named, and
+    a missing corpus folder points to the README."""
+    import shlex
+
+    import datasets
+
+    import mgsa_hf.data
+    from mgsa_hf.data import load_parallel_corpus
+    from mgsa_hf.tokenization_utils import read_lines
+
+    (command,) = [line for line in (REPO / "README.md").read_text().splitlines()
+                  if line.startswith("mgsa-hf train data=bentrevett/multi30k")]
+    overrides = shlex.split(command.split("#")[0])[2:]
+    real_load_dataset, requested = mgsa_hf.data.load_dataset, []
+
+    def load_dataset(path, *args, **kwargs):
+        if path != "bentrevett/multi30k":
+            return real_load_dataset(path, *args, **kwargs)
+        requested.append(path)
+        files = {"train": "train", "validation": "val", "test": "test_2016_flickr"}
+        return datasets.DatasetDict({
+            split: datasets.Dataset.from_dict({lang: list(read_lines(DATA / f"{name}.{lang}.gz", 64))
+                                               for lang in ("en", "de")})
+            for split, name in files.items()})
+
+    monkeypatch.setattr(mgsa_hf.data, "load_dataset", load_dataset)
+    config = load_train_config(TINY, [*overrides, f"output_dir={tmp_path}", "training.max_steps=1"])
+    corpus = load_parallel_corpus(config.data, "en", "de", config.splits)
+    assert corpus["test"]["translation"][0] == {"en": next(read_lines(DATA / "test_2016_flickr.en.gz", 1)),
+                                                "de": next(read_lines(DATA / "test_2016_flickr.de.gz", 1))}
+    results, _ = train(config)
+    assert requested == ["bentrevett/multi30k"] * 2
+    assert {row["split"] for row in results["scores"]} == {"validation", "test"}
+    with pytest.raises(ValueError, match=r"has no split\(s\) \['val'\]; it has \['test', 'train', 'validation'\]"):
+        load_parallel_corpus("bentrevett/multi30k", "en", "de", {"train": "train", "validation": "val"})
+    with pytest.raises(FileNotFoundError, match="no-such-folder does not exist: .* Hub dataset id .*Getting Multi30k"):
+        load_parallel_corpus(tmp_path / "no-such-folder", "en", "de", config.splits)
+
+
 def test_installed_wheel_trains_with_a_data_path(tmp_path):
     """`pip install .` (a wheel, not the editable checkout): the package data (default train config, model card
     template) is inside, and `mgsa-hf train` runs from a folder outside the repository with `data=` given."""
