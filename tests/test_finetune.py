@@ -175,3 +175,20 @@ def test_init_from_needs_a_model_folder(tmp_path):
     with pytest.raises(ValueError, match="init_from"):
         train(load_train_config(TINY, [f"data={DATA}", f"output_dir={tmp_path / 'out'}",
                                        f"init_from={tmp_path / 'missing'}"]))
+
+
+def test_converter_keeps_the_processor_settings_and_parses_only_for_syntax(tmp_path, source_folder,
+                                                                          multi30k_processor):
+    """The converted folder's processor has the source processor's settings, and parses with spaCy only for encoder
+    types whose logits read syntax."""
+    from mgsa_hf import MgsaProcessor
+    from mgsa_hf.conversion import convert_checkpoint
+
+    source = tmp_path / "source"
+    MgsaForConditionalGeneration.from_pretrained(source_folder).save_pretrained(source)
+    MgsaProcessor(multi30k_processor.tokenizer, phrase_levels=2).save_pretrained(source)
+    for encoder_type, parses in (("transformer", False), ("rhe", True)):
+        report = convert_checkpoint(str(source), str(tmp_path / encoder_type), encoder_type)
+        assert report["processor_saved"] and report["encoder_type"] == encoder_type
+        processor = MgsaProcessor.from_pretrained(tmp_path / encoder_type)
+        assert (processor.with_syntax, processor.phrase_levels) == (parses, 2)

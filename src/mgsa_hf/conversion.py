@@ -1,5 +1,9 @@
 """Upgrade a Marian (opus-mt style) or T5 checkpoint to an MGSA model folder."""
 
+import inspect
+import json
+from pathlib import Path
+
 from transformers import PretrainedConfig
 
 from .configuration_mgsa import MgsaConfig, MgsaT5Config
@@ -63,10 +67,24 @@ def load_as_mgsa(path: str, encoder_type: str | None = None, new_modules_init: s
     return model, new_module_names(info["missing_keys"])
 
 
+def saved_processor_settings(folder: str | None) -> dict:
+    """The settings of the processor saved in `folder` (`processor_config.json`), for fine-tuning it; {} without one.
+    `with_syntax` is left out: whether to parse follows the model being trained."""
+    from .processing_mgsa import MgsaProcessor
+
+    path = Path(folder) / "processor_config.json" if folder else None
+    if path is None or not path.is_file():
+        return {}
+    saved = json.loads(path.read_text())
+    allowed = set(inspect.signature(MgsaProcessor.__init__).parameters) - {"self", "tokenizer", "with_syntax"}
+    return {key: value for key, value in saved.items() if key in allowed}
+
+
 def convert_checkpoint(path: str, output_dir: str, encoder_type: str | None = None, new_modules_init: str = "identity",
                        **overrides):
     """Write `output_dir` with the MGSA model and, when the source has a tokenizer, an [`MgsaProcessor`] around it
-    (tokenizer + default parser); return a report."""
+    (the source processor's settings, or the defaults; it parses only for encoder types that read syntax); return a
+    report."""
     from transformers import AutoTokenizer
 
     from .pipeline_translation import add_remote_pipeline
@@ -80,7 +98,9 @@ def convert_checkpoint(path: str, output_dir: str, encoder_type: str | None = No
     except (OSError, ValueError, TypeError):  # the source has no tokenizer files
         tokenizer = None
     if tokenizer is not None:
-        MgsaProcessor(tokenizer).save_pretrained(output_dir)
+        # the source processor's settings, if it has one; the parse only where the encoder reads syntax
+        settings = {**saved_processor_settings(path), "with_syntax": model.config.encoder_type != "transformer"}
+        MgsaProcessor(tokenizer, **settings).save_pretrained(output_dir)
     return {
         "source": str(path),
         "output_dir": str(output_dir),

@@ -330,24 +330,10 @@ def _reads_source_syntax(config: TrainConfig) -> bool:
     return (encoder_type or "transformer") != "transformer"
 
 
-def _saved_processor_settings(folder: str | None) -> dict:
-    """The settings of the processor saved in `folder` (`processor_config.json`), for fine-tuning it; {} without one.
-    `with_syntax` is left out: whether to parse follows the model being trained."""
-    import inspect
-
-    from .processing_mgsa import MgsaProcessor
-
-    path = Path(folder) / "processor_config.json" if folder else None
-    if path is None or not path.is_file():
-        return {}
-    saved = json.loads(path.read_text())
-    allowed = set(inspect.signature(MgsaProcessor.__init__).parameters) - {"self", "tokenizer", "with_syntax"}
-    return {key: value for key, value in saved.items() if key in allowed}
-
-
 def prepare(config: TrainConfig, training_args):
     """Corpus, processor and processed splits; the main process works first so the others read its caches. The
     corpus is parsed only when the model reads syntax (set `processor.with_syntax` to choose)."""
+    from .conversion import saved_processor_settings
     from .data import TREE_COLUMN, load_parallel_corpus
     from .processing_mgsa import MgsaProcessor
 
@@ -365,7 +351,7 @@ def prepare(config: TrainConfig, training_args):
     corpus = corpus.__class__({split: _limit(data, limits.get(split)) for split, data in corpus.items()})
     with training_args.main_process_first(desc="tokenizer"):
         tokenizer = _load_or_train_tokenizer(config, corpus["train"])
-    settings = {**_saved_processor_settings(config.init_from), "with_syntax": _reads_source_syntax(config),
+    settings = {**saved_processor_settings(config.init_from), "with_syntax": _reads_source_syntax(config),
                 **config.processor}
     processor = MgsaProcessor(tokenizer, **settings)
     if tree_column and not processor.with_syntax:
