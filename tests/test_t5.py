@@ -115,7 +115,7 @@ def test_variants_on_t5(name, t5_dir, real_batch):
     loss and gradients on every new parameter, padding invariance, and 4-beam generation equal to each sentence
     alone."""
     fields = dict(VARIANTS[name])
-    model, new_modules = load_as_mgsa(str(t5_dir), **fields)
+    model, new_modules = load_as_mgsa(str(t5_dir), new_modules_init="random", **fields)  # the variant's own init
     assert isinstance(model, MgsaT5ForConditionalGeneration)
     reference = T5ForConditionalGeneration.from_pretrained(t5_dir).state_dict()
     parameters = dict(model.named_parameters())

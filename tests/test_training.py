@@ -339,6 +339,34 @@ def test_two_cpu_processes_with_accelerate(tmp_path, batching):
     AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
 
 
+@pytest.mark.parametrize("use_cpu", [True, False], ids=["use_cpu", "without_use_cpu"])
+def test_user_script_under_two_cpu_processes(tmp_path, use_cpu):
+    """A user's script with `MgsaSeq2SeqTrainer` under `accelerate launch` with the 2-CPU-process config: with
+    `use_cpu=True` the two processes train as one (world size 2, token batches, the pairs of both counted in
+    `train_samples_per_second`); without it the Trainer would train two independent copies, each seeing world size
+    1, so the script stops with an error naming `use_cpu=True`."""
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(REPO / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "29563",
+        str(REPO / "tests" / "scripts" / "trainer_processes.py"), str(tmp_path), *(["--use-cpu"] if use_cpu else []),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("ACCELERATE_USE_CPU", None)
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    if use_cpu:
+        assert result.returncode == 0, result.stderr[-4000:]
+        ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+        assert all(rank["world_size"] == 2 and rank["global_step"] == 2 for rank in ranks)
+        # 2 steps of one 4-pair batch in each of the 2 processes: the 16 pairs, whatever the per-device batch size
+        metrics = ranks[0]["metrics"]
+        assert metrics["train_samples_per_second"] == pytest.approx(16 / metrics["train_runtime"], rel=2e-3)
+    else:
+        assert result.returncode != 0
+        assert "The launcher started 2 processes, but the training arguments see one" in result.stderr
+        assert "set `use_cpu=True`" in result.stderr
+        assert not list(tmp_path.glob("rank*.json"))
+
+
 def test_demo_runs_every_encoder_type():
     """`mgsa-hf demo` as a user runs it: every encoder type parses real sentences, saves, reloads and generates."""
     result = subprocess.run([sys.executable, "-m", "mgsa_hf.cli", "demo"], capture_output=True, text=True,
@@ -374,6 +402,49 @@ def test_corpus_files_through_datasets_loaders(tmp_path):
     bad.write_text('{"en": "Hello.", "de": "Hallo."}\n{"en": "Bye."}\n')
     with pytest.raises(ValueError, match="record 2 has no 'en'/'de'"):
         load_parallel_corpus(bad, "en", "de", {"train": "train"})
+
+
+def test_multi30k_from_the_hub_as_the_readme_says(tmp_path, monkeypatch):
+    """The README's command for Multi30k from the Hub (where ../shared is missing): the dataset id reaches
+    `load_dataset`, its `en`/`de` columns become the `translation` pairs, and the run trains and scores validation
+    and test. The Hub cannot be reached here: `load_dataset` serves the first lines of the local Multi30k files in
+    the Hub dataset's layout (splits train, validation, test; a column per language). A split it lacks is named, and
+    a missing corpus folder points to the README."""
+    import shlex
+
+    import datasets
+
+    import mgsa_hf.data
+    from mgsa_hf.data import load_parallel_corpus
+    from mgsa_hf.tokenization_utils import read_lines
+
+    (command,) = [line for line in (REPO / "README.md").read_text().splitlines()
+                  if line.startswith("mgsa-hf train data=bentrevett/multi30k")]
+    overrides = shlex.split(command.split("#")[0])[2:]
+    real_load_dataset, requested = mgsa_hf.data.load_dataset, []
+
+    def load_dataset(path, *args, **kwargs):
+        if path != "bentrevett/multi30k":
+            return real_load_dataset(path, *args, **kwargs)
+        requested.append(path)
+        files = {"train": "train", "validation": "val", "test": "test_2016_flickr"}
+        return datasets.DatasetDict({
+            split: datasets.Dataset.from_dict({lang: list(read_lines(DATA / f"{name}.{lang}.gz", 64))
+                                               for lang in ("en", "de")})
+            for split, name in files.items()})
+
+    monkeypatch.setattr(mgsa_hf.data, "load_dataset", load_dataset)
+    config = load_train_config(TINY, [*overrides, f"output_dir={tmp_path}", "training.max_steps=1"])
+    corpus = load_parallel_corpus(config.data, "en", "de", config.splits)
+    assert corpus["test"]["translation"][0] == {"en": next(read_lines(DATA / "test_2016_flickr.en.gz", 1)),
+                                                "de": next(read_lines(DATA / "test_2016_flickr.de.gz", 1))}
+    results, _ = train(config)
+    assert requested == ["bentrevett/multi30k"] * 2
+    assert {row["split"] for row in results["scores"]} == {"validation", "test"}
+    with pytest.raises(ValueError, match=r"has no split\(s\) \['val'\]; it has \['test', 'train', 'validation'\]"):
+        load_parallel_corpus("bentrevett/multi30k", "en", "de", {"train": "train", "validation": "val"})
+    with pytest.raises(FileNotFoundError, match="no-such-folder does not exist: .* Hub dataset id .*Getting Multi30k"):
+        load_parallel_corpus(tmp_path / "no-such-folder", "en", "de", config.splits)
 
 
 def test_installed_wheel_trains_with_a_data_path(tmp_path):

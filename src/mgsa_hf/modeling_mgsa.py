@@ -36,6 +36,7 @@ from .modeling_layers import (
     MgsaEncoderLayer,
     MgsaLayerOutput,
     MgsaSyntaxInputs,
+    VariantUpgradeMixin,
     resolve_cache,
     source_syntax_fields,
 )
@@ -150,7 +151,7 @@ class MgsaSeq2SeqLMOutput(Seq2SeqLMOutput):
     encoder_head_labels: tuple[torch.LongTensor, ...] | None = None
 
 
-class MgsaPreTrainedModel(PreTrainedModel):
+class MgsaPreTrainedModel(VariantUpgradeMixin, PreTrainedModel):
     config: MgsaConfig
     config_class = MgsaConfig
     base_model_prefix = "model"

@@ -52,6 +52,15 @@ class TrainConfig:
     process. `max_tokens_per_batch`: training batches of at most that many padded tokens per side and process, in
     random order ([`TokenBatchSampler`]), instead of `training.per_device_train_batch_size` sentences.
 
+    `init_from`: an MGSA, Marian or T5 folder to fine-tune. The model keeps that checkpoint's configuration, and only
+    the `model` keys set explicitly change it: `model.key=value` overrides, and the `model` section of a config file
+    that itself names `init_from` (`configs/train/finetune.yaml`); the `model` section of a file written to train from
+    scratch (the packaged default, `tiny.yaml`) does not apply over a checkpoint given as an override. The
+    checkpoint's tokenizer (unless `tokenizer` names another) and its saved processor settings (under the `processor`
+    section's) come with it. `init_new_modules`: how modules the checkpoint lacks (a variant added by
+    `model.encoder_type=...`) start: `"identity"` (the model computes what the checkpoint computed, as far as the
+    variant allows, see [`~modeling_layers.init_new_modules_as_identity`]) or `"random"`.
+
     `collapse_check_step`: at this step the spread of the encoder's output states over the tokens of 100 validation
     sentences is measured ([`EncoderCollapseCallback`]); under `collapse_min_spread` the run has become a target-side
     language model whose encoder sends every token out as one vector, and it starts again from a new initialisation
@@ -71,6 +80,7 @@ class TrainConfig:
     tokenizer: str | None = None
     vocab_size: int = 8000
     init_from: str | None = None
+    init_new_modules: str = "identity"
     backbone: str = "marian"
     model: dict = field(default_factory=dict)
     processor: dict = field(default_factory=dict)
@@ -140,8 +150,18 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] = ())
     raw = _load_yaml(path.read_text()) or {}
     if not isinstance(raw, dict):
         raise ValueError(f"training config {path} must be a mapping of keys to values.")
+    # a file that does not name `init_from` describes a model to train from scratch: with `init_from` given as an
+    # override, the checkpoint's own configuration stands and only the model keys given as overrides change it
+    recipe_for_scratch = not raw.get("init_from")
     for override in overrides:
         _apply_override(raw, override)
+    if raw.get("init_from") and recipe_for_scratch and isinstance(raw.get("model"), dict):
+        explicit = {override.partition("=")[0].strip() for override in overrides}
+        dropped = sorted(key for key in raw["model"] if f"model.{key}" not in explicit)
+        if dropped:
+            logger.info("init_from=%s keeps its own configuration: the model keys %s of %s do not apply.",
+                        raw["init_from"], dropped, path)
+        raw["model"] = {key: value for key, value in raw["model"].items() if f"model.{key}" in explicit}
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -244,15 +264,35 @@ def _model_config_fields(config: TrainConfig, tokenizer) -> dict:
     return {**fields, **config.model}
 
 
+def _check_init_from(config: TrainConfig, tokenizer) -> None:
+    """`init_from` must be a folder (or Hub id) with a config, and the tokenizer must fit its embeddings."""
+    from transformers import PretrainedConfig
+
+    try:
+        checkpoint = PretrainedConfig.get_config_dict(config.init_from)[0]
+    except OSError as error:
+        raise ValueError(f"init_from={config.init_from!r} is not a model folder (or Hub id) with a config.json: "
+                         f"{error}") from None
+    vocab_size = config.model.get("vocab_size", checkpoint.get("vocab_size"))
+    if vocab_size is not None and len(tokenizer) > vocab_size:
+        raise ValueError(
+            f"the tokenizer has {len(tokenizer)} tokens but init_from={config.init_from!r} embeds {vocab_size}: "
+            "fine-tune with the checkpoint's own tokenizer (leave `tokenizer` unset, it is loaded from init_from) or "
+            "one that fits it."
+        )
+
+
 def build_model(config: TrainConfig, tokenizer):
     """A new model from the `model` section, or `init_from` (an MGSA, Marian or T5 folder) with its fields
     overridden."""
     from .conversion import load_as_mgsa
 
     if config.init_from:
-        model, new_modules = load_as_mgsa(config.init_from, **config.model)
+        _check_init_from(config, tokenizer)
+        model, new_modules = load_as_mgsa(config.init_from, new_modules_init=config.init_new_modules, **config.model)
         if new_modules:
-            logger.info("initialised from %s; new modules: %s", config.init_from, ", ".join(new_modules))
+            logger.info("initialised from %s; new modules (%s): %s", config.init_from, config.init_new_modules,
+                        ", ".join(new_modules))
         return model
     config_class, model_class = _backbone_classes(config)
     return model_class(config_class(**_model_config_fields(config, tokenizer)))
@@ -281,8 +321,14 @@ def _load_or_train_tokenizer(config: TrainConfig, train_split):
 
     from .tokenization_utils import train_joint_tokenizer
 
-    if config.tokenizer:
-        return AutoTokenizer.from_pretrained(config.tokenizer)
+    if config.tokenizer or config.init_from:  # a fine-tuned checkpoint comes with its tokenizer
+        source = config.tokenizer or config.init_from
+        try:
+            return AutoTokenizer.from_pretrained(source)
+        except (OSError, ValueError) as error:
+            name = "tokenizer" if config.tokenizer else "init_from"
+            raise ValueError(f"{name}={source!r}: no tokenizer could be loaded from it ({error}); set `tokenizer` to "
+                             "the folder of the checkpoint's tokenizer.") from None
     folder = run_folder(config.output_dir) / "tokenizer"
     if (folder / "tokenizer_config.json").is_file():
         return AutoTokenizer.from_pretrained(folder)
@@ -307,6 +353,7 @@ def _reads_source_syntax(config: TrainConfig) -> bool:
 def prepare(config: TrainConfig, training_args):
     """Corpus, processor and processed splits; the main process works first so the others read its caches. The
     corpus is parsed only when the model reads syntax (set `processor.with_syntax` to choose)."""
+    from .conversion import saved_processor_settings
     from .data import TREE_COLUMN, load_parallel_corpus
     from .processing_mgsa import MgsaProcessor
 
@@ -324,7 +371,9 @@ def prepare(config: TrainConfig, training_args):
     corpus = corpus.__class__({split: _limit(data, limits.get(split)) for split, data in corpus.items()})
     with training_args.main_process_first(desc="tokenizer"):
         tokenizer = _load_or_train_tokenizer(config, corpus["train"])
-    processor = MgsaProcessor(tokenizer, **{"with_syntax": _reads_source_syntax(config), **config.processor})
+    settings = {**saved_processor_settings(config.init_from), "with_syntax": _reads_source_syntax(config),
+                **config.processor}
+    processor = MgsaProcessor(tokenizer, **settings)
     if tree_column and not processor.with_syntax:
         logger.warning("the model reads no syntax (encoder_type transformer): the given trees are not used.")
     flat = corpus.flatten()
