@@ -18,6 +18,7 @@ from mgsa_hf import MgsaForConditionalGeneration, MgsaProcessor
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+REPO = Path(__file__).resolve().parents[1]
 # what the folders' generation configs say: neither greedy nor transformers' global 20-token bound
 NUM_BEAMS, MAX_LENGTH = 3, 24
 
@@ -225,3 +226,16 @@ print(json.dumps(translations))
     assert result.returncode == 0, result.stderr[-3000:]
     remote = json.loads(result.stdout.strip().splitlines()[-1])
     assert remote == {**expected, "resaved": expected[folders[-1]]}
+
+
+def test_translate_script_decodes_with_the_generation_config(rhe_folder, multi30k_processor, sources, tmp_path):
+    """`scripts/translate.py` without generation options translates as `generate` with the folder's generation
+    config (before, it decoded with beam 4 and up to 128 new tokens whatever the folder said)."""
+    folder, model = rhe_folder
+    (tmp_path / "src.en").write_text("\n".join(sources) + "\n")
+    command = [sys.executable, str(REPO / "scripts" / "translate.py"), str(folder),
+               "--input", str(tmp_path / "src.en"), "--output", str(tmp_path / "hyp.de"), "--batch-size", "2"]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = [texts[0] for texts in generated(model, multi30k_processor, sources)]
+    assert (tmp_path / "hyp.de").read_text().splitlines() == expected
