@@ -148,7 +148,7 @@ class MgsaTranslationPipeline(Pipeline):
                 logger.warning("A streamed input is read by one worker: num_workers set to 1.")
                 num_workers = 1
             dataset = PipelineIterator(inputs, self.preprocess, preprocess_params)
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the DataLoader's workers tokenize in parallel
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as the base class: the DataLoader may fork workers
         collate_fn = no_collate_fn if batch_size == 1 else self._collate
         loader = DataLoader(dataset, num_workers=num_workers, batch_size=batch_size, collate_fn=collate_fn)
         model_iterator = PipelineIterator(loader, self.forward, forward_params, loader_batch_size=batch_size)
@@ -188,9 +188,9 @@ class MgsaTranslationPipeline(Pipeline):
         source_length = int(attention_mask.sum(-1).max())
         if max_length is not None and source_length >= max_length:
             logger.warning_once(
-                f"Translations stop at max_length={max_length} tokens (the model's generation config, or the "
-                "call's), and a source sentence is as long or longer: its translation may be cut short. Pass a "
-                "larger `max_length`, or `max_new_tokens`."
+                f"Translations stop at max_length={max_length} tokens (the generation config's, or an argument's), "
+                "and a source sentence is as long or longer: its translation may be cut short. Pass a larger "
+                "`max_length`, or `max_new_tokens`."
             )
 
     def postprocess(self, model_outputs):
