@@ -87,12 +87,10 @@ def convert_checkpoint(path: str, output_dir: str, encoder_type: str | None = No
     report."""
     from transformers import AutoTokenizer
 
-    from .pipeline_translation import add_remote_pipeline
     from .processing_mgsa import MgsaProcessor
 
     model, new_modules = load_as_mgsa(path, encoder_type, new_modules_init, **overrides)
-    add_remote_pipeline(model, output_dir)
-    model.save_pretrained(output_dir)
+    model.save_pretrained(output_dir)  # with the model's code, the translation pipeline's included
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError):  # the source has no tokenizer files

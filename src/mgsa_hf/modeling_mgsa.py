@@ -560,17 +560,25 @@ class MgsaModel(MgsaPreTrainedModel):
 
 
 class BaseModelAutoMapMixin:
-    """Saving a translation model also names its bare encoder-decoder (`base_model_class`) under `AutoModel` in the
-    config's `auto_map`, so that `AutoModel.from_pretrained(folder, trust_remote_code=True)` loads a saved folder
-    where this package is not installed (`save_pretrained` writes only the saved class's own Auto entry)."""
+    """Saving a translation model with its code (`register_for_auto_class`, which importing the package does) also
+    names its bare encoder-decoder (`base_model_class`) under `AutoModel` in the config's `auto_map`, and the
+    translation pipeline under `mgsa-translation` in `custom_pipelines`, so that `AutoModel.from_pretrained(folder,
+    trust_remote_code=True)` and `pipeline(model=folder, trust_remote_code=True)` work where this package is not
+    installed. `save_pretrained` writes only the saved class's own Auto entry and the code its module imports:
+    importing the pipeline here makes it one of those files, so every save (`Trainer.save_model`, `push_to_hub`)
+    writes it."""
 
     base_model_class: type
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         if self._auto_class is not None:
+            from .pipeline_translation import remote_pipelines
+
             base = self.base_model_class
             self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}),
                                     "AutoModel": f"{base.__module__.rsplit('.', 1)[-1]}.{base.__name__}"}
+            self.config.custom_pipelines = {**(getattr(self.config, "custom_pipelines", None) or {}),
+                                            **remote_pipelines()}
         return super().save_pretrained(save_directory, *args, **kwargs)
 
 

@@ -524,11 +524,9 @@ def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores
     """Write the model folder (model, processor, card; uploaded when `training.push_to_hub`), then the run's own files
     in the run folder: each scored split's translations (`<split>.hyp.<target_lang>`) and `results.json`."""
     from .model_card import card_dataset, describe_tree_source
-    from .pipeline_translation import add_remote_pipeline
 
     output_dir = Path(config.output_dir)
-    add_remote_pipeline(trainer.model, output_dir)
-    trainer.model.save_pretrained(output_dir)
+    trainer.model.save_pretrained(output_dir)  # with the model's code, the translation pipeline's included
     processor.save_pretrained(output_dir)
     hyperparameters = {key: config.training[key] for key in sorted(config.training)
                        if key in ("learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size",
