@@ -201,6 +201,22 @@ def test_model_and_processor_push_keep_the_published_card(trained, hub):
     assert card.data.eval_results == published.data.eval_results and card.text == published.text
 
 
+def test_model_push_to_a_new_repository_publishes_the_package_card(trained, hub):
+    """`model.push_to_hub` of a model loaded from a trained folder, to a repository that has no card yet, publishes
+    the folder's card (its model-index included) rather than Transformers' blank template, and the model's code with
+    the translation pipeline that `config.custom_pipelines` names."""
+    _, folder = trained
+    local = ModelCard.load(folder / "README.md")
+    AutoModelForSeq2SeqLM.from_pretrained(folder).push_to_hub("fresh")
+    files = hub.repos[f"{USER}/fresh"]
+    expected = {"README.md", "config.json", "model.safetensors", "modeling_mgsa.py", "pipeline_translation.py"}
+    assert expected <= set(files)
+    assert json.loads(files["config.json"])["custom_pipelines"]["mgsa-translation"]["impl"].startswith(
+        "pipeline_translation.")
+    card = hub.card(f"{USER}/fresh")
+    assert card.data.eval_results == local.data.eval_results and card.text == local.text
+
+
 def test_training_with_push_to_hub_uploads_the_model_folder(tmp_path, hub, one_thread):
     """`training.push_to_hub=true` uploads the saved model folder, card included, once, after training (the
     Trainer's own push would upload its checkpoint folder: no processor, code or card)."""

@@ -7,8 +7,11 @@ encoder layers (MG-SA, hybrid, RHE) or add phrase sub-layers to every layer (PR)
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from huggingface_hub import HfApi, ModelCard
+from huggingface_hub.errors import EntryNotFoundError
 from torch import nn
 from torch.nn import CrossEntropyLoss
 from transformers import initialization as init
@@ -580,6 +583,23 @@ class BaseModelAutoMapMixin:
             self.config.custom_pipelines = {**(getattr(self.config, "custom_pipelines", None) or {}),
                                             **remote_pipelines()}
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def push_to_hub(self, repo_id: str, *args, **kwargs):
+        """
+        Transformers' `push_to_hub`, which keeps the card a repository has and gives a new one its blank template:
+        a model loaded from a folder that holds this package's model card (`README.md` tagged `mgsa-hf`, with the
+        scores as `model-index`, as `mgsa-hf train` writes it) gives a repository without a card that card first.
+        """
+        card_path = Path(str(self.name_or_path)) / "README.md"
+        if card_path.is_file() and "mgsa-hf" in (ModelCard.load(card_path).data.tags or []):
+            api = HfApi(token=kwargs.get("token"))
+            repo_id = api.create_repo(repo_id, private=kwargs.get("private"), exist_ok=True).repo_id
+            try:
+                ModelCard.load(repo_id, token=kwargs.get("token"))
+            except EntryNotFoundError:
+                api.upload_file(path_or_fileobj=str(card_path), path_in_repo="README.md", repo_id=repo_id,
+                                commit_message="Add the model card")
+        return super().push_to_hub(repo_id, *args, **kwargs)
 
 
 class MgsaForConditionalGeneration(BaseModelAutoMapMixin, MgsaPreTrainedModel, GenerationMixin):
