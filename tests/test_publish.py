@@ -127,6 +127,11 @@ def test_saved_generation_config_reproduces_the_scored_translations(trained):
 
     references = list(read_lines(DATA / "test_2016_flickr.de.gz", 8))
     assert translation_scores(translations, references)["bleu"] == pytest.approx(test_scores["bleu"])
+    # the README's line: the translation pipeline on the saved folder decodes as the scores were computed
+    from transformers import pipeline
+
+    translator = pipeline("translation", model=str(folder), device="cpu", truncation=True)
+    assert [row["translation_text"] for row in translator(sources, batch_size=3)] == translations
 
 
 def test_the_model_folder_holds_the_model_and_the_run_folder_the_rest(trained):

@@ -527,6 +527,8 @@ def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores
 
     output_dir = Path(config.output_dir)
     trainer.model.save_pretrained(output_dir)  # with the model's code, the translation pipeline's included
+    # `truncation=True` (the pipeline's, the processor's) then cuts sources where the recipe did
+    processor.tokenizer.model_max_length = config.max_source_length
     processor.save_pretrained(output_dir)
     hyperparameters = {key: config.training[key] for key in sorted(config.training)
                        if key in ("learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size",
