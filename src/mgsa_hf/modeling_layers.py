@@ -16,8 +16,12 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import logging
 
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
+
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -422,6 +426,9 @@ class MgsaPostNormLayer(MgsaCheckpointingLayer):
         update = nn.functional.dropout(update, p=self.dropout, training=self.training)
         return layer_norm(residual + update)
 
+    # a sub-layer's residual passes around its norm (pre-norm) or the norm follows the residual (post-LN, Marian)
+    pre_norm = False
+
     def sublayer(
         self, hidden_states: torch.Tensor, function: Callable[[torch.Tensor], torch.Tensor], layer_norm: nn.LayerNorm
     ) -> torch.Tensor:
@@ -533,3 +540,61 @@ class MgsaDecoderLayer(MgsaPostNormLayer):
                 hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values, **kwargs
             )
         return self.feed_forward(hidden_states)
+
+
+NEW_MODULE_INITS = ("identity", "random")
+
+
+@torch.no_grad()
+def init_new_modules_as_identity(model, new_modules: list[str]) -> bool:
+    """
+    Start the variant's freshly initialised modules so that the upgraded model computes what its source checkpoint
+    computed, as far as the variant allows (each module's `init_as_identity` says how):
+
+    - `hybrid`: the gate of Eq. 5 at σ(−8) ≈ 3.4e-4 on every token (`"concat"`: exactly the global pattern);
+    - `rhe` (LPEA, out-of-phrase pairs clipped): SEA's bias P at about 1e-4, so redundant heads attend as before;
+    - `phrase_representation`: the attentive combination's output at 0, exact on T5 (pre-norm); on Marian each
+      added sub-layer still ends in a LayerNorm of its own;
+    - `phrase_memory`: no setting — its phrase heads attend over composed phrases instead of tokens;
+    - DEA, masked out-of-phrase pairs, RHE-prune and hybrid `"local"` change the attention by construction.
+
+    Args:
+        new_modules: the names of the modules the checkpoint did not have; only these are touched.
+
+    Returns:
+        Whether the model now computes exactly what the source computed (every new module starts as an identity).
+    """
+
+    def inside(new: str, name: str) -> bool:
+        return new == name or new.startswith(f"{name}.")
+
+    exact, touched = True, []
+    for name, module in model.named_modules():
+        if hasattr(module, "init_as_identity") and any(inside(new, name) for new in new_modules):
+            exact &= module.init_as_identity()
+            touched.append(name)
+    untouched = [new for new in new_modules if not any(inside(new, name) for name in touched)]
+    return exact and not untouched
+
+
+class VariantUpgradeMixin:
+    """
+    `from_pretrained` of the MGSA models: a checkpoint without the variant's modules (a Marian or T5 checkpoint, or an
+    MGSA one of another `encoder_type`) is upgraded so that the model computes what the checkpoint computed, as far
+    as the variant allows ([`init_new_modules_as_identity`]); `new_modules_init="random"` keeps the variant's own
+    initialisation. A checkpoint with every weight loads as saved.
+    """
+
+    @classmethod
+    def from_pretrained(cls, *args, new_modules_init: str = "identity", **kwargs):
+        if new_modules_init not in NEW_MODULE_INITS:
+            raise ValueError(f"new_modules_init must be one of {NEW_MODULE_INITS}, got {new_modules_init!r}.")
+        return_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        new_modules = sorted({key.rsplit(".", 1)[0] for key in info["missing_keys"]})
+        if new_modules and new_modules_init == "identity":
+            exact = init_new_modules_as_identity(model, new_modules)
+            logger.info("encoder_type=%r: the new modules %s start %s", model.config.encoder_type,
+                        ", ".join(new_modules),
+                        "as an identity" if exact else "close to the checkpoint's function, where the variant allows")
+        return (model, info) if return_info else model

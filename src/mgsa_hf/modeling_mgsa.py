@@ -7,8 +7,11 @@ encoder layers (MG-SA, hybrid, RHE) or add phrase sub-layers to every layer (PR)
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from huggingface_hub import HfApi, ModelCard
+from huggingface_hub.errors import EntryNotFoundError
 from torch import nn
 from torch.nn import CrossEntropyLoss
 from transformers import initialization as init
@@ -37,6 +40,7 @@ from .modeling_layers import (
     MgsaEncoderLayer,
     MgsaLayerOutput,
     MgsaSyntaxInputs,
+    VariantUpgradeMixin,
     resolve_cache,
     source_syntax_fields,
 )
@@ -176,7 +180,7 @@ class MgsaSeq2SeqLMOutput(Seq2SeqLMOutput):
     encoder_head_labels: tuple[torch.LongTensor, ...] | None = None
 
 
-class MgsaPreTrainedModel(PreTrainedModel):
+class MgsaPreTrainedModel(VariantUpgradeMixin, PreTrainedModel):
     config: MgsaConfig
     config_class = MgsaConfig
     base_model_prefix = "model"
@@ -631,18 +635,43 @@ class MgsaModel(MgsaPreTrainedModel):
 
 
 class BaseModelAutoMapMixin:
-    """Saving a translation model also names its bare encoder-decoder (`base_model_class`) under `AutoModel` in the
-    config's `auto_map`, so that `AutoModel.from_pretrained(folder, trust_remote_code=True)` loads a saved folder
-    where this package is not installed (`save_pretrained` writes only the saved class's own Auto entry)."""
+    """Saving a translation model with its code (`register_for_auto_class`, which importing the package does) also
+    names its bare encoder-decoder (`base_model_class`) under `AutoModel` in the config's `auto_map`, and the
+    translation pipeline under `mgsa-translation` in `custom_pipelines`, so that `AutoModel.from_pretrained(folder,
+    trust_remote_code=True)` and `pipeline(model=folder, trust_remote_code=True)` work where this package is not
+    installed. `save_pretrained` writes only the saved class's own Auto entry and the code its module imports:
+    importing the pipeline here makes it one of those files, so every save (`Trainer.save_model`, `push_to_hub`)
+    writes it."""
 
     base_model_class: type
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         if self._auto_class is not None:
+            from .pipeline_translation import remote_pipelines
+
             base = self.base_model_class
             self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}),
                                     "AutoModel": f"{base.__module__.rsplit('.', 1)[-1]}.{base.__name__}"}
+            self.config.custom_pipelines = {**(getattr(self.config, "custom_pipelines", None) or {}),
+                                            **remote_pipelines()}
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def push_to_hub(self, repo_id: str, *args, **kwargs):
+        """
+        Transformers' `push_to_hub`, which keeps the card a repository has and gives a new one its blank template:
+        a model loaded from a folder that holds this package's model card (`README.md` tagged `mgsa-hf`, with the
+        scores as `model-index`, as `mgsa-hf train` writes it) gives a repository without a card that card first.
+        """
+        card_path = Path(str(self.name_or_path)) / "README.md"
+        if card_path.is_file() and "mgsa-hf" in (ModelCard.load(card_path).data.tags or []):
+            api = HfApi(token=kwargs.get("token"))
+            repo_id = api.create_repo(repo_id, private=kwargs.get("private"), exist_ok=True).repo_id
+            try:
+                ModelCard.load(repo_id, token=kwargs.get("token"))
+            except EntryNotFoundError:
+                api.upload_file(path_or_fileobj=str(card_path), path_in_repo="README.md", repo_id=repo_id,
+                                commit_message="Add the model card")
+        return super().push_to_hub(repo_id, *args, **kwargs)
 
 
 class MgsaForConditionalGeneration(BaseModelAutoMapMixin, MgsaPreTrainedModel, GenerationMixin):

@@ -40,6 +40,7 @@ from .modeling_layers import (
     MgsaCheckpointingLayer,
     MgsaLayerOutput,
     MgsaSyntaxInputs,
+    VariantUpgradeMixin,
     resolve_cache,
     source_syntax_fields,
     split_self_attention_outputs,
@@ -156,6 +157,8 @@ class MgsaT5Block(MgsaCheckpointingLayer):
         self.dropout = config.dropout_rate
         self.layer_norm_epsilon = config.layer_norm_epsilon
         self.layer = nn.ModuleList()
+
+    pre_norm = True  # T5 normalises a sub-layer's input; the residual passes around it
 
     def sublayer(self, hidden_states: torch.Tensor, function, layer_norm: nn.Module) -> torch.Tensor:
         """A sub-layer the way T5 wraps it, for variants that add one (PR): x + dropout(function(RMSNorm(x)))."""
@@ -279,7 +282,7 @@ def build_decoder_block(config: MgsaT5Config, layer_idx: int) -> MgsaT5DecoderBl
     return DECODER_BLOCKS.get(config.encoder_type, MgsaT5DecoderBlock)(config, layer_idx)
 
 
-class MgsaT5PreTrainedModel(T5PreTrainedModel):
+class MgsaT5PreTrainedModel(VariantUpgradeMixin, T5PreTrainedModel):
     config: MgsaT5Config
     config_class = MgsaT5Config
     base_model_prefix = "transformer"
