@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Write an MGSA model folder from a Marian (opus-mt style) or T5 folder or Hub id.
 
-Every Marian (T5) weight is kept; the chosen encoder variant's new modules are freshly initialised. The tokenizer
+Every Marian (T5) weight is kept; the chosen encoder variant's new modules start so that the model computes what the
+source computed, as far as the variant allows (`--new-modules-init identity`, see `mgsa_hf.conversion`), or with the
+variant's own initialisation (`random`). The tokenizer
 (and the MGSA processor, when a parser is available) are saved beside the model so the folder is ready for fine-tuning:
 
     python scripts/convert_marian.py path/to/opus-mt-en-de out/opus-mt-en-de-rhe --encoder-type rhe
@@ -19,9 +21,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("output_dir", help="where to write the MGSA model folder")
     parser.add_argument(
         "--encoder-type",
-        default="transformer",
-        help="transformer, phrase_memory, phrase_representation, hybrid or rhe",
+        default=None,
+        help="transformer, phrase_memory, phrase_representation, hybrid or rhe (default: the checkpoint's own)",
     )
+    parser.add_argument("--new-modules-init", choices=["identity", "random"], default="identity",
+                        help="how the variant's new modules start (default: as an identity where the variant allows)")
     parser.add_argument(
         "--set", nargs="*", default=[], metavar="FIELD=JSON",
         help="extra MgsaConfig fields, e.g. --set rhe_mode='\"sea_all\"' rhe_layers='[0,1]'",
@@ -35,7 +39,8 @@ def main(argv=None) -> None:
     for item in args.set:
         field, _, value = item.partition("=")
         overrides[field] = json.loads(value)
-    report = convert_checkpoint(args.marian, args.output_dir, encoder_type=args.encoder_type, **overrides)
+    report = convert_checkpoint(args.marian, args.output_dir, encoder_type=args.encoder_type,
+                                new_modules_init=args.new_modules_init, **overrides)
     print(json.dumps(report, indent=2))
 
 

@@ -9,7 +9,7 @@ whose translations are under half distinct is counted as collapsed. The training
 that the runs' escape from the one-sentence stage can be compared, not only counted.
 
     python scripts/probe_collapse.py --seeds 1-10 --steps 250 --parallel 2 \
-        --tokenizer runs/mgsa-multi30k/tokenizer --output benchmarks/collapse-probe.json
+        --tokenizer runs/mgsa-multi30k-run/tokenizer --output benchmarks/collapse-probe.json
 
 With `--tokenizer` every run shares one joint vocabulary, so runs differ by their seed alone (initialisation, batch
 order, dropout). Results are written after every run; a (candidate, seed) already in the output is skipped (resume).
@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from statistics import median
 
-from mgsa_hf.training import COLLAPSED_FRACTION
+from mgsa_hf.training import COLLAPSED_FRACTION, run_folder
 
 
 # each is the packaged default config (src/mgsa_hf/default_train_config.yaml) plus these overrides
@@ -84,13 +84,14 @@ def run_one(candidate: str, seed: int, args, threads: int) -> dict:
            "TOKENIZERS_PARALLELISM": "false"}
     log = run_dir.with_suffix(".log")
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    if not (run_dir / "results.json").is_file():  # written last: a finished run is measured, not trained again
+    run_files = run_folder(run_dir)  # results and checkpoints, beside the model folder
+    if not (run_files / "results.json").is_file():  # written last: a finished run is measured, not trained again
         with log.open("w") as stream:
             subprocess.run([sys.executable, "-m", "mgsa_hf.cli", "train", *overrides], env=env, check=True,
                            stdout=stream, stderr=subprocess.STDOUT)
-    results = json.loads((run_dir / "results.json").read_text())
+    results = json.loads((run_files / "results.json").read_text())
     validation = next(row for row in results["scores"] if row["split"] == "validation")
-    state = json.loads((run_dir / "checkpoints" / f"checkpoint-{args.steps}" / "trainer_state.json").read_text())
+    state = json.loads((run_files / "checkpoints" / f"checkpoint-{args.steps}" / "trainer_state.json").read_text())
     losses = {entry["step"]: entry["loss"] for entry in state["log_history"] if "loss" in entry}
     sources, targets = validation_pairs(args)
     record = {"candidate": candidate, "seed": seed, "threads": threads, "steps": args.steps, "every": args.every,
@@ -100,7 +101,8 @@ def run_one(candidate: str, seed: int, args, threads: int) -> dict:
               "collapsed": validation["distinct_fraction"] < COLLAPSED_FRACTION,
               "loss": losses}
     if args.every:  # the spread at every saved step: when a run leaves the one-sentence stage, or collapses
-        checkpoints = sorted((run_dir / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+        checkpoints = sorted((run_files / "checkpoints").glob("checkpoint-*"),
+                             key=lambda p: int(p.name.split("-")[1]))
         record["encoder_token_spread_by_step"] = {
             int(checkpoint.name.split("-")[1]): round(spread_of(checkpoint, sources, targets), 4)
             for checkpoint in checkpoints}

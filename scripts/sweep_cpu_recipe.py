@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from mgsa_hf.tokenization_utils import read_lines
+from mgsa_hf.training import run_folder
 
 
 # The candidates measured for the default recipe (benchmarks/BENCHMARKS.md, "The default CPU recipe"); each is the
@@ -54,8 +55,9 @@ def score_checkpoints(run_dir: Path, started: float, test_sources: list[str], te
     from mgsa_hf import MgsaForConditionalGeneration
     from mgsa_hf.evaluation import translation_scores
 
-    tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
-    checkpoints = sorted((run_dir / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    run_files = run_folder(run_dir)  # the trained tokenizer and the checkpoints, beside the model folder
+    tokenizer = AutoTokenizer.from_pretrained(run_files / "tokenizer")
+    checkpoints = sorted((run_files / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
     curve = []
     for checkpoint in checkpoints:
         minute = ((checkpoint / "model.safetensors").stat().st_mtime - started) / 60
@@ -146,7 +148,7 @@ def main() -> None:
             finished = False
         wall = time.time() - started
         curve = score_checkpoints(run_dir, started, test_sources, test_references)
-        final = json.loads((run_dir / "results.json").read_text()) if finished else None
+        final = json.loads((run_folder(run_dir) / "results.json").read_text()) if finished else None
         results["runs"][name] = {"overrides": CANDIDATES[name], "threads": args.threads, "wall_seconds": round(wall),
                                  "finished": finished, "curve": curve,
                                  "final_scores": final["scores"] if final else None}

@@ -53,6 +53,7 @@ def test_training_forward_is_one_graph(multi30k_processor, multi30k_val, tiny_co
     torch._dynamo.reset()
     reasons = [str(reason.reason).splitlines()[0] for reason in explained.break_reasons]
     assert explained.graph_break_count == 0, reasons
+    assert model._can_compile_fullgraph  # what transformers' tooling reads (the other rows: test_model_api.py)
 
 
 @pytest.mark.parametrize("encoder_type, fields", ONE_GRAPH + EAGER_RECURRENCE, ids=lambda value: str(value))

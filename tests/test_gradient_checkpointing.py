@@ -1,10 +1,11 @@
-"""`gradient_checkpointing_enable()` trains every encoder type with the same loss and gradients as without it (MG-SA's
-tag loss included), on a real processor batch."""
+"""`gradient_checkpointing_enable()`, reentrant or not, trains every encoder type on both backbones with the same loss
+and gradients as without it (MG-SA's tag loss, PR's source phrases and T5's shared position bias included), on a real
+processor batch."""
 
 import pytest
 import torch
 
-from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
+from mgsa_hf import MgsaForConditionalGeneration, MgsaT5Config, MgsaT5ForConditionalGeneration
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -25,11 +26,25 @@ def batch(multi30k_processor, multi30k_val):
     return dict(multi30k_processor(sources, text_target=targets, return_tensors="pt"))
 
 
-def loss_and_gradients(config: MgsaConfig, batch: dict, checkpointing: bool):
+def t5_config(processor, encoder_type: str, **fields) -> MgsaT5Config:
+    """A tiny T5-family config (2 + 2 blocks) for the processor's vocabulary."""
+    tokenizer = processor.tokenizer
+    return MgsaT5Config(
+        vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id, encoder_type=encoder_type,
+        num_phrase_tags=len(processor.phrase_tags), **fields,
+    )
+
+
+def loss_and_gradients(model_class, config, batch: dict, use_reentrant: bool | None):
+    """Loss output and gradients of a fresh model (seed 0) trained one step, checkpointed unless `use_reentrant` is
+    None."""
     torch.manual_seed(0)
-    model = MgsaForConditionalGeneration(config).train()
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = model_class(config).train()
+    if use_reentrant is not None:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
         assert model.is_gradient_checkpointing
     output = model(**batch)
     output.loss.backward()
@@ -37,17 +52,26 @@ def loss_and_gradients(config: MgsaConfig, batch: dict, checkpointing: bool):
     return output, gradients
 
 
+@pytest.mark.parametrize("backbone", ["marian", "t5"])
 @pytest.mark.parametrize("encoder_type", list(ROWS))
-def test_gradient_checkpointing_gives_the_same_loss_and_gradients(encoder_type, multi30k_processor, batch,
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients(backbone, encoder_type, multi30k_processor, batch,
                                                                    tiny_config):
-    config = tiny_config(multi30k_processor, encoder_type, decoder_layers=2, dropout=0.0, attention_dropout=0.0,
-                         **ROWS[encoder_type])
-    plain, plain_gradients = loss_and_gradients(config, batch, checkpointing=False)
-    checkpointed, checkpointed_gradients = loss_and_gradients(config, batch, checkpointing=True)
-    torch.testing.assert_close(checkpointed.loss, plain.loss)
+    if backbone == "marian":
+        model_class = MgsaForConditionalGeneration
+        config = tiny_config(multi30k_processor, encoder_type, decoder_layers=2, dropout=0.0, attention_dropout=0.0,
+                             **ROWS[encoder_type])
+    else:
+        model_class = MgsaT5ForConditionalGeneration
+        config = t5_config(multi30k_processor, encoder_type, **ROWS[encoder_type])
+    plain, plain_gradients = loss_and_gradients(model_class, config, batch, use_reentrant=None)
     if config.phrase_tag_supervision:
         assert plain.tag_loss is not None and plain.tag_loss > 0
-        torch.testing.assert_close(checkpointed.tag_loss, plain.tag_loss)
-    assert checkpointed_gradients.keys() == plain_gradients.keys()
-    for name, gradient in plain_gradients.items():
-        torch.testing.assert_close(checkpointed_gradients[name], gradient, atol=1e-6, rtol=1e-4, msg=name)
+    for use_reentrant in (False, True):
+        checkpointed, checkpointed_gradients = loss_and_gradients(model_class, config, batch, use_reentrant)
+        torch.testing.assert_close(checkpointed.loss, plain.loss)
+        if config.phrase_tag_supervision:
+            torch.testing.assert_close(checkpointed.tag_loss, plain.tag_loss)
+        assert checkpointed_gradients.keys() == plain_gradients.keys(), use_reentrant
+        for name, gradient in plain_gradients.items():
+            torch.testing.assert_close(checkpointed_gradients[name], gradient, atol=1e-6, rtol=1e-4,
+                                       msg=f"{name}, use_reentrant={use_reentrant}")

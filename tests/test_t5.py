@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, T5Config, T5ForCondi
 
 from mgsa_hf import MgsaT5Config, MgsaT5ForConditionalGeneration
 from mgsa_hf.conversion import load_as_mgsa
+from mgsa_hf.training import run_folder
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,7 +115,7 @@ def test_variants_on_t5(name, t5_dir, real_batch):
     loss and gradients on every new parameter, padding invariance, and 4-beam generation equal to each sentence
     alone."""
     fields = dict(VARIANTS[name])
-    model, new_modules = load_as_mgsa(str(t5_dir), **fields)
+    model, new_modules = load_as_mgsa(str(t5_dir), new_modules_init="random", **fields)  # the variant's own init
     assert isinstance(model, MgsaT5ForConditionalGeneration)
     reference = T5ForConditionalGeneration.from_pretrained(t5_dir).state_dict()
     parameters = dict(model.named_parameters())
@@ -152,7 +153,7 @@ def test_train_script_trains_the_t5_family_and_the_folder_loads(tmp_path):
                f"data={DATA}", f"output_dir={tmp_path}"]
     result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    results = json.loads((tmp_path / "results.json").read_text())
+    results = json.loads((run_folder(tmp_path) / "results.json").read_text())
     assert results["global_step"] == 4 and {row["split"] for row in results["scores"]} == {"validation", "test"}
     assert all(0.0 <= row["bleu"] <= 100.0 and 0.0 <= row["chrf"] <= 100.0 for row in results["scores"])
     assert "T5-style Transformer whose encoder is **rhe**" in (tmp_path / "README.md").read_text()

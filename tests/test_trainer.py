@@ -4,7 +4,7 @@ token-count batches."""
 import numpy as np
 import pytest
 import torch
-from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers import DataCollatorForSeq2Seq, DataCollatorWithPadding, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from mgsa_hf import MgsaDataCollator, MgsaForConditionalGeneration, MgsaSeq2SeqTrainer
 from mgsa_hf.trainer_mgsa import TokenBatchSampler
@@ -150,6 +150,53 @@ def test_trainer_batches_by_token_count(multi30k_processor, tiny_config, multi30
         assert batch["input_ids"].numel() <= 160 and batch["labels"].numel() <= 160
     trainer.train()
     assert trainer.state.global_step == 2
+
+
+def test_token_batch_run_reports_the_pairs_trained(multi30k_processor, tiny_config, multi30k_val, tmp_path):
+    """With token batches `train_samples_per_second` is the sentence pairs trained over the runtime: one epoch of
+    the 16 pairs here, in however many batches the sampler makes (the Trainer alone would count one pair per step,
+    `per_device_train_batch_size`)."""
+    from datasets import Dataset
+
+    sources, targets = multi30k_val
+    encoding = multi30k_processor(sources, text_target=targets)
+    dataset = Dataset.from_dict({key: encoding[key] for key in ("input_ids", "attention_mask", "labels")})
+    lengths = [[len(ids) for ids in encoding[key]] for key in ("input_ids", "labels")]
+    steps_per_epoch = len(TokenBatchSampler(*lengths, max_tokens=160))
+    assert 1 < steps_per_epoch < len(sources)
+    model = MgsaForConditionalGeneration(tiny_config(multi30k_processor, "transformer"))
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=1,
+                                    max_steps=steps_per_epoch, report_to="none", use_cpu=True, save_strategy="no")
+    trainer = MgsaSeq2SeqTrainer(model=model, args=args, train_dataset=dataset, max_tokens_per_batch=160,
+                                 data_collator=MgsaDataCollator(tokenizer=multi30k_processor.tokenizer, model=model))
+    metrics = trainer.train().metrics
+    assert trainer.state.epoch == 1.0
+    assert metrics["train_samples_per_second"] == pytest.approx(len(sources) / metrics["train_runtime"], rel=2e-3)
+    assert trainer.state.log_history[-1]["train_samples_per_second"] == metrics["train_samples_per_second"]
+
+
+@pytest.mark.parametrize("collator", ["DataCollatorForSeq2Seq", "DataCollatorWithPadding", "the Trainer's default"])
+def test_collator_that_cannot_pad_syntax_fields_is_refused(multi30k_processor, tiny_config, features, tmp_path,
+                                                           collator):
+    """transformers' collators pad only the tokenizer's fields: on rows with the processor's syntax fields batching
+    fails with "Unable to create tensor ... `word_ids`", or with ragged lists; `MgsaSeq2SeqTrainer` refuses them
+    when it is built, naming `MgsaDataCollator`. Rows without syntax fields keep any collator."""
+    model = MgsaForConditionalGeneration(tiny_config(multi30k_processor, "rhe"))
+    tokenizer = multi30k_processor.tokenizer
+    data_collator = {"DataCollatorForSeq2Seq": DataCollatorForSeq2Seq(tokenizer, model=model),
+                     "DataCollatorWithPadding": DataCollatorWithPadding(tokenizer),
+                     "the Trainer's default": None}[collator]
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, save_strategy="no")
+    plain = Seq2SeqTrainer(model=model, args=args, train_dataset=features, data_collator=data_collator)
+    with pytest.raises((ValueError, TypeError)):  # what a plain Seq2SeqTrainer run meets at its first batch
+        next(iter(plain.get_train_dataloader()))
+    with pytest.raises(ValueError, match=r"syntax fields \['word_ids', 'head_word_ids'.*"
+                                         r"data_collator=MgsaDataCollator\(processor.tokenizer, model=model\)"):
+        MgsaSeq2SeqTrainer(model=model, args=args, train_dataset=features, data_collator=data_collator)
+    with pytest.raises(ValueError, match="The evaluation dataset holds the processor's syntax fields"):
+        MgsaSeq2SeqTrainer(model=model, args=args, eval_dataset=features, data_collator=data_collator)
+    tokens_only = [{key: row[key] for key in ("input_ids", "attention_mask", "labels")} for row in features]
+    MgsaSeq2SeqTrainer(model=model, args=args, train_dataset=tokens_only, data_collator=data_collator)
 
 
 def test_encoder_token_spread_tells_a_collapsed_encoder(multi30k_processor, tiny_config, multi30k_val):

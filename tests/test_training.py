@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoProcessor, pipeline
 
 from mgsa_hf import MgsaForConditionalGeneration, MgsaProcessor
-from mgsa_hf.training import TrainConfig, load_train_config, train
+from mgsa_hf.training import TrainConfig, load_train_config, run_folder, train
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ def test_train_save_load_and_translate(tmp_path, encoder_type):
     assert results["global_step"] == 4
     assert {row["split"] for row in results["scores"]} == {"validation", "test"}
     assert all(0.0 <= row["bleu"] <= 100.0 and row["chrf"] > 0.0 for row in results["scores"])
-    assert json.loads((tmp_path / "results.json").read_text())["encoder_type"] == encoder_type
+    assert json.loads((run_folder(tmp_path) / "results.json").read_text())["encoder_type"] == encoder_type
 
     model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     processor = AutoProcessor.from_pretrained(tmp_path)
@@ -94,10 +94,11 @@ def test_model_card_carries_scores(trained_tiny):
     card = ModelCard.load(folder / "README.md")
     measured = {(r.dataset_split, r.metric_type): r.metric_value for r in card.data.eval_results}
     for row in results["scores"]:
-        assert measured[(row["split"], "bleu")] == pytest.approx(row["bleu"], abs=0.01)
-        assert measured[(row["split"], "chrf")] == pytest.approx(row["chrf"], abs=0.01)
+        split = {"validation": "val", "test": "test_2016_flickr"}[row["split"]]  # the corpus's names
+        assert measured[(split, "bleu")] == pytest.approx(row["bleu"], abs=0.01)
+        assert measured[(split, "chrf")] == pytest.approx(row["chrf"], abs=0.01)
         # the share of distinct translations, so that a model writing one sentence for every input shows it
-        assert f"| {row['split']} | {row['bleu']:.2f} | {row['chrf']:.2f} | {100 * row['distinct_fraction']:.1f}% |" \
+        assert f"| {split} | {row['bleu']:.2f} | {row['chrf']:.2f} | {100 * row['distinct_fraction']:.1f}% |" \
             in card.text
     assert "transformer" in card.data.tags and card.data.pipeline_tag == "translation"
 
@@ -148,7 +149,7 @@ def test_runs_with_one_seed_repeat_and_cpu_memory_reuse_is_asked_for(tmp_path, o
     assert calls == ["reuse"]
     torch.manual_seed(1234)
     torch.rand(1000)
-    common += (f"tokenizer={tmp_path / 'first' / 'tokenizer'}",)
+    common += (f"tokenizer={run_folder(tmp_path / 'first') / 'tokenizer'}",)
     _, again = train(tiny_config(tmp_path / "again", *common))
     _, other = train(tiny_config(tmp_path / "other", *common, "training.seed=7"))
     assert calls == ["reuse"]  # tiny.yaml leaves the allocator alone
@@ -169,7 +170,7 @@ def test_a_model_that_ignores_its_source_is_reported(tmp_path, one_thread, capsy
         capsys.readouterr()
         results = run_train(argparse.Namespace(config=str(TINY), overrides=[
             f"data={DATA}", f"output_dir={tmp_path / name}", "training.eval_strategy=no", *overrides]))
-        hypotheses = (tmp_path / name / "test.hyp.de").read_text().splitlines()
+        hypotheses = (run_folder(tmp_path / name) / "test.hyp.de").read_text().splitlines()
         test = next(row for row in results["scores"] if row["split"] == "test")
         assert test["distinct_fraction"] == len(set(hypotheses)) / len(hypotheses)
         return test["distinct_fraction"], capsys.readouterr().out
@@ -212,18 +213,24 @@ def test_reused_cpu_memory_is_not_faulted_in_again():
 
 @pytest.mark.parametrize("batching", [[], ["max_tokens_per_batch=800"]], ids=["sentences", "tokens"])
 def test_resume_from_checkpoint_equals_an_uninterrupted_run(tmp_path, one_thread, batching):
-    """Stopped after checkpoint-2 and resumed, a run reaches step 4 with the weights and the logged losses of the
-    uninterrupted run (CPU, one thread: the Trainer restores the data order and the RNG states, dropout included).
-    With token-count batches (3 per epoch of the 64 sentences here) the resumed run skips into the middle of the first
-    epoch and then draws the second epoch's order."""
+    """Stopped after checkpoint-2 and resumed (`resume_from_checkpoint=true`: the last checkpoint in the run folder),
+    a run reaches step 4 with the weights and the logged losses of the uninterrupted run (CPU, one thread: the Trainer
+    restores the data order and the RNG states, dropout included). With token-count batches (3 per epoch of the 64
+    sentences here) the resumed run skips into the middle of the first epoch and then draws the second epoch's
+    order."""
+    import argparse
+
+    from mgsa_hf.training import run_train
+
     _, model = train(tiny_config(tmp_path, "training.max_steps=4", *batching))
     uninterrupted = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-    checkpoints = tmp_path / "checkpoints"
+    checkpoints = run_folder(tmp_path) / "checkpoints"
     logged = json.loads((checkpoints / "checkpoint-4" / "trainer_state.json").read_text())["log_history"]
     shutil.rmtree(checkpoints / "checkpoint-4")
     assert (checkpoints / "checkpoint-2").is_dir()
-    resume = f"resume_from_checkpoint={checkpoints / 'checkpoint-2'}"
-    results, model = train(tiny_config(tmp_path, "training.max_steps=4", resume, *batching))
+    results = run_train(argparse.Namespace(config=str(TINY), overrides=[
+        f"data={DATA}", f"output_dir={tmp_path}", "training.max_steps=4", "resume_from_checkpoint=true", *batching]))
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
     assert results["global_step"] == 4
     state = json.loads((checkpoints / "checkpoint-4" / "trainer_state.json").read_text())
     assert state["global_step"] == 4
@@ -239,7 +246,6 @@ def test_resume_from_checkpoint_equals_an_uninterrupted_run(tmp_path, one_thread
     assert values == pytest.approx(expected_values, rel=1e-5)
     for name, tensor in model.state_dict().items():
         torch.testing.assert_close(tensor, uninterrupted[name], atol=1e-6, rtol=1e-5, msg=name)
-    AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
 
 
 def test_a_collapsed_encoder_restarts_with_the_next_seed(tmp_path, one_thread, capsys):
@@ -257,11 +263,13 @@ def test_a_collapsed_encoder_restarts_with_the_next_seed(tmp_path, one_thread, c
     assert [(row["seed"], row["step"]) for row in results["restarts"]] == [(0, 2)]
     assert 0 < results["restarts"][0]["encoder_token_spread"] < 2.0
     assert results["seed"] == 1 and results["global_step"] == 4
-    state = json.loads((tmp_path / "forced" / "checkpoints" / "checkpoint-4" / "trainer_state.json").read_text())
+    state = json.loads((run_folder(tmp_path / "forced") / "checkpoints" / "checkpoint-4" / "trainer_state.json")
+                       .read_text())
     assert not any("encoder_token_spread" in entry for entry in state["log_history"])  # the second run's history
-    assert json.loads((tmp_path / "forced" / "results.json").read_text())["restarts"] == results["restarts"]
+    saved = json.loads((run_folder(tmp_path / "forced") / "results.json").read_text())
+    assert saved["restarts"] == results["restarts"]
     _, seeded = train(tiny_config(tmp_path / "seed1", "training.max_steps=4", "training.eval_strategy=no",
-                                  "training.seed=1", f"tokenizer={tmp_path / 'forced' / 'tokenizer'}"))
+                                  "training.seed=1", f"tokenizer={run_folder(tmp_path / 'forced') / 'tokenizer'}"))
     restarted = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "forced")
     for name, tensor in seeded.state_dict().items():  # the restart is the run of seed 1
         torch.testing.assert_close(restarted.state_dict()[name], tensor, msg=name)
@@ -269,11 +277,12 @@ def test_a_collapsed_encoder_restarts_with_the_next_seed(tmp_path, one_thread, c
     results, _ = train(tiny_config(tmp_path / "healthy", "training.max_steps=4", "training.eval_strategy=no",
                                    "collapse_check_step=2", "collapse_min_spread=0.0"))
     assert "restarts" not in results and results["seed"] == 0
-    state = json.loads((tmp_path / "healthy" / "checkpoints" / "checkpoint-4" / "trainer_state.json").read_text())
+    state = json.loads((run_folder(tmp_path / "healthy") / "checkpoints" / "checkpoint-4" / "trainer_state.json")
+                       .read_text())
     assert [entry["step"] for entry in state["log_history"] if "encoder_token_spread" in entry] == [2]
 
     # a resumed run that collapses starts the next seed from its initialisation, not from the deleted checkpoint
-    resume = f"resume_from_checkpoint={tmp_path / 'healthy' / 'checkpoints' / 'checkpoint-2'}"
+    resume = f"resume_from_checkpoint={run_folder(tmp_path / 'healthy') / 'checkpoints' / 'checkpoint-2'}"
     results, _ = train(tiny_config(tmp_path / "healthy", "training.max_steps=4", "training.eval_strategy=no",
                                    "collapse_check_step=3", "collapse_min_spread=2.0", "collapse_restarts=1", resume))
     assert [(row["seed"], row["step"]) for row in results["restarts"]] == [(0, 3)]
@@ -292,7 +301,7 @@ def test_a_collapsed_encoder_restarts_with_the_next_seed(tmp_path, one_thread, c
 def test_bad_configuration_fails_before_training(tmp_path, overrides, error, message):
     with pytest.raises(error, match=message):
         train(tiny_config(tmp_path / "run", *overrides))
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert not (run_folder(tmp_path / "run") / "checkpoints").exists()
 
 
 def test_mismatched_and_empty_corpora(tmp_path):
@@ -328,6 +337,34 @@ def test_two_cpu_processes_with_accelerate(tmp_path, batching):
     assert all(rank["world_size"] == 2 and rank["global_step"] == 3 for rank in ranks)
     assert ranks[0]["digest"] == ranks[1]["digest"]
     AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("use_cpu", [True, False], ids=["use_cpu", "without_use_cpu"])
+def test_user_script_under_two_cpu_processes(tmp_path, use_cpu):
+    """A user's script with `MgsaSeq2SeqTrainer` under `accelerate launch` with the 2-CPU-process config: with
+    `use_cpu=True` the two processes train as one (world size 2, token batches, the pairs of both counted in
+    `train_samples_per_second`); without it the Trainer would train two independent copies, each seeing world size
+    1, so the script stops with an error naming `use_cpu=True`."""
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(REPO / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "29563",
+        str(REPO / "tests" / "scripts" / "trainer_processes.py"), str(tmp_path), *(["--use-cpu"] if use_cpu else []),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("ACCELERATE_USE_CPU", None)
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    if use_cpu:
+        assert result.returncode == 0, result.stderr[-4000:]
+        ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+        assert all(rank["world_size"] == 2 and rank["global_step"] == 2 for rank in ranks)
+        # 2 steps of one 4-pair batch in each of the 2 processes: the 16 pairs, whatever the per-device batch size
+        metrics = ranks[0]["metrics"]
+        assert metrics["train_samples_per_second"] == pytest.approx(16 / metrics["train_runtime"], rel=2e-3)
+    else:
+        assert result.returncode != 0
+        assert "The launcher started 2 processes, but the training arguments see one" in result.stderr
+        assert "set `use_cpu=True`" in result.stderr
+        assert not list(tmp_path.glob("rank*.json"))
 
 
 def test_demo_runs_every_encoder_type():
@@ -367,6 +404,49 @@ def test_corpus_files_through_datasets_loaders(tmp_path):
         load_parallel_corpus(bad, "en", "de", {"train": "train"})
 
 
+def test_multi30k_from_the_hub_as_the_readme_says(tmp_path, monkeypatch):
+    """The README's command for Multi30k from the Hub (where ../shared is missing): the dataset id reaches
+    `load_dataset`, its `en`/`de` columns become the `translation` pairs, and the run trains and scores validation
+    and test. The Hub cannot be reached here: `load_dataset` serves the first lines of the local Multi30k files in
+    the Hub dataset's layout (splits train, validation, test; a column per language). A split it lacks is named, and
+    a missing corpus folder points to the README."""
+    import shlex
+
+    import datasets
+
+    import mgsa_hf.data
+    from mgsa_hf.data import load_parallel_corpus
+    from mgsa_hf.tokenization_utils import read_lines
+
+    (command,) = [line for line in (REPO / "README.md").read_text().splitlines()
+                  if line.startswith("mgsa-hf train data=bentrevett/multi30k")]
+    overrides = shlex.split(command.split("#")[0])[2:]
+    real_load_dataset, requested = mgsa_hf.data.load_dataset, []
+
+    def load_dataset(path, *args, **kwargs):
+        if path != "bentrevett/multi30k":
+            return real_load_dataset(path, *args, **kwargs)
+        requested.append(path)
+        files = {"train": "train", "validation": "val", "test": "test_2016_flickr"}
+        return datasets.DatasetDict({
+            split: datasets.Dataset.from_dict({lang: list(read_lines(DATA / f"{name}.{lang}.gz", 64))
+                                               for lang in ("en", "de")})
+            for split, name in files.items()})
+
+    monkeypatch.setattr(mgsa_hf.data, "load_dataset", load_dataset)
+    config = load_train_config(TINY, [*overrides, f"output_dir={tmp_path}", "training.max_steps=1"])
+    corpus = load_parallel_corpus(config.data, "en", "de", config.splits)
+    assert corpus["test"]["translation"][0] == {"en": next(read_lines(DATA / "test_2016_flickr.en.gz", 1)),
+                                                "de": next(read_lines(DATA / "test_2016_flickr.de.gz", 1))}
+    results, _ = train(config)
+    assert requested == ["bentrevett/multi30k"] * 2
+    assert {row["split"] for row in results["scores"]} == {"validation", "test"}
+    with pytest.raises(ValueError, match=r"has no split\(s\) \['val'\]; it has \['test', 'train', 'validation'\]"):
+        load_parallel_corpus("bentrevett/multi30k", "en", "de", {"train": "train", "validation": "val"})
+    with pytest.raises(FileNotFoundError, match="no-such-folder does not exist: .* Hub dataset id .*Getting Multi30k"):
+        load_parallel_corpus(tmp_path / "no-such-folder", "en", "de", config.splits)
+
+
 def test_installed_wheel_trains_with_a_data_path(tmp_path):
     """`pip install .` (a wheel, not the editable checkout): the package data (default train config, model card
     template) is inside, and `mgsa-hf train` runs from a folder outside the repository with `data=` given."""
@@ -390,7 +470,7 @@ def test_installed_wheel_trains_with_a_data_path(tmp_path):
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"FROM {site}" in result.stdout
-    assert json.loads((tmp_path / "run" / "results.json").read_text())["global_step"] == 2
+    assert json.loads((run_folder(tmp_path / "run") / "results.json").read_text())["global_step"] == 2
 
 
 # Hand-written PTB trees (Penn Treebank conventions, function tags included) of Multi30k sentences: train 0, 1, 4 and
@@ -491,7 +571,7 @@ def test_bad_tree_files_fail_before_training(tmp_path):
         error = FileNotFoundError if "missing" in message else ValueError
         with pytest.raises(error, match=message):
             train(tiny_config(tmp_path / "run", corpus, "model.encoder_type=rhe", *overrides))
-        assert not (tmp_path / "run" / "checkpoints").exists()
+        assert not (run_folder(tmp_path / "run") / "checkpoints").exists()
 
 
 def test_jsonl_tree_column(tmp_path):

@@ -1,5 +1,9 @@
 """Upgrade a Marian (opus-mt style) or T5 checkpoint to an MGSA model folder."""
 
+import inspect
+import json
+from pathlib import Path
+
 from transformers import PretrainedConfig
 
 from .configuration_mgsa import MgsaConfig, MgsaT5Config
@@ -31,19 +35,30 @@ def new_module_names(missing_keys: list[str]) -> list[str]:
     return sorted({key.rsplit(".", 1)[0] for key in missing_keys})
 
 
-def load_as_mgsa(path: str, encoder_type: str = "transformer", **config_overrides):
+def load_as_mgsa(path: str, encoder_type: str | None = None, new_modules_init: str = "identity", **config_overrides):
     """
     Load a Marian or T5 (or MGSA) checkpoint, folder or Hub id, as [`MgsaForConditionalGeneration`] or
-    [`MgsaT5ForConditionalGeneration`] with the given encoder.
+    [`MgsaT5ForConditionalGeneration`], with the checkpoint's own configuration and the given fields changed.
+
+    Args:
+        encoder_type: the encoder to build; None keeps the checkpoint's (`"transformer"` for Marian and T5).
+        new_modules_init: how the modules the checkpoint lacks (the variant's) start: `"identity"`, so that the model
+            computes what the checkpoint computed as far as the variant allows
+            ([`~modeling_layers.init_new_modules_as_identity`]: a model that already translates keeps translating),
+            or `"random"`, the variant's own initialisation, as for training from scratch.
+        config_overrides: other configuration fields to change.
 
     Returns:
-        `(model, new_modules)`: the model, and the names of the modules the checkpoint did not have (the variant's),
-        which were freshly initialised. Raises `ValueError` if the checkpoint has weights the model cannot take.
+        `(model, new_modules)`: the model, and the names of the modules the checkpoint did not have (the variant's).
+        Raises `ValueError` if the checkpoint has weights the model cannot take.
     """
     backbone = checkpoint_backbone(path)
     config_class, model_class = BACKBONES[backbone]
-    config = config_class.from_pretrained(path, encoder_type=encoder_type, **config_overrides)
-    model, info = model_class.from_pretrained(path, config=config, output_loading_info=True)
+    if encoder_type is not None:
+        config_overrides["encoder_type"] = encoder_type
+    config = config_class.from_pretrained(path, **config_overrides)
+    model, info = model_class.from_pretrained(path, config=config, output_loading_info=True,
+                                              new_modules_init=new_modules_init)
     if info["unexpected_keys"] or info["mismatched_keys"]:
         raise ValueError(
             f"{path} is not a {backbone} checkpoint this model can take: unexpected {info['unexpected_keys']}, "
@@ -52,27 +67,43 @@ def load_as_mgsa(path: str, encoder_type: str = "transformer", **config_override
     return model, new_module_names(info["missing_keys"])
 
 
-def convert_checkpoint(path: str, output_dir: str, encoder_type: str = "transformer", **overrides):
-    """Write `output_dir` with the MGSA model and, when the source has a tokenizer, an [`MgsaProcessor`] around it
-    (tokenizer + default parser); return a report."""
-    from transformers import AutoTokenizer
-
-    from .pipeline_translation import add_remote_pipeline
+def saved_processor_settings(folder: str | None) -> dict:
+    """The settings of the processor saved in `folder` (`processor_config.json`), for fine-tuning it; {} without one.
+    `with_syntax` is left out: whether to parse follows the model being trained."""
     from .processing_mgsa import MgsaProcessor
 
-    model, new_modules = load_as_mgsa(path, encoder_type, **overrides)
-    add_remote_pipeline(model, output_dir)
-    model.save_pretrained(output_dir)
+    path = Path(folder) / "processor_config.json" if folder else None
+    if path is None or not path.is_file():
+        return {}
+    saved = json.loads(path.read_text())
+    allowed = set(inspect.signature(MgsaProcessor.__init__).parameters) - {"self", "tokenizer", "with_syntax"}
+    return {key: value for key, value in saved.items() if key in allowed}
+
+
+def convert_checkpoint(path: str, output_dir: str, encoder_type: str | None = None, new_modules_init: str = "identity",
+                       **overrides):
+    """Write `output_dir` with the MGSA model and, when the source has a tokenizer, an [`MgsaProcessor`] around it
+    (the source processor's settings, or the defaults; it parses only for encoder types that read syntax); return a
+    report."""
+    from transformers import AutoTokenizer
+
+    from .processing_mgsa import MgsaProcessor
+
+    model, new_modules = load_as_mgsa(path, encoder_type, new_modules_init, **overrides)
+    model.save_pretrained(output_dir)  # with the model's code, the translation pipeline's included
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError):  # the source has no tokenizer files
         tokenizer = None
     if tokenizer is not None:
-        MgsaProcessor(tokenizer).save_pretrained(output_dir)
+        # the source processor's settings, if it has one; the parse only where the encoder reads syntax
+        settings = {**saved_processor_settings(path), "with_syntax": model.config.encoder_type != "transformer"}
+        MgsaProcessor(tokenizer, **settings).save_pretrained(output_dir)
     return {
         "source": str(path),
         "output_dir": str(output_dir),
-        "encoder_type": encoder_type,
+        "encoder_type": model.config.encoder_type,
+        "new_modules_init": new_modules_init,
         "parameters": model.num_parameters(),
         "new_modules": new_modules,
         "processor_saved": tokenizer is not None,

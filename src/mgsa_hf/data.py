@@ -94,7 +94,8 @@ def load_parallel_corpus(
 
     Args:
         source: a folder of `{split}.{lang}[.gz]` files, a folder of `{split}.jsonl` files, a `.jsonl` file (used
-            for the train split) or a Hub dataset id (needs network access).
+            for the train split) or a Hub dataset id (needs network access) whose splits have a `translation` column
+            or a column per language (e.g. `bentrevett/multi30k`: `en`, `de`).
         src_lang, tgt_lang: language codes, e.g. `"en"`, `"de"`.
         splits: our split name → the corpus' split name, e.g. `{"train": "train", "validation": "val",
             "test": "test_2016_flickr"}`; a split mapped to `None` is skipped.
@@ -111,8 +112,8 @@ def load_parallel_corpus(
 
     Raises:
         `ValueError` for a tree file whose number of lines is not the split's number of sentences, a tree that does
-        not spell its sentence (naming the file and line), an unknown split, or `tree_files` and `tree_column`
-        together.
+        not spell its sentence (naming the file and line), an unknown split (a Hub dataset's named with the splits
+        it has), a Hub split without the language columns, or `tree_files` and `tree_column` together.
     """
     if tree_files and tree_column:
         raise ValueError("give the trees either as tree files per split or as a column of the data, not both.")
@@ -136,21 +137,37 @@ def load_parallel_corpus(
         if not path.is_file():
             raise FileNotFoundError(f"corpus file {path} does not exist.")
         corpus = DatasetDict({"train": _read_jsonl(path, src_lang, tgt_lang, tree_column)})
-    elif path.exists() or str(source).startswith((".", "/")):
+    elif path.exists():
         raise FileNotFoundError(f"corpus {source} is neither a folder of split files nor a .jsonl file.")
+    elif str(source).startswith((".", "/")):
+        raise FileNotFoundError(
+            f"corpus {source} does not exist: `data` takes a folder of {{split}}.{{lang}}[.gz] or {{split}}.jsonl "
+            "files, a .jsonl file or a Hub dataset id (for Multi30k, see the README's \"Getting Multi30k\")."
+        )
     else:
         hub = load_dataset(str(source), hub_config)
-        corpus = DatasetDict({name: _hub_split(hub[corpus_split], name, tree_column)
+        unknown = sorted(set(wanted.values()) - set(hub))
+        if unknown:
+            raise ValueError(f"the Hub dataset {source} has no split(s) {unknown}; it has {sorted(hub)}: map ours to "
+                             f"them with `splits`, e.g. {{train: train, validation: validation, test: test}}.")
+        corpus = DatasetDict({name: _hub_split(hub[corpus_split], name, src_lang, tgt_lang, tree_column)
                               for name, corpus_split in wanted.items()})
     return _with_tree_files(corpus, tree_files, src_lang) if tree_files else corpus
 
 
-def _hub_split(split: Dataset, name: str, tree_column: str | None) -> Dataset:
-    """A Hub split, with its tree column as [`TREE_COLUMN`] when `tree_column` is given."""
+def _hub_split(split: Dataset, name: str, src_lang: str, tgt_lang: str, tree_column: str | None) -> Dataset:
+    """A Hub split with its `translation` column (made from `src_lang` and `tgt_lang` columns when it has those
+    instead, as bentrevett/multi30k does), and its tree column as [`TREE_COLUMN`] when `tree_column` is given."""
+    if tree_column is not None and tree_column not in split.column_names:
+        raise ValueError(f"tree_column={tree_column!r} is not a column of split {name!r} ({split.column_names}).")
+    if "translation" not in split.column_names:
+        if src_lang not in split.column_names or tgt_lang not in split.column_names:
+            raise ValueError(f"split {name!r} of the Hub dataset has neither a `translation` column nor "
+                             f"{src_lang!r} and {tgt_lang!r} columns: {split.column_names}.")
+        split = split.map(lambda row: {"translation": {src_lang: row[src_lang], tgt_lang: row[tgt_lang]}},
+                          remove_columns=[src_lang, tgt_lang], desc=f"{name}: `translation` column")
     if tree_column is None:
         return split
-    if tree_column not in split.column_names:
-        raise ValueError(f"tree_column={tree_column!r} is not a column of split {name!r} ({split.column_names}).")
     split = split.select_columns(["translation", tree_column])
     return split if tree_column == TREE_COLUMN else split.rename_column(tree_column, TREE_COLUMN)
 

@@ -56,6 +56,33 @@ class HybridAttention(MgsaAttention):
         elif self.combination == "concat":
             self.concat_proj = nn.Linear(2 * self.inner_dim, self.inner_dim, bias=self.layout.bias)
 
+    # the gate's bias when a converted checkpoint's layer starts as its plain attention: g = σ(-8) ≈ 3.4e-4
+    identity_gate_bias = -8.0
+
+    @torch.no_grad()
+    def init_as_identity(self) -> bool:
+        """
+        Start this layer so that it computes what the plain self-attention of the checkpoint it upgrades computed
+        (`load_as_mgsa`): `"concat"` exactly (its projection reads the global half of [global ; local] as it is and the
+        local half not at all), `"gate"` to within g ≈ 3.4e-4 of it (W = 0 and the bias at −8 in Eq. 5, so g_i =
+        σ(−8) on every token: an exact 0 would need an infinite bias, and the gate still trains, Adam's steps being
+        as large for a small gradient as for a large one). `"local"` cannot start as the global pattern.
+
+        Returns:
+            Whether the layer starts exactly as the plain attention.
+        """
+        if self.combination == "concat":
+            weight = torch.zeros_like(self.concat_proj.weight)
+            weight[:, : self.inner_dim] = torch.eye(self.inner_dim, dtype=weight.dtype, device=weight.device)
+            self.concat_proj.weight.copy_(weight)
+            if self.concat_proj.bias is not None:
+                self.concat_proj.bias.zero_()
+            return True
+        if self.combination == "gate":
+            self.gate_proj.weight.zero_()
+            self.gate_proj.bias.fill_(self.identity_gate_bias)
+        return False
+
     def attention_distributions(
         self,
         query: torch.Tensor,

@@ -7,6 +7,7 @@ The attention variants (`phrase_memory.py`, `phrase_representation.py`, `hybrid.
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import partial
 
 import torch
 from torch import nn
@@ -15,8 +16,12 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import logging
 
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
+
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -90,6 +95,15 @@ class MgsaLayerOutput:
     head_labels: torch.LongTensor | None = None
     phrase_states: tuple[torch.Tensor, ...] = ()
     phrase_mask: torch.BoolTensor | None = None
+
+    def to_tuple(self) -> tuple[torch.Tensor | None, ...]:
+        """The fields as one flat tuple (tensors and Nones), the phrase levels last; [`from_tuple`] rebuilds it."""
+        return (self.tag_loss, self.gates, self.head_labels, self.phrase_mask, *self.phrase_states)
+
+    @classmethod
+    def from_tuple(cls, values: tuple[torch.Tensor | None, ...]) -> "MgsaLayerOutput":
+        tag_loss, gates, head_labels, phrase_mask, *phrase_states = values
+        return cls(tag_loss, gates, head_labels, tuple(phrase_states), phrase_mask)
 
 
 def split_self_attention_outputs(outputs: tuple) -> tuple[torch.Tensor, MgsaLayerOutput]:
@@ -345,7 +359,54 @@ class MgsaAttention(nn.Module):
         return self.output_proj(attn_output), attn_weights
 
 
-class MgsaPostNormLayer(GradientCheckpointingLayer):
+def checkpoint_layer(checkpoint: Callable, layer_call: Callable, *args):
+    """
+    `checkpoint(layer_call, *args)` (torch's checkpoint with the model's settings) such that every tensor a layer reads
+    or returns gets its gradient, with reentrant checkpointing (`use_reentrant=True`) too. That kind only reaches the
+    tensors passed and returned at the top level: a keyword tensor that requires grad (T5's position bias, PR's source
+    phrases) would be recomputed against the graph outside the layer, whose backward then runs once per layer
+    ("Trying to backward through the graph a second time"), and the tensors inside a layer's [`MgsaLayerOutput`]
+    (MG-SA's tag loss, PR's phrases), computed without grad, would get none. So the keyword tensors of `layer_call` (a
+    `functools.partial`, as `GradientCheckpointingLayer` makes it) go in positionally, and the layer's contribution
+    comes out as a flat tuple.
+    """
+    if not isinstance(layer_call, partial):
+        return checkpoint(layer_call, *args)
+    keywords = dict(layer_call.keywords)
+    tensor_names = [name for name, value in keywords.items() if isinstance(value, torch.Tensor)]
+    returns_contribution = False
+
+    def run(*inputs):
+        nonlocal returns_contribution
+        layer_args, tensors = inputs[: len(args)], inputs[len(args) :]
+        layer_keywords = {**keywords, **dict(zip(tensor_names, tensors, strict=True))}
+        output = layer_call.func(*layer_call.args, *layer_args, **layer_keywords)
+        returns_contribution = (
+            isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], MgsaLayerOutput)
+        )
+        return (output[0], *output[1].to_tuple()) if returns_contribution else output
+
+    output = checkpoint(run, *args, *(keywords[name] for name in tensor_names))
+    if returns_contribution:  # (hidden_states, *contribution) -> (hidden_states, MgsaLayerOutput)
+        return output[0], MgsaLayerOutput.from_tuple(output[1:])
+    return output
+
+
+class MgsaCheckpointingLayer(GradientCheckpointingLayer):
+    """A `GradientCheckpointingLayer` that checkpoints through [`checkpoint_layer`], so that reentrant checkpointing
+    gives the same gradients as the non-reentrant kind (and as no checkpointing)."""
+
+    @property
+    def _gradient_checkpointing_func(self) -> Callable:
+        return partial(checkpoint_layer, self._checkpoint_func)
+
+    @_gradient_checkpointing_func.setter
+    def _gradient_checkpointing_func(self, checkpoint: Callable) -> None:
+        # what `gradient_checkpointing_enable` sets: torch's checkpoint with the model's settings
+        self._checkpoint_func = checkpoint
+
+
+class MgsaPostNormLayer(MgsaCheckpointingLayer):
     """What Marian's encoder and decoder layers share: post-LN residual blocks and the feed-forward sub-layer
     (`fc1`, `fc2`, `final_layer_norm`)."""
 
@@ -364,6 +425,9 @@ class MgsaPostNormLayer(GradientCheckpointingLayer):
         """Post-LN residual connection: LayerNorm(residual + dropout(update))."""
         update = nn.functional.dropout(update, p=self.dropout, training=self.training)
         return layer_norm(residual + update)
+
+    # a sub-layer's residual passes around its norm (pre-norm) or the norm follows the residual (post-LN, Marian)
+    pre_norm = False
 
     def sublayer(
         self, hidden_states: torch.Tensor, function: Callable[[torch.Tensor], torch.Tensor], layer_norm: nn.LayerNorm
@@ -476,3 +540,61 @@ class MgsaDecoderLayer(MgsaPostNormLayer):
                 hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values, **kwargs
             )
         return self.feed_forward(hidden_states)
+
+
+NEW_MODULE_INITS = ("identity", "random")
+
+
+@torch.no_grad()
+def init_new_modules_as_identity(model, new_modules: list[str]) -> bool:
+    """
+    Start the variant's freshly initialised modules so that the upgraded model computes what its source checkpoint
+    computed, as far as the variant allows (each module's `init_as_identity` says how):
+
+    - `hybrid`: the gate of Eq. 5 at σ(−8) ≈ 3.4e-4 on every token (`"concat"`: exactly the global pattern);
+    - `rhe` (LPEA, out-of-phrase pairs clipped): SEA's bias P at about 1e-4, so redundant heads attend as before;
+    - `phrase_representation`: the attentive combination's output at 0, exact on T5 (pre-norm); on Marian each
+      added sub-layer still ends in a LayerNorm of its own;
+    - `phrase_memory`: no setting — its phrase heads attend over composed phrases instead of tokens;
+    - DEA, masked out-of-phrase pairs, RHE-prune and hybrid `"local"` change the attention by construction.
+
+    Args:
+        new_modules: the names of the modules the checkpoint did not have; only these are touched.
+
+    Returns:
+        Whether the model now computes exactly what the source computed (every new module starts as an identity).
+    """
+
+    def inside(new: str, name: str) -> bool:
+        return new == name or new.startswith(f"{name}.")
+
+    exact, touched = True, []
+    for name, module in model.named_modules():
+        if hasattr(module, "init_as_identity") and any(inside(new, name) for new in new_modules):
+            exact &= module.init_as_identity()
+            touched.append(name)
+    untouched = [new for new in new_modules if not any(inside(new, name) for name in touched)]
+    return exact and not untouched
+
+
+class VariantUpgradeMixin:
+    """
+    `from_pretrained` of the MGSA models: a checkpoint without the variant's modules (a Marian or T5 checkpoint, or an
+    MGSA one of another `encoder_type`) is upgraded so that the model computes what the checkpoint computed, as far
+    as the variant allows ([`init_new_modules_as_identity`]); `new_modules_init="random"` keeps the variant's own
+    initialisation. A checkpoint with every weight loads as saved.
+    """
+
+    @classmethod
+    def from_pretrained(cls, *args, new_modules_init: str = "identity", **kwargs):
+        if new_modules_init not in NEW_MODULE_INITS:
+            raise ValueError(f"new_modules_init must be one of {NEW_MODULE_INITS}, got {new_modules_init!r}.")
+        return_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        new_modules = sorted({key.rsplit(".", 1)[0] for key in info["missing_keys"]})
+        if new_modules and new_modules_init == "identity":
+            exact = init_new_modules_as_identity(model, new_modules)
+            logger.info("encoder_type=%r: the new modules %s start %s", model.config.encoder_type,
+                        ", ".join(new_modules),
+                        "as an identity" if exact else "close to the checkpoint's function, where the variant allows")
+        return (model, info) if return_info else model

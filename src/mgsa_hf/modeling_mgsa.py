@@ -7,8 +7,11 @@ encoder layers (MG-SA, hybrid, RHE) or add phrase sub-layers to every layer (PR)
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from huggingface_hub import HfApi, ModelCard
+from huggingface_hub.errors import EntryNotFoundError
 from torch import nn
 from torch.nn import CrossEntropyLoss
 from transformers import initialization as init
@@ -23,7 +26,8 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import PreTrainedModel
 from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding, shift_tokens_right
-from transformers.utils import logging
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, logging
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
@@ -36,6 +40,7 @@ from .modeling_layers import (
     MgsaEncoderLayer,
     MgsaLayerOutput,
     MgsaSyntaxInputs,
+    VariantUpgradeMixin,
     resolve_cache,
     source_syntax_fields,
 )
@@ -70,6 +75,16 @@ def variant_inputs(config, syntax: MgsaSyntaxInputs, hidden_states: torch.Tensor
     return syntax
 
 
+def compiles_fullgraph(config) -> bool:
+    """Whether a model of `config` (either backbone) runs under `torch.compile(fullgraph=True)`, training forward and
+    static-cache decoding alike: every encoder type does except MG-SA with a recurrence (`phrase_interaction="lstm"`
+    or `"on_lstm"`, `phrase_composition="lstm"`), whose number of steps depends on the sentences, so it runs eagerly
+    between compiled graphs."""
+    if config.encoder_type != "phrase_memory":
+        return True
+    return config.phrase_interaction == "none" and config.phrase_composition != "lstm"
+
+
 def build_encoder_self_attention(config, layer_idx: int, **kwargs) -> MgsaAttention:
     """The self-attention of encoder layer `layer_idx`: the variant's on `config.variant_layers`, plain otherwise
     (either backbone; `kwargs` go to the attention, e.g. T5's `has_relative_attention_bias`)."""
@@ -89,6 +104,21 @@ def build_encoder_layer(config: MgsaConfig, layer_idx: int) -> MgsaEncoderLayer:
 def build_decoder_layer(config: MgsaConfig, layer_idx: int) -> MgsaDecoderLayer:
     """Decoder layer `layer_idx` for `config.encoder_type`."""
     return DECODER_LAYERS.get(config.encoder_type, MgsaDecoderLayer)(config, layer_idx)
+
+
+class MgsaDecoderKwargs(TransformersKwargs, total=False):
+    """
+    The keyword arguments of a decoder's forward: [`~transformers.utils.TransformersKwargs`] and what a variant's
+    decoder layers read from the source besides its hidden states ([`MgsaEncoderOutput.source_memories`]).
+
+    encoder_phrase_states (`torch.FloatTensor` of shape `(batch_size, encoder_layers + 1, num_phrases, d_model)`):
+        PR: the source phrases of every encoder level.
+    encoder_phrase_mask (`torch.BoolTensor` of shape `(batch_size, num_phrases)`):
+        PR: `True` for real phrases.
+    """
+
+    encoder_phrase_states: torch.FloatTensor
+    encoder_phrase_mask: torch.BoolTensor
 
 
 @dataclass
@@ -150,7 +180,7 @@ class MgsaSeq2SeqLMOutput(Seq2SeqLMOutput):
     encoder_head_labels: tuple[torch.LongTensor, ...] | None = None
 
 
-class MgsaPreTrainedModel(PreTrainedModel):
+class MgsaPreTrainedModel(VariantUpgradeMixin, PreTrainedModel):
     config: MgsaConfig
     config_class = MgsaConfig
     base_model_prefix = "model"
@@ -159,6 +189,13 @@ class MgsaPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _no_split_modules = ["MgsaEncoderLayer", "MgsaDecoderLayer"]
+    # the class's value holds for the default configuration (tools read it before building a model); a model's own
+    # follows its configuration (`compiles_fullgraph`)
+    _can_compile_fullgraph = True
+
+    def __init__(self, config: MgsaConfig, *inputs, **kwargs):
+        super().__init__(config, *inputs, **kwargs)
+        self._can_compile_fullgraph = compiles_fullgraph(config)
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -196,14 +233,18 @@ def encoder_output(hidden_states: torch.Tensor, layer_outputs: list[MgsaLayerOut
     )
 
 
-def check_length(tokens: torch.Tensor, past_length: int, limit: int, side: str) -> None:
-    """A clear error instead of an index error deep inside the position embedding when a sequence (B, T, ...) is
-    longer than the model's `max_position_embeddings`."""
+def check_length(tokens: torch.Tensor, past_length: int | torch.Tensor, limit: int, side: str) -> None:
+    """A clear error instead of an index error deep inside the position embedding when a sequence (B, T, ...) that
+    follows `past_length` cached tokens is longer than the model's `max_position_embeddings`. A static cache counts
+    its tokens in a tensor: under `torch.compile` that count is checked on the device, without a graph break."""
     length = past_length + tokens.shape[1]
+    if isinstance(length, torch.Tensor) and torch.compiler.is_compiling():
+        torch._assert_async(length <= limit, f"The {side} sequence is longer than `max_position_embeddings`")
+        return
     if length > limit:
         hint = (f"tokenize with `truncation=True, max_length={limit}`" if side == "source"
                 else f"generate at most {limit} tokens (`max_new_tokens`)")
-        raise ValueError(f"The {side} sequence has {length} tokens but the model has position embeddings for "
+        raise ValueError(f"The {side} sequence has {int(length)} tokens but the model has position embeddings for "
                          f"`max_position_embeddings` = {limit}: {hint}.")
 
 
@@ -247,7 +288,7 @@ class MgsaEncoder(MgsaPreTrainedModel):
         local_phrase_start: torch.LongTensor | None = None,
         local_phrase_end: torch.LongTensor | None = None,
         tree_depth: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MgsaEncoderOutput:
         r"""
         input_ids (`torch.LongTensor` of shape `(batch_size, seq_len)`), attention_mask (same shape, 1 = token):
@@ -326,7 +367,7 @@ class MgsaDecoder(MgsaPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         position_ids: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[MgsaDecoderKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         r"""
         kwargs:
@@ -361,7 +402,9 @@ class MgsaDecoder(MgsaPreTrainedModel):
         )
         if position_ids is None:
             check_length(inputs_embeds, past_length, self.config.max_position_embeddings, "target")
-        positions = self.embed_positions((batch_size, seq_length), past_length, position_ids=position_ids)
+            # from a range and the past length, which a static cache holds in a tensor (a graph input under compile)
+            position_ids = torch.arange(seq_length, device=inputs_embeds.device) + past_length
+        positions = self.embed_positions((batch_size, seq_length), position_ids=position_ids)
         hidden_states = nn.functional.dropout(inputs_embeds + positions, p=self.dropout, training=self.training)
 
         for decoder_layer in self.layers:
@@ -406,7 +449,7 @@ def encoder_decoder_forward(
     decoder_inputs_embeds: torch.Tensor | None,
     use_cache: bool | None,
     syntax_fields: dict[str, torch.LongTensor | None],
-    **kwargs,
+    **kwargs: Unpack[TransformersKwargs],
 ) -> MgsaSeq2SeqModelOutput:
     """
     The encoder-decoder pass of both backbones: encode the source with its syntax fields (unless `encoder_outputs`
@@ -513,6 +556,39 @@ class MgsaModel(MgsaPreTrainedModel):
         else:
             self.encoder.embed_tokens = value
 
+    def get_decoder_input_embeddings(self) -> nn.Embedding:
+        """The target embeddings, with separate source and target vocabularies
+        (`share_encoder_decoder_embeddings=False`)."""
+        if self.config.share_encoder_decoder_embeddings:
+            raise ValueError(
+                "`get_decoder_input_embeddings` is for separate source and target vocabularies, but "
+                "`config.share_encoder_decoder_embeddings` is True: use `get_input_embeddings`."
+            )
+        return self.get_decoder().get_input_embeddings()
+
+    def set_decoder_input_embeddings(self, value: nn.Embedding) -> None:
+        if self.config.share_encoder_decoder_embeddings:
+            raise ValueError(
+                "`set_decoder_input_embeddings` is for separate source and target vocabularies, but "
+                "`config.share_encoder_decoder_embeddings` is True: use `set_input_embeddings`."
+            )
+        self.decoder.embed_tokens = value
+
+    def resize_decoder_token_embeddings(self, new_num_tokens: int | None) -> nn.Embedding:
+        """As `MarianModel`'s: resize the target embeddings to `new_num_tokens` rows (separate vocabularies only) and
+        set `config.decoder_vocab_size`."""
+        if self.config.share_encoder_decoder_embeddings:
+            raise ValueError(
+                "`resize_decoder_token_embeddings` is for separate source and target vocabularies, but "
+                "`config.share_encoder_decoder_embeddings` is True: use `resize_token_embeddings`."
+            )
+        new_embeddings = self._get_resized_embeddings(self.get_decoder_input_embeddings(), new_num_tokens)
+        self.set_decoder_input_embeddings(new_embeddings)
+        if new_num_tokens is not None:
+            self.config.decoder_vocab_size = new_num_tokens
+            self.tie_weights()
+        return self.get_decoder_input_embeddings()
+
     @can_return_tuple
     def forward(
         self,
@@ -533,7 +609,7 @@ class MgsaModel(MgsaPreTrainedModel):
         local_phrase_start: torch.LongTensor | None = None,
         local_phrase_end: torch.LongTensor | None = None,
         tree_depth: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MgsaSeq2SeqModelOutput:
         r"""
         Arguments are those of [`~transformers.MarianModel`] plus the source syntax fields of [`MgsaEncoder`].
@@ -559,18 +635,43 @@ class MgsaModel(MgsaPreTrainedModel):
 
 
 class BaseModelAutoMapMixin:
-    """Saving a translation model also names its bare encoder-decoder (`base_model_class`) under `AutoModel` in the
-    config's `auto_map`, so that `AutoModel.from_pretrained(folder, trust_remote_code=True)` loads a saved folder
-    where this package is not installed (`save_pretrained` writes only the saved class's own Auto entry)."""
+    """Saving a translation model with its code (`register_for_auto_class`, which importing the package does) also
+    names its bare encoder-decoder (`base_model_class`) under `AutoModel` in the config's `auto_map`, and the
+    translation pipeline under `mgsa-translation` in `custom_pipelines`, so that `AutoModel.from_pretrained(folder,
+    trust_remote_code=True)` and `pipeline(model=folder, trust_remote_code=True)` work where this package is not
+    installed. `save_pretrained` writes only the saved class's own Auto entry and the code its module imports:
+    importing the pipeline here makes it one of those files, so every save (`Trainer.save_model`, `push_to_hub`)
+    writes it."""
 
     base_model_class: type
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         if self._auto_class is not None:
+            from .pipeline_translation import remote_pipelines
+
             base = self.base_model_class
             self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}),
                                     "AutoModel": f"{base.__module__.rsplit('.', 1)[-1]}.{base.__name__}"}
+            self.config.custom_pipelines = {**(getattr(self.config, "custom_pipelines", None) or {}),
+                                            **remote_pipelines()}
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def push_to_hub(self, repo_id: str, *args, **kwargs):
+        """
+        Transformers' `push_to_hub`, which keeps the card a repository has and gives a new one its blank template:
+        a model loaded from a folder that holds this package's model card (`README.md` tagged `mgsa-hf`, with the
+        scores as `model-index`, as `mgsa-hf train` writes it) gives a repository without a card that card first.
+        """
+        card_path = Path(str(self.name_or_path)) / "README.md"
+        if card_path.is_file() and "mgsa-hf" in (ModelCard.load(card_path).data.tags or []):
+            api = HfApi(token=kwargs.get("token"))
+            repo_id = api.create_repo(repo_id, private=kwargs.get("private"), exist_ok=True).repo_id
+            try:
+                ModelCard.load(repo_id, token=kwargs.get("token"))
+            except EntryNotFoundError:
+                api.upload_file(path_or_fileobj=str(card_path), path_in_repo="README.md", repo_id=repo_id,
+                                commit_message="Add the model card")
+        return super().push_to_hub(repo_id, *args, **kwargs)
 
 
 class MgsaForConditionalGeneration(BaseModelAutoMapMixin, MgsaPreTrainedModel, GenerationMixin):
@@ -613,14 +714,54 @@ class MgsaForConditionalGeneration(BaseModelAutoMapMixin, MgsaPreTrainedModel, G
     def set_output_embeddings(self, new_embeddings):
         self.lm_head = new_embeddings
 
+    def get_decoder_input_embeddings(self) -> nn.Embedding:
+        """The target embeddings, with separate source and target vocabularies (see [`MgsaModel`])."""
+        return self.model.get_decoder_input_embeddings()
+
+    def set_decoder_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.set_decoder_input_embeddings(value)
+
     def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
                                 mean_resizing: bool = True) -> nn.Embedding:
-        """As `MarianMTModel`'s: the shared embeddings, the LM head and `final_logits_bias` take the new size (the
-        padded one when `pad_to_multiple_of` is given)."""
+        """As `MarianMTModel`'s: resize the source embeddings and set `config.vocab_size`. With one shared vocabulary
+        (`share_encoder_decoder_embeddings`), the target side takes the new size too (the padded one when
+        `pad_to_multiple_of` is given): `config.decoder_vocab_size`, the LM head (resized where it is not tied) and
+        `final_logits_bias`. With separate vocabularies the target side is left as it is
+        ([`resize_decoder_token_embeddings`] resizes it)."""
         new_embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         if self.config.share_encoder_decoder_embeddings:
             self._resize_final_logits_bias(new_embeddings.weight.shape[0])
         return new_embeddings
+
+    def _resize_token_embeddings(self, new_num_tokens: int | None, pad_to_multiple_of: int | None = None,
+                                 mean_resizing: bool = True) -> nn.Embedding:
+        """What `resize_token_embeddings` resizes before transformers updates `config.vocab_size` and reties the
+        weights (the base class would resize the LM head, the target side, whatever the vocabularies)."""
+        new_embeddings = self._get_resized_embeddings(
+            self.get_input_embeddings(), new_num_tokens, pad_to_multiple_of, mean_resizing
+        )
+        self.set_input_embeddings(new_embeddings)
+        if self.config.share_encoder_decoder_embeddings:
+            new_num_tokens = new_embeddings.weight.shape[0]
+            self.config.decoder_vocab_size = new_num_tokens
+            if not self.config.tie_word_embeddings:
+                lm_head = self._get_resized_lm_head(
+                    self.get_output_embeddings(), new_num_tokens, mean_resizing=mean_resizing
+                )
+                self.set_output_embeddings(lm_head)
+        return self.get_input_embeddings()
+
+    def resize_decoder_token_embeddings(self, new_num_tokens: int | None) -> nn.Embedding:
+        """As `MarianMTModel`'s: with separate source and target vocabularies, resize the target embeddings, the LM
+        head (resized where it is not tied) and `final_logits_bias` to `new_num_tokens`, and set
+        `config.decoder_vocab_size`."""
+        self.model.resize_decoder_token_embeddings(new_num_tokens)
+        if new_num_tokens is not None:
+            if not self.config.tie_word_embeddings:
+                self.set_output_embeddings(self._get_resized_lm_head(self.get_output_embeddings(), new_num_tokens))
+            self.tie_weights()
+            self._resize_final_logits_bias(new_num_tokens)
+        return self.get_decoder_input_embeddings()
 
     def _resize_final_logits_bias(self, new_num_tokens: int) -> None:
         old_bias = self.final_logits_bias
@@ -653,7 +794,7 @@ class MgsaForConditionalGeneration(BaseModelAutoMapMixin, MgsaPreTrainedModel, G
         tree_depth: torch.LongTensor | None = None,
         output_gates: bool | None = None,
         output_head_labels: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MgsaSeq2SeqLMOutput:
         r"""
         labels (`torch.LongTensor` of shape `(batch_size, target_len)`, *optional*):

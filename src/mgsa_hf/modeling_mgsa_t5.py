@@ -18,7 +18,6 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions
 from transformers.models.marian.modeling_marian import shift_tokens_right
 from transformers.models.t5.modeling_t5 import (
@@ -29,6 +28,8 @@ from transformers.models.t5.modeling_t5 import (
     T5LayerNorm,
     T5PreTrainedModel,
 )
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
@@ -36,18 +37,22 @@ from .configuration_mgsa import MgsaT5Config
 from .modeling_layers import (
     OUTPUT_CACHE_FIELD,
     MgsaAttention,
+    MgsaCheckpointingLayer,
     MgsaLayerOutput,
     MgsaSyntaxInputs,
+    VariantUpgradeMixin,
     resolve_cache,
     source_syntax_fields,
     split_self_attention_outputs,
 )
 from .modeling_mgsa import (
     BaseModelAutoMapMixin,
+    MgsaDecoderKwargs,
     MgsaEncoderOutput,
     MgsaSeq2SeqLMOutput,
     MgsaSeq2SeqModelOutput,
     build_encoder_self_attention,
+    compiles_fullgraph,
     encoder_decoder_forward,
     encoder_output,
     language_model_output,
@@ -57,10 +62,17 @@ from .phrase_representation import PhraseRepresentationDecoderMixin, PhraseRepre
 
 
 def extend_cache(past_key_values: Cache | None, num_layers: int) -> None:
-    """Give a decoder cache a layer per decoder block. Transformers sizes caches by `num_hidden_layers`, which T5
-    configurations map to the encoder depth `num_layers`: a deeper decoder (`num_decoder_layers`) needs more."""
+    """Give a dynamic decoder cache a layer per decoder block. Transformers sizes caches by `num_hidden_layers`, which
+    T5 configurations map to the encoder depth `num_layers`: a deeper decoder (`num_decoder_layers`) needs more. A
+    static cache cannot grow: too few layers there raise a clear error."""
     if isinstance(past_key_values, EncoderDecoderCache):
         for cache in (past_key_values.self_attention_cache, past_key_values.cross_attention_cache):
+            if len(cache.layers) < num_layers and not isinstance(cache, DynamicCache):
+                raise ValueError(
+                    f"The decoder has {num_layers} blocks but its {type(cache).__name__} has {len(cache.layers)} "
+                    "layers (transformers sizes it by `num_layers`, the encoder depth): generate with the default "
+                    "dynamic cache."
+                )
             while isinstance(cache, DynamicCache) and len(cache.layers) < num_layers:
                 cache.layers.append(DynamicLayer())
 
@@ -135,7 +147,7 @@ def clamp_inf(hidden_states: torch.Tensor) -> torch.Tensor:
     return hidden_states
 
 
-class MgsaT5Block(GradientCheckpointingLayer):
+class MgsaT5Block(MgsaCheckpointingLayer):
     """What T5's encoder and decoder blocks share: pre-RMSNorm residual sub-layers in `layer` (feed-forward last)."""
 
     def __init__(self, config: MgsaT5Config, layer_idx: int):
@@ -145,6 +157,8 @@ class MgsaT5Block(GradientCheckpointingLayer):
         self.dropout = config.dropout_rate
         self.layer_norm_epsilon = config.layer_norm_epsilon
         self.layer = nn.ModuleList()
+
+    pre_norm = True  # T5 normalises a sub-layer's input; the residual passes around it
 
     def sublayer(self, hidden_states: torch.Tensor, function, layer_norm: nn.Module) -> torch.Tensor:
         """A sub-layer the way T5 wraps it, for variants that add one (PR): x + dropout(function(RMSNorm(x)))."""
@@ -268,7 +282,7 @@ def build_decoder_block(config: MgsaT5Config, layer_idx: int) -> MgsaT5DecoderBl
     return DECODER_BLOCKS.get(config.encoder_type, MgsaT5DecoderBlock)(config, layer_idx)
 
 
-class MgsaT5PreTrainedModel(T5PreTrainedModel):
+class MgsaT5PreTrainedModel(VariantUpgradeMixin, T5PreTrainedModel):
     config: MgsaT5Config
     config_class = MgsaT5Config
     base_model_prefix = "transformer"
@@ -276,8 +290,13 @@ class MgsaT5PreTrainedModel(T5PreTrainedModel):
     # the relative position bias is added to the logits, which flash attention cannot take
     _supports_flash_attn = False
     _supports_flex_attn = False
-    _can_compile_fullgraph = False
+    # as on the Marian backbone: the default configuration's value, and a model's own from its configuration
+    _can_compile_fullgraph = True
     _can_record_outputs = {}
+
+    def __init__(self, config: MgsaT5Config, *inputs, **kwargs):
+        super().__init__(config, *inputs, **kwargs)
+        self._can_compile_fullgraph = compiles_fullgraph(config)
 
     def t5_weight_stds(self) -> dict[int, float]:
         """The std T5 draws each of its linear and embedding weights with (module id → std): its attention scheme for
@@ -374,7 +393,7 @@ class MgsaT5Encoder(MgsaT5Stack):
         local_phrase_start: torch.LongTensor | None = None,
         local_phrase_end: torch.LongTensor | None = None,
         tree_depth: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MgsaEncoderOutput:
         r"""
         input_ids (`(batch_size, seq_len)`), attention_mask (same shape, 1 = token):
@@ -440,7 +459,7 @@ class MgsaT5Decoder(MgsaT5Stack):
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[MgsaDecoderKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         r"""
         kwargs:
@@ -470,9 +489,11 @@ class MgsaT5Decoder(MgsaT5Stack):
             encoder_hidden_states=encoder_hidden_states,
         )
         length = inputs_embeds.shape[1]
+        # the keys the self-attention sees: the past and new tokens, or a static cache's every slot (its length a
+        # number even where the past length is a tensor)
+        key_length = self_attn_cache.get_mask_sizes(length, 0)[0] if self_attn_cache is not None else length
         position_bias = relative_position_bias(
-            self.block[0].layer[0].SelfAttention, length, past_length + length, bidirectional=False,
-            past_length=past_length,
+            self.block[0].layer[0].SelfAttention, length, key_length, bidirectional=False, past_length=past_length
         )
         hidden_states = self.dropout(inputs_embeds)
         for block in self.block:
@@ -541,7 +562,7 @@ class MgsaT5Model(MgsaT5PreTrainedModel):
         local_phrase_start: torch.LongTensor | None = None,
         local_phrase_end: torch.LongTensor | None = None,
         tree_depth: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MgsaSeq2SeqModelOutput:
         r"""
         Arguments are those of [`~transformers.T5Model`] plus the source syntax fields of [`MgsaT5Encoder`].
@@ -632,7 +653,7 @@ class MgsaT5ForConditionalGeneration(BaseModelAutoMapMixin, MgsaT5PreTrainedMode
         tree_depth: torch.LongTensor | None = None,
         output_gates: bool | None = None,
         output_head_labels: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MgsaSeq2SeqLMOutput:
         r"""
         labels (`torch.LongTensor` of shape `(batch_size, target_len)`, *optional*):

@@ -252,6 +252,22 @@ class AttentivePhraseCombination(nn.Module):
         self.combine_out = nn.Linear(hidden_dim, embed_dim)  # W4, b4
         self.sigmoid_offset = 0.5 if config.pr_centred_sigmoid else 0.0
 
+    @torch.no_grad()
+    def init_as_identity(self) -> bool:
+        """
+        Start the combination at 0 (W4 = 0 and b4 = 0 in Eq. 8, with `pr_centred_sigmoid` the whole output; W4 trains
+        from the first step, W3 and the attention from the second), so that the sub-layer around it adds nothing to
+        the residual stream of the checkpoint it upgrades (`load_as_mgsa`). On a pre-norm backbone (T5) the layer then
+        computes what it computed before; on post-LN Marian the sub-layer still ends in a LayerNorm of its own,
+        which normalises every token once more.
+
+        Returns:
+            True: the combination's output is exactly 0, centred sigmoid or not.
+        """
+        self.combine_out.weight.zero_()
+        self.combine_out.bias.zero_()
+        return True
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -337,6 +353,14 @@ class PhraseRepresentationEncoderMixin:
             )
             phrase_states.append(self.output_phrase_pooling(states, segmentation))
         return hidden_states, MgsaLayerOutput(phrase_states=tuple(phrase_states), phrase_mask=segmentation.mask)
+
+    def init_as_identity(self) -> bool:
+        """Start the phrase sub-layer at 0 ([`AttentivePhraseCombination.init_as_identity`]); whether the layer then
+        computes what the plain layer computed: on a pre-norm backbone yes, on post-LN the sub-layer's LayerNorm
+        remains."""
+        self.phrase_combination.init_as_identity()
+        return self.pre_norm
+
 
 
 class PhraseRepresentationEncoderLayer(PhraseRepresentationEncoderMixin, MgsaEncoderLayer):
@@ -447,6 +471,14 @@ class PhraseRepresentationDecoderMixin:
             self.phrase_combination_layer_norm,
         )
         return super().cross_attention(hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values)
+
+    def init_as_identity(self) -> bool:
+        """Start the phrase sub-layer at 0 ([`AttentivePhraseCombination.init_as_identity`]); whether the layer then
+        computes what the plain layer computed: on a pre-norm backbone yes, on post-LN the sub-layer's LayerNorm
+        remains."""
+        self.phrase_combination.init_as_identity()
+        return self.pre_norm
+
 
 
 class PhraseRepresentationDecoderLayer(PhraseRepresentationDecoderMixin, MgsaDecoderLayer):

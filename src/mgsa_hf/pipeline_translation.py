@@ -1,35 +1,73 @@
 """`pipeline("translation", model=...)` for MGSA models (Transformers 5 has no built-in translation task).
 
-The pipeline runs the model's processor (tokenizer and syntax parser) over a batch of sentences at once, so the
-parser works in batches too, then `generate`, then decodes. After `import mgsa_hf` it serves the `translation` task;
-a folder saved with [`add_remote_pipeline`] also carries it as the custom task `mgsa-translation`, so that
-`pipeline(model=folder, trust_remote_code=True)` works where the package is not installed.
+A standard [`~transformers.Pipeline`]: `preprocess` runs the model's processor (tokenizer and syntax parser) on one
+sentence, the base class batches sentences (`batch_size`) with [`MgsaDataCollator`]'s padding, `_forward` calls
+`generate` with the model's generation config, `postprocess` decodes. After `import mgsa_hf` it serves the
+`translation` task; every `save_pretrained` of an MGSA model also writes this file and names it in
+`config.custom_pipelines` as the task `mgsa-translation`, so that `pipeline(model=folder, trust_remote_code=True)`
+works where the package is not installed.
 """
 
-import shutil
+import collections.abc
+import copy
+import os
+import types
 from pathlib import Path
 
+from torch.utils.data import DataLoader
 from transformers import AutoModelForSeq2SeqLM, Pipeline, pipelines
 from transformers.pipelines import PIPELINE_REGISTRY
+from transformers.pipelines.base import no_collate_fn
+from transformers.pipelines.pt_utils import PipelineDataset, PipelineIterator
+from transformers.utils import logging
+
+from .data_collator import MgsaDataCollator
+
+
+logger = logging.get_logger(__name__)
+
+# the custom task a saved folder names in `config.custom_pipelines`; a name of its own keeps
+# `pipeline("translation", model=folder)` on the registered pipeline where the package is installed
+REMOTE_TASK = "mgsa-translation"
 
 
 class MgsaTranslationPipeline(Pipeline):
     """
-    Translate sentences with an [`MgsaForConditionalGeneration`] (or any seq2seq model whose processor makes its
-    inputs). A model that reads no syntax (`encoder_type="transformer"`, or a plain `MarianMTModel`) is served by its
-    tokenizer alone when its folder has no processor.
+    Translate sentences with an [`MgsaForConditionalGeneration`] or [`MgsaT5ForConditionalGeneration`] (or any seq2seq
+    model whose processor makes its inputs). A model that reads no syntax (`encoder_type="transformer"`, or a plain
+    `MarianMTModel`) is served by its tokenizer alone when its folder has no processor.
 
     ```python
     import mgsa_hf
     from transformers import pipeline
 
     translator = pipeline("translation", model="path/to/model")
-    translator("A man rides a bike.", num_beams=4)  # [{"translation_text": "..."}]
+    translator("A man rides a bike.")  # [{"translation_text": "..."}]
     translator(["A dog runs.", "Two girls sing."], batch_size=32)  # one dict per sentence
+    translator(["A dog runs."], num_beams=4, num_return_sequences=2)  # [[{...}, {...}]]: one list per sentence
+    for row in translator(KeyDataset(dataset, "en"), batch_size=32):  # streams: [{"translation_text": ...}] each
+        ...
     ```
 
-    Call arguments: `max_length` / `truncation` for the source (passed to the processor), `batch_size`, and any
-    `generate` parameter (`num_beams`, `max_new_tokens`, ...).
+    Inputs: a string, or any iterable of strings: a list or tuple, a `datasets` column (`dataset["en"]`), a
+    `KeyDataset`, a generator. A string gives a list of its translations (one dict unless `num_return_sequences` asks
+    for more); a list, tuple or column gives a list with one entry per sentence: a dict, or with
+    `num_return_sequences > 1` a list of dicts; a `KeyDataset`, generator or other iterator gives an iterator over the
+    sentences' lists of dicts (as Transformers' pipelines stream them).
+
+    Decoding follows the model's generation config (`generation_config.json` of its folder: `num_beams`,
+    `max_length`, ...) unless told otherwise, by `generate` parameters given to `pipeline(...)` or to the call.
+
+    Call (or `pipeline(...)`) arguments:
+
+    - `max_length`, `max_new_tokens`, `min_length`, `min_new_tokens`, `num_beams`, `num_return_sequences` and any
+      other `generate` parameter: bound and steer the OUTPUT, as in `generate` (a warning is logged when a source
+      sentence has as many tokens as `max_length` allows the translation, which then may be cut short).
+    - `truncation` (`bool`): cut source sentences to the tokenizer's `model_max_length` (with their syntax fields);
+      by default they are not cut, and one longer than the model's positions raises an error.
+    - `max_source_length` (`int`): cut source sentences to this many tokens (implies `truncation=True`).
+    - `batch_size`, `num_workers`, `device`: as for every pipeline; sentences of a batch are padded with the
+      processor's pad value of each field, so a batch translates as each sentence alone.
     """
 
     _load_processor = None  # optional: a plain Marian folder has only a tokenizer
@@ -49,68 +87,128 @@ class MgsaTranslationPipeline(Pipeline):
             )
         if self.processor is None and self.tokenizer is None:
             raise ValueError("the translation pipeline needs the model's processor or tokenizer: pass `tokenizer=`.")
+        self._collator = None  # made at the first batch: one sentence at a time needs no pad token
 
-    def _sanitize_parameters(self, max_length=None, truncation=None, **generate_kwargs):
+    def _sanitize_parameters(self, truncation=None, max_source_length=None, **generate_kwargs):
         preprocess_params = {}
-        if max_length is not None:
-            preprocess_params["max_length"] = max_length
         if truncation is not None:
+            if not isinstance(truncation, bool):
+                raise ValueError(f"truncation must be True or False, got {truncation!r}.")
             preprocess_params["truncation"] = truncation
-        return preprocess_params, {"generate_kwargs": generate_kwargs}, {}
+        if max_source_length is not None:
+            if not isinstance(max_source_length, int) or isinstance(max_source_length, bool) or max_source_length < 1:
+                raise ValueError(f"max_source_length must be a positive integer, got {max_source_length!r}.")
+            if truncation is False:
+                raise ValueError(f"max_source_length={max_source_length} cuts the source, but truncation=False.")
+            preprocess_params["max_source_length"] = max_source_length
+        return preprocess_params, generate_kwargs, {}
 
-    def __call__(self, inputs: str | list[str], batch_size: int | None = None, **kwargs):
-        """Translate one sentence or a list; returns one `{"translation_text": ...}` per sentence, in a list."""
-        sentences = [inputs] if isinstance(inputs, str) else inputs
-        if not isinstance(sentences, (list, tuple)) or not all(isinstance(s, str) for s in sentences):
-            raise TypeError(
-                f"the translation pipeline takes a string or a list of strings, got {type(inputs).__name__}."
-            )
-        preprocess_params, forward_params, _ = self._sanitize_parameters(**kwargs)
-        batch_size = batch_size or self._batch_size or 16
-        results = []
-        for start in range(0, len(sentences), batch_size):
-            model_inputs = self.preprocess(list(sentences[start : start + batch_size]), **preprocess_params)
-            results.extend(self.postprocess(self.forward(model_inputs, **forward_params)))
+    def __call__(self, inputs, **kwargs):
+        """Translate a sentence or an iterable of sentences (see the class docstring for what each returns)."""
+        if isinstance(inputs, tuple) or (
+            isinstance(inputs, collections.abc.Sequence) and not isinstance(inputs, (str, list))
+        ):
+            inputs = list(inputs)  # a tuple or a `datasets` column: a list in, a list out
+        elif isinstance(inputs, collections.abc.Iterator) and not isinstance(inputs, types.GeneratorType):
+            inputs = (sentence for sentence in inputs)  # streamed, as a generator is
+        if isinstance(inputs, list) and not inputs:
+            return []
+        results = super().__call__(inputs, **kwargs)
+        if isinstance(inputs, list) and all(len(translations) == 1 for translations in results):
+            return [translations[0] for translations in results]
         return results
 
-    def preprocess(self, sentences: list[str], max_length=None, truncation=None):
+    def preprocess(self, sentence, truncation=None, max_source_length=None):
+        """The model inputs of one sentence: `input_ids`, `attention_mask` and the processor's syntax fields, each a
+        tensor of batch size 1."""
+        if not isinstance(sentence, str):
+            is_dataset = isinstance(sentence, collections.abc.Mapping) or hasattr(sentence, "column_names")
+            hint = " (translate a dataset's text column: `dataset['en']` or `KeyDataset(dataset, 'en')`)"
+            raise TypeError(
+                f"the translation pipeline translates strings, or iterables of strings; got a "
+                f"{type(sentence).__name__}{hint if is_dataset else ''}."
+            )
         options = {"return_tensors": "pt"}
-        if max_length is not None:
-            options.update(max_length=max_length, truncation=True if truncation is None else truncation)
+        if max_source_length is not None:
+            options.update(max_length=max_source_length, truncation=True)
         elif truncation is not None:
             options["truncation"] = truncation
         if self.processor is None:  # a model that reads no syntax, with its tokenizer alone
-            return dict(self.tokenizer(sentences, padding=True, **options))
-        return dict(self.processor(sentences, **options))
+            encoding = self.tokenizer([sentence], **options)
+            return {name: encoding[name] for name in ("input_ids", "attention_mask")}
+        return dict(self.processor([sentence], **options))
 
-    def _forward(self, model_inputs, generate_kwargs):
-        # generation settings given to `pipeline(...)` (kept by the base class: as `_generate_kwargs` in later 5.x
-        # releases, among the forward parameters in earlier ones), then those of this call
-        settings = {**(getattr(self, "_generate_kwargs", None) or {}),
-                    **self._forward_params.get("generate_kwargs", {}), **generate_kwargs}
-        return self.model.generate(**model_inputs, **settings)
+    def get_iterator(self, inputs, num_workers, batch_size, preprocess_params, forward_params, postprocess_params):
+        """The base class's iterator, with batches collated by [`MgsaDataCollator`]: every syntax field padded with its
+        own value (the base class's collate pads them with 0, and the levelled ones along the wrong axis)."""
+        if isinstance(inputs, collections.abc.Sized):
+            dataset = PipelineDataset(inputs, self.preprocess, preprocess_params)
+        else:
+            if num_workers > 1:
+                logger.warning("A streamed input is read by one worker: num_workers set to 1.")
+                num_workers = 1
+            dataset = PipelineIterator(inputs, self.preprocess, preprocess_params)
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as the base class: the DataLoader may fork workers
+        collate_fn = no_collate_fn if batch_size == 1 else self._collate
+        loader = DataLoader(dataset, num_workers=num_workers, batch_size=batch_size, collate_fn=collate_fn)
+        model_iterator = PipelineIterator(loader, self.forward, forward_params, loader_batch_size=batch_size)
+        return PipelineIterator(model_iterator, self.postprocess, postprocess_params)
 
-    def postprocess(self, output_ids):
-        texts = self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)
+    def _collate(self, items: list[dict]) -> dict:
+        """Pads the `preprocess` outputs of several sentences into one batch."""
+        if self._collator is None:
+            self._collator = MgsaDataCollator(tokenizer=self.tokenizer)
+        return dict(self._collator([{name: values[0] for name, values in item.items()} for item in items]))
+
+    def _forward(self, model_inputs, **generate_kwargs):
+        """`generate` on a batch; returns `{"output_ids": (batch, num_return_sequences, length)}`."""
+        settings = self._generate_settings(generate_kwargs)
+        self._warn_if_output_bound_is_short(model_inputs["attention_mask"], settings)
+        output_ids = self.model.generate(**model_inputs, **settings)
+        batch_size = model_inputs["input_ids"].shape[0]
+        return {"output_ids": output_ids.reshape(batch_size, -1, output_ids.shape[-1])}
+
+    def _generate_settings(self, generate_kwargs: dict) -> dict:
+        """The call's `generate` parameters on top of those given to `pipeline(...)`, on top of the model's generation
+        config."""
+        if hasattr(self, "_prepare_generate_kwargs"):  # Transformers releases that keep `pipeline(...)`'s apart
+            return self._prepare_generate_kwargs(generate_kwargs)
+        # earlier 5.x releases merge `pipeline(...)`'s into a copy of the model's generation config; the call's go
+        # into a copy of that (`generate` deprecates a generation config beside generation parameters)
+        generate_kwargs = dict(generate_kwargs)
+        generation_config = copy.deepcopy(generate_kwargs.pop("generation_config", None) or self.generation_config)
+        model_kwargs = generation_config.update(**generate_kwargs)
+        return {"generation_config": generation_config, **model_kwargs}
+
+    def _warn_if_output_bound_is_short(self, attention_mask, settings: dict) -> None:
+        config = settings.get("generation_config") or self.model.generation_config
+        if settings.get("max_new_tokens", config.max_new_tokens) is not None:
+            return
+        max_length = settings.get("max_length", config.max_length)
+        source_length = int(attention_mask.sum(-1).max())
+        if max_length is not None and source_length >= max_length:
+            logger.warning_once(
+                f"Translations stop at max_length={max_length} tokens (the generation config's, or an argument's), "
+                "and a source sentence is as long or longer: its translation may be cut short. Pass a larger "
+                "`max_length`, or `max_new_tokens`."
+            )
+
+    def postprocess(self, model_outputs):
+        """The translations of one sentence: a list of `{"translation_text": ...}`, one per returned sequence."""
+        texts = self.tokenizer.batch_decode(model_outputs["output_ids"][0], skip_special_tokens=True)
         return [{"translation_text": text.strip()} for text in texts]
 
 
-REMOTE_TASK = "mgsa-translation"
-
-
-def add_remote_pipeline(model, save_directory: str | Path) -> None:
-    """Record this pipeline in `model.config.custom_pipelines` (under `mgsa-translation`) and copy its code into
-    `save_directory`; call before `model.save_pretrained(save_directory)`. A task name of its own keeps
-    `pipeline("translation", model=folder)` on the registered pipeline where the package is installed."""
-    model.config.custom_pipelines = {
+def remote_pipelines() -> dict:
+    """The `config.custom_pipelines` entry that names this pipeline, as a saved folder's code, under
+    `mgsa-translation`."""
+    return {
         REMOTE_TASK: {
             "impl": f"{Path(__file__).stem}.{MgsaTranslationPipeline.__name__}",
             "pt": ("AutoModelForSeq2SeqLM",),
             "type": "text",
         }
     }
-    Path(save_directory).mkdir(parents=True, exist_ok=True)
-    shutil.copy(__file__, Path(save_directory) / Path(__file__).name)
 
 
 def register_translation_pipeline() -> None:

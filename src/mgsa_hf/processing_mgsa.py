@@ -183,7 +183,11 @@ class MgsaProcessor(ProcessorMixin):
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
         """Saves the processor (see [`~ProcessorMixin.save_pretrained`]) and, when its trees are derived by the learned
         conversion, that conversion's model file (`constituency_conversion.json.gz`): the folder keeps the trees it
-        was trained with, also where the package is not installed (`trust_remote_code=True`)."""
+        was trained with, also where the package is not installed (`trust_remote_code=True`).
+
+        With `push_to_hub=True` (and `repo_id`, `commit_message`, `token`, `private`), the processor's files, and only
+        those, go up to the Hub: a folder that also holds a model or a run's files (checkpoints, results) keeps them
+        to itself. Publish a whole saved model folder with `huggingface_hub.upload_folder` or `hf upload` instead."""
         hub_keys = ("repo_id", "commit_message", "token", "private")
         hub_options = {key: kwargs.pop(key) for key in hub_keys if key in kwargs}
         files = super().save_pretrained(save_directory, **kwargs)
@@ -192,15 +196,25 @@ class MgsaProcessor(ProcessorMixin):
             if not target.exists() or not target.samefile(self.conversion_path):
                 shutil.copyfile(self.conversion_path, target)
             files.append(str(target))
-        if push_to_hub:  # the whole folder, conversion file included
-            from huggingface_hub import create_repo, upload_folder
-
-            token = hub_options.get("token")
-            repo_id = create_repo(hub_options.get("repo_id", Path(save_directory).name), token=token, exist_ok=True,
-                                  private=hub_options.get("private")).repo_id
-            upload_folder(repo_id=repo_id, folder_path=save_directory, token=token,
-                          commit_message=hub_options.get("commit_message") or "Upload processor")
+        if push_to_hub:
+            self._upload_processor_files(hub_options.pop("repo_id", Path(save_directory).name), **hub_options)
         return files
+
+    def _upload_processor_files(self, repo_id: str, commit_message: str | None = None, token=None,
+                                private: bool | None = None) -> str:
+        """Upload what `save_pretrained` writes for this processor (saved again into an empty folder, so nothing else
+        of the folder it was saved to goes along); returns the repository id."""
+        import tempfile
+
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=token)
+        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+        with tempfile.TemporaryDirectory() as staging:
+            self.save_pretrained(staging)
+            api.upload_folder(repo_id=repo_id, folder_path=staging,
+                              commit_message=commit_message or "Upload processor")
+        return repo_id
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):

@@ -136,6 +136,25 @@ class RheAttention(MgsaAttention):
             self.relative_proj = nn.Linear(self.head_dim, self.head_dim)
             self.relative_score = nn.Linear(self.head_dim, 1, bias=False)
 
+    # the scale of U_P when a converted checkpoint's layer starts as its plain attention (|P| about 1e-4)
+    identity_score_std = 1e-4
+
+    @torch.no_grad()
+    def init_as_identity(self) -> bool:
+        """
+        Start this layer close to the plain self-attention of the checkpoint it upgrades (`load_as_mgsa`). LPEA with
+        pairs out of one local phrase clipped (the defaults): U_P of Eq. 8 drawn at std 1e-4, so P, the only thing SEA
+        adds to the energy, is about 1e-4 and every head, redundant or not, attends as before. U_P = 0 would give
+        exactly the plain attention, but |·|'s gradient at 0 is 0, so P would never train. DEA (-∞ off the
+        dependencies), masked out-of-phrase pairs and pruned heads change the attention by construction.
+
+        Returns:
+            False: no setting makes SEA exactly the plain attention while it can still learn.
+        """
+        if self.uses_phrases and self.config.rhe_out_of_phrase == "clip" and self.mode != "rhe_prune":
+            self.relative_score.weight.normal_(0.0, self.identity_score_std)
+        return False
+
     def relative_phrasal_bias(self) -> torch.Tensor:
         """P for the 2k + 1 labels (Eq. 8): -|tanh(W_P w + b_P) U_P|, shape (2k + 1,)."""
         hidden = torch.tanh(self.relative_proj(self.relative_embeddings.weight))

@@ -7,19 +7,41 @@ trains. [`MgsaSeq2SeqTrainer`] adds the term back in exactly those cases and log
 
 With `max_tokens_per_batch` it trains on batches of at most that many padded tokens (fairseq's `--max-tokens`, the
 batching of the MT papers), drawn in random order, instead of a fixed number of sentences ([`TokenBatchSampler`]).
+
+It also stops, when it is built, two set-ups that the plain Trainer gets wrong: processes started by a launcher that
+the training arguments do not join (each trains alone, without a word), and a data collator that cannot pad the
+processor's syntax fields (an obscure error at the first batch).
 """
 
+import inspect
 import logging
 
 import numpy as np
+import torch
+from accelerate.utils import get_int_from_env
 from torch.utils.data import DataLoader, Sampler
-from transformers import Seq2SeqTrainer, TrainerCallback
+from transformers import (
+    DataCollatorForSeq2Seq,
+    DataCollatorWithPadding,
+    DefaultDataCollator,
+    Seq2SeqTrainer,
+    TrainerCallback,
+    default_data_collator,
+)
 
 from .evaluation import encoder_token_spread
 from .prepared_training import token_batches
+from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 
 
 logger = logging.getLogger(__name__)
+
+# how launchers tell each process how many processes they started: torchrun (which `accelerate launch` runs) sets
+# WORLD_SIZE, MPI launchers their own variables (the list accelerate reads)
+LAUNCHED_PROCESSES_ENV = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+# transformers' collators that pad only the tokenizer's fields (and `labels`), or none
+TOKENIZER_FIELD_COLLATORS = (DataCollatorForSeq2Seq, DataCollatorWithPadding, DefaultDataCollator)
 
 
 class TokenBatchSampler(Sampler):
@@ -104,7 +126,15 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
         max_tokens_per_batch (`int`, *optional*):
             Train on batches of at most this many padded tokens per process and side ([`TokenBatchSampler`], seeded
             by `args.data_seed` or `args.seed`) instead of `per_device_train_batch_size` sentences; the training
-            dataset needs `input_ids` and `labels` columns. `train_sampling_strategy` is then not used.
+            dataset needs `input_ids` and `labels` columns. `train_sampling_strategy` is then not used. The
+            `train_samples_per_second` of the training metrics then counts the sentence pairs trained (the Trainer
+            counts `per_device_train_batch_size` per batch).
+
+    Raises:
+        `ValueError` when a launcher (`accelerate launch`, torchrun, mpirun) started several processes but `args`
+        see one (on a machine without GPUs, `use_cpu` not set: each process would train alone on all the data), or
+        when a dataset holds the processor's syntax fields and the data collator is one of transformers' that pads
+        only the tokenizer's fields (use [`MgsaDataCollator`]).
     """
 
     def __init__(self, *args, max_tokens_per_batch: int | None = None, **kwargs):
@@ -112,6 +142,38 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
         self.max_tokens_per_batch = max_tokens_per_batch
         self._tag_loss_total = None
         self._tag_loss_count = 0
+        self._pairs_trained = 0
+        self._check_processes_joined()
+        self._check_collator_pads_syntax_fields()
+
+    def _check_processes_joined(self) -> None:
+        launched = get_int_from_env(LAUNCHED_PROCESSES_ENV, 1)
+        if launched > 1 and self.args.world_size == 1:
+            raise ValueError(
+                f"The launcher started {launched} processes, but the training arguments see one "
+                "(`args.world_size == 1`), so each process would train its own copy of the model on all the data. "
+                "Without GPUs the Trainer joins the processes only when it trains on CPU: set `use_cpu=True` in "
+                "the Seq2SeqTrainingArguments (or ACCELERATE_USE_CPU=1 in the launcher's environment)."
+            )
+
+    def _check_collator_pads_syntax_fields(self) -> None:
+        if not (isinstance(self.data_collator, TOKENIZER_FIELD_COLLATORS) or
+                self.data_collator is default_data_collator):
+            return
+        model_inputs = inspect.signature(self.accelerator.unwrap_model(self.model).forward).parameters
+        eval_datasets = self.eval_dataset if isinstance(self.eval_dataset, dict) else {"evaluation": self.eval_dataset}
+        for name, dataset in {"training": self.train_dataset, **eval_datasets}.items():
+            fields = [field for field in _column_names(dataset) if field in SOURCE_SYNTAX_PAD_VALUES]
+            if self.args.remove_unused_columns:  # the Trainer drops the columns the model does not read
+                fields = [field for field in fields if field in model_inputs]
+            if fields:
+                collator = getattr(self.data_collator, "__name__", type(self.data_collator).__name__)
+                raise ValueError(
+                    f"The {name} dataset holds the processor's syntax fields {fields}, which the data collator "
+                    f"{collator} does not pad (batching fails with 'Unable to create tensor'): pass "
+                    "`data_collator=MgsaDataCollator(processor.tokenizer, model=model)`, which pads every field with "
+                    "its own value."
+                )
 
     def get_train_dataloader(self) -> DataLoader:
         if self.max_tokens_per_batch is None:
@@ -141,11 +203,17 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
         finally:
             self.accelerator.even_batches = even_batches
 
+    def train(self, *args, **kwargs):
+        self._pairs_trained = 0
+        return super().train(*args, **kwargs)
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # the Trainer recomputes the loss from the logits in these two cases, leaving the model's own loss aside
         recomputed = (self.label_smoother is not None or self.compute_loss_func is not None) and "labels" in inputs
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
                                              num_items_in_batch=num_items_in_batch)
+        if model.training and "input_ids" in inputs:
+            self._pairs_trained += len(inputs["input_ids"])
         tag_loss = outputs.get("tag_loss") if isinstance(outputs, dict) else None
         if tag_loss is not None:
             if recomputed:
@@ -181,7 +249,22 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
                 total = self.accelerator.reduce(total.to(self.args.device), reduction="mean")
             logs["tag_loss"] = round(float(total) / self._tag_loss_count, 4)
             self._tag_loss_total, self._tag_loss_count = None, 0
+        if self.max_tokens_per_batch is not None and "train_samples_per_second" in logs and logs.get("train_runtime"):
+            # the Trainer counts `per_device_train_batch_size` pairs per batch; `logs` is also the dict that `train`
+            # returns as its metrics, so both read the pairs trained
+            pairs = self._pairs_trained
+            if self.args.world_size > 1:
+                pairs = int(self.accelerator.reduce(torch.tensor(pairs, device=self.args.device), reduction="sum"))
+            logs["train_samples_per_second"] = round(pairs / logs["train_runtime"], 3)
         super().log(logs, *args, **kwargs)
+
+
+def _column_names(dataset) -> list[str]:
+    """The fields of a `datasets.Dataset`, or of the first row of a list of dicts; none for other datasets."""
+    names = getattr(dataset, "column_names", None)
+    if names is None and isinstance(dataset, list) and dataset and isinstance(dataset[0], dict):
+        names = list(dataset[0])
+    return list(names or ())
 
 
 __all__ = ["EncoderCollapseCallback", "MgsaSeq2SeqTrainer", "TokenBatchSampler"]

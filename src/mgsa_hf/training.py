@@ -4,6 +4,12 @@ One YAML/JSON config (see `configs/train/`) plus `section.key=value` overrides �
 none is given) → `MgsaProcessor` over the corpus (cached by `datasets`) → `Seq2SeqTrainer` with BLEU/chrF on
 validation and best-checkpoint selection → optional checkpoint averaging → test scores → model, processor and model
 card saved together. Launch with `accelerate launch` to use several GPUs or CPU processes.
+
+`output_dir` receives the shareable model folder and nothing else: config, generation config (the recipe's decoding
+settings), weights, the model's and the processor's code, the processor's files and the model card, so the whole
+folder is what `pipeline(...)` loads and what `hf upload` publishes. What the run keeps for itself (checkpoints, the
+trained tokenizer, `results.json`, the translations it scored) goes to the run folder beside it, `<output_dir>-run`
+([`run_folder`]).
 """
 
 import dataclasses
@@ -46,6 +52,15 @@ class TrainConfig:
     process. `max_tokens_per_batch`: training batches of at most that many padded tokens per side and process, in
     random order ([`TokenBatchSampler`]), instead of `training.per_device_train_batch_size` sentences.
 
+    `init_from`: an MGSA, Marian or T5 folder to fine-tune. The model keeps that checkpoint's configuration, and only
+    the `model` keys set explicitly change it: `model.key=value` overrides, and the `model` section of a config file
+    that itself names `init_from` (`configs/train/finetune.yaml`); the `model` section of a file written to train from
+    scratch (the packaged default, `tiny.yaml`) does not apply over a checkpoint given as an override. The
+    checkpoint's tokenizer (unless `tokenizer` names another) and its saved processor settings (under the `processor`
+    section's) come with it. `init_new_modules`: how modules the checkpoint lacks (a variant added by
+    `model.encoder_type=...`) start: `"identity"` (the model computes what the checkpoint computed, as far as the
+    variant allows, see [`~modeling_layers.init_new_modules_as_identity`]) or `"random"`.
+
     `collapse_check_step`: at this step the spread of the encoder's output states over the tokens of 100 validation
     sentences is measured ([`EncoderCollapseCallback`]); under `collapse_min_spread` the run has become a target-side
     language model whose encoder sends every token out as one vector, and it starts again from a new initialisation
@@ -65,6 +80,7 @@ class TrainConfig:
     tokenizer: str | None = None
     vocab_size: int = 8000
     init_from: str | None = None
+    init_new_modules: str = "identity"
     backbone: str = "marian"
     model: dict = field(default_factory=dict)
     processor: dict = field(default_factory=dict)
@@ -134,13 +150,34 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] = ())
     raw = _load_yaml(path.read_text()) or {}
     if not isinstance(raw, dict):
         raise ValueError(f"training config {path} must be a mapping of keys to values.")
+    # a file that does not name `init_from` describes a model to train from scratch: with `init_from` given as an
+    # override, the checkpoint's own configuration stands and only the model keys given as overrides change it
+    recipe_for_scratch = not raw.get("init_from")
     for override in overrides:
         _apply_override(raw, override)
+    if raw.get("init_from") and recipe_for_scratch and isinstance(raw.get("model"), dict):
+        explicit = {override.partition("=")[0].strip() for override in overrides}
+        dropped = sorted(key for key in raw["model"] if f"model.{key}" not in explicit)
+        if dropped:
+            logger.info("init_from=%s keeps its own configuration: the model keys %s of %s do not apply.",
+                        raw["init_from"], dropped, path)
+        raw["model"] = {key: value for key, value in raw["model"].items() if f"model.{key}" in explicit}
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(f"unknown training config key(s) {unknown} in {path}; allowed: {sorted(known)}.")
     return TrainConfig(**raw)
+
+
+def run_folder(output_dir: str | Path) -> Path:
+    """
+    The folder beside the model folder `output_dir` where a run keeps what is not part of the model: `checkpoints/`
+    (what `resume_from_checkpoint` reads), `tokenizer/` (the joint vocabulary trained for the run), `results.json`
+    and `<split>.hyp.<target_lang>`, the translations the scores were computed from. `runs/mgsa-multi30k` →
+    `runs/mgsa-multi30k-run`.
+    """
+    output_dir = Path(output_dir)
+    return output_dir.with_name(f"{output_dir.name}-run")
 
 
 def _accelerator_available() -> bool:
@@ -152,7 +189,9 @@ def _accelerator_available() -> bool:
 
 
 def _training_arguments(config: TrainConfig):
-    """`Seq2SeqTrainingArguments` from the config's `training` section, with best-checkpoint selection on BLEU."""
+    """`Seq2SeqTrainingArguments` from the config's `training` section, with best-checkpoint selection on BLEU; the
+    checkpoints go to the run folder's `checkpoints/`. `push_to_hub` is not the Trainer's: [`train`] uploads the saved
+    model folder instead (the Trainer would upload its checkpoint folder, without the processor, code or card)."""
     import inspect
 
     from transformers import Seq2SeqTrainingArguments
@@ -162,7 +201,7 @@ def _training_arguments(config: TrainConfig):
     if unknown:
         raise ValueError(f"unknown `training` key(s) {unknown}: they must be Seq2SeqTrainingArguments fields.")
     fields = {
-        "output_dir": str(Path(config.output_dir) / "checkpoints"),
+        "output_dir": str(run_folder(config.output_dir) / "checkpoints"),
         # without an accelerator, train on CPU: processes started by `accelerate launch` then join over gloo
         "use_cpu": not _accelerator_available(),
         "predict_with_generate": True,
@@ -170,6 +209,7 @@ def _training_arguments(config: TrainConfig):
         "metric_for_best_model": "bleu",
         "greater_is_better": True,
         **config.training,
+        "push_to_hub": False,
     }
     return Seq2SeqTrainingArguments(**fields)
 
@@ -224,15 +264,35 @@ def _model_config_fields(config: TrainConfig, tokenizer) -> dict:
     return {**fields, **config.model}
 
 
+def _check_init_from(config: TrainConfig, tokenizer) -> None:
+    """`init_from` must be a folder (or Hub id) with a config, and the tokenizer must fit its embeddings."""
+    from transformers import PretrainedConfig
+
+    try:
+        checkpoint = PretrainedConfig.get_config_dict(config.init_from)[0]
+    except OSError as error:
+        raise ValueError(f"init_from={config.init_from!r} is not a model folder (or Hub id) with a config.json: "
+                         f"{error}") from None
+    vocab_size = config.model.get("vocab_size", checkpoint.get("vocab_size"))
+    if vocab_size is not None and len(tokenizer) > vocab_size:
+        raise ValueError(
+            f"the tokenizer has {len(tokenizer)} tokens but init_from={config.init_from!r} embeds {vocab_size}: "
+            "fine-tune with the checkpoint's own tokenizer (leave `tokenizer` unset, it is loaded from init_from) or "
+            "one that fits it."
+        )
+
+
 def build_model(config: TrainConfig, tokenizer):
     """A new model from the `model` section, or `init_from` (an MGSA, Marian or T5 folder) with its fields
     overridden."""
     from .conversion import load_as_mgsa
 
     if config.init_from:
-        model, new_modules = load_as_mgsa(config.init_from, **config.model)
+        _check_init_from(config, tokenizer)
+        model, new_modules = load_as_mgsa(config.init_from, new_modules_init=config.init_new_modules, **config.model)
         if new_modules:
-            logger.info("initialised from %s; new modules: %s", config.init_from, ", ".join(new_modules))
+            logger.info("initialised from %s; new modules (%s): %s", config.init_from, config.init_new_modules,
+                        ", ".join(new_modules))
         return model
     config_class, model_class = _backbone_classes(config)
     return model_class(config_class(**_model_config_fields(config, tokenizer)))
@@ -253,17 +313,23 @@ def _checkpoints(folder: Path) -> list[Path]:
 
 
 def _load_or_train_tokenizer(config: TrainConfig, train_split):
-    """`config.tokenizer` if given; else the joint vocabulary in `output_dir/tokenizer`, trained on the training split
-    the first time (other processes and resumed runs load it)."""
+    """`config.tokenizer` if given; else the joint vocabulary in the run folder's `tokenizer/`, trained on the training
+    split the first time (other processes and resumed runs load it)."""
     import tempfile
 
     from transformers import AutoTokenizer
 
     from .tokenization_utils import train_joint_tokenizer
 
-    if config.tokenizer:
-        return AutoTokenizer.from_pretrained(config.tokenizer)
-    folder = Path(config.output_dir) / "tokenizer"
+    if config.tokenizer or config.init_from:  # a fine-tuned checkpoint comes with its tokenizer
+        source = config.tokenizer or config.init_from
+        try:
+            return AutoTokenizer.from_pretrained(source)
+        except (OSError, ValueError) as error:
+            name = "tokenizer" if config.tokenizer else "init_from"
+            raise ValueError(f"{name}={source!r}: no tokenizer could be loaded from it ({error}); set `tokenizer` to "
+                             "the folder of the checkpoint's tokenizer.") from None
+    folder = run_folder(config.output_dir) / "tokenizer"
     if (folder / "tokenizer_config.json").is_file():
         return AutoTokenizer.from_pretrained(folder)
     with tempfile.TemporaryDirectory() as text_dir:
@@ -287,6 +353,7 @@ def _reads_source_syntax(config: TrainConfig) -> bool:
 def prepare(config: TrainConfig, training_args):
     """Corpus, processor and processed splits; the main process works first so the others read its caches. The
     corpus is parsed only when the model reads syntax (set `processor.with_syntax` to choose)."""
+    from .conversion import saved_processor_settings
     from .data import TREE_COLUMN, load_parallel_corpus
     from .processing_mgsa import MgsaProcessor
 
@@ -304,7 +371,9 @@ def prepare(config: TrainConfig, training_args):
     corpus = corpus.__class__({split: _limit(data, limits.get(split)) for split, data in corpus.items()})
     with training_args.main_process_first(desc="tokenizer"):
         tokenizer = _load_or_train_tokenizer(config, corpus["train"])
-    processor = MgsaProcessor(tokenizer, **{"with_syntax": _reads_source_syntax(config), **config.processor})
+    settings = {**saved_processor_settings(config.init_from), "with_syntax": _reads_source_syntax(config),
+                **config.processor}
+    processor = MgsaProcessor(tokenizer, **settings)
     if tree_column and not processor.with_syntax:
         logger.warning("the model reads no syntax (encoder_type transformer): the given trees are not used.")
     flat = corpus.flatten()
@@ -321,8 +390,18 @@ def prepare(config: TrainConfig, training_args):
     return corpus, processor, processed
 
 
+def _set_generation_settings(model, args) -> None:
+    """Write the recipe's decoding settings (`generation_num_beams`, `generation_max_length`) into the model's
+    `generation_config`: the run scores with them, and the saved folder decodes with them wherever `generate` is
+    called without arguments. Without `generation_max_length` the generation config keeps its own length."""
+    model.generation_config.num_beams = args.generation_num_beams or 1
+    if args.generation_max_length is not None:
+        model.generation_config.max_length = args.generation_max_length
+
+
 def _score_split(trainer, processed, corpus, split: str, config: TrainConfig, tokenizer) -> dict:
-    """Translate a whole split in corpus order and score the detokenized output against the raw references."""
+    """Translate a whole split in corpus order with the model's generation config (see [`_set_generation_settings`])
+    and score the detokenized output against the raw references."""
     import torch
 
     from .evaluation import decode_token_ids, translation_scores
@@ -330,13 +409,12 @@ def _score_split(trainer, processed, corpus, split: str, config: TrainConfig, to
     model, args = trainer.model.eval(), trainer.args
     targets = [column for column in ("labels", "decoder_attention_mask") if column in processed[split].column_names]
     data = processed[split].remove_columns(targets)
-    generation = {"num_beams": args.generation_num_beams or 1, "max_length": args.generation_max_length}
     predictions = []
     with torch.no_grad():
         for start in range(0, len(data), args.per_device_eval_batch_size):
             rows = data.select(range(start, min(start + args.per_device_eval_batch_size, len(data))))
             batch = trainer.data_collator(list(rows)).to(model.device)
-            predictions.extend(decode_token_ids(tokenizer, model.generate(**batch, **generation).cpu()))
+            predictions.extend(decode_token_ids(tokenizer, model.generate(**batch).cpu()))
     scores = translation_scores(predictions, _references(corpus[split], config.target_lang))
     return {"split": split, **scores, "predictions": predictions}
 
@@ -371,10 +449,12 @@ def _collapse_guard(config: TrainConfig, processed, collator):
 
 
 def train(config: TrainConfig, callbacks: list | None = None):
-    """Run the whole recipe; returns `(results, model)`: the results written to `output_dir/results.json` and the
+    """Run the whole recipe; returns `(results, model)`: the results written to the run folder's `results.json` and the
     trained model (on every process). `callbacks` are `TrainerCallback`s added to the Trainer. With
     `collapse_check_step`, a run whose encoder has collapsed by that step starts again with the next seed, at most
-    `collapse_restarts` times (the results list them under `restarts`)."""
+    `collapse_restarts` times (the results list them under `restarts`). With `training.push_to_hub` the saved model
+    folder is uploaded to the Hub repository `training.hub_model_id` (else one named after the folder; the results
+    name it as `hub_repo_id`), its card naming the model by that id."""
     import shutil
 
     from transformers import set_seed
@@ -429,6 +509,7 @@ def train(config: TrainConfig, callbacks: list | None = None):
         results["restarts"] = restarts
     if trainer.is_world_process_zero():
         # the main process translates validation and test in corpus order and saves; the others are done
+        _set_generation_settings(trainer.model, training_args)
         if config.average_last_checkpoints:
             results["averaging"] = _maybe_average(trainer, config, processed, corpus, tokenizer)
         scores = [_score_split(trainer, processed, corpus, split, config, tokenizer)
@@ -440,12 +521,14 @@ def train(config: TrainConfig, callbacks: list | None = None):
 
 
 def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores: list[dict], build_model_card):
-    from .model_card import describe_tree_source
-    from .pipeline_translation import add_remote_pipeline
+    """Write the model folder (model, processor, card; uploaded when `training.push_to_hub`), then the run's own files
+    in the run folder: each scored split's translations (`<split>.hyp.<target_lang>`) and `results.json`."""
+    from .model_card import card_dataset, describe_tree_source
 
     output_dir = Path(config.output_dir)
-    add_remote_pipeline(trainer.model, output_dir)
-    trainer.model.save_pretrained(output_dir)
+    trainer.model.save_pretrained(output_dir)  # with the model's code, the translation pipeline's included
+    # `truncation=True` (the pipeline's, the processor's) then cuts sources where the recipe did
+    processor.tokenizer.model_max_length = config.max_source_length
     processor.save_pretrained(output_dir)
     hyperparameters = {key: config.training[key] for key in sorted(config.training)
                        if key in ("learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size",
@@ -453,30 +536,47 @@ def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores
     if config.max_tokens_per_batch:  # the batch is counted in tokens, not sentences
         hyperparameters.pop("per_device_train_batch_size", None)
         hyperparameters["max_tokens_per_batch"] = config.max_tokens_per_batch
+    hub, hub_repo_id = None, None
+    if config.training.get("push_to_hub"):  # the repository first: the card names the model by its id
+        from huggingface_hub import HfApi
+
+        hub = HfApi(token=config.training.get("hub_token"))
+        hub_repo_id = hub.create_repo(config.training.get("hub_model_id") or output_dir.name, exist_ok=True,
+                                      private=config.training.get("hub_private_repo")).repo_id
+    dataset_id, dataset_name = card_dataset(config.data, config.source_lang, config.target_lang)
     card = build_model_card(
         trainer.model.config,
-        model_id=output_dir.name,
+        model_id=hub_repo_id or output_dir.name,
         source_lang=config.source_lang,
         target_lang=config.target_lang,
-        dataset_name=Path(str(config.data)).name or str(config.data),
+        dataset_name=dataset_name,
+        dataset_id=dataset_id,
+        generation_config=trainer.model.generation_config,
         train_size=len(corpus["train"]),
         hyperparameters=hyperparameters,
-        results=results["scores"],
+        # each split under the corpus's own name for it (`test_2016_flickr`, not `test`)
+        results=[{**row, "split": config.splits.get(row["split"]) or row["split"]} for row in results["scores"]],
         parser=processor.parser.resolved_name if processor.with_syntax else None,
         tree_source=describe_tree_source(processor.parser.tree_parser, bool(config.trees or config.tree_column)),
     )
     card.save(output_dir / "README.md")
+    if hub_repo_id:  # the whole model folder, as `hf upload` would
+        hub.upload_folder(repo_id=hub_repo_id, folder_path=str(output_dir), commit_message="Upload model")
+        results["hub_repo_id"] = hub_repo_id
+    run_dir = run_folder(output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     for row in scores:
-        (output_dir / f"{row['split']}.hyp.{config.target_lang}").write_text("\n".join(row["predictions"]) + "\n")
-    (output_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        (run_dir / f"{row['split']}.hyp.{config.target_lang}").write_text("\n".join(row["predictions"]) + "\n")
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
 
-def translate_examples(output_dir: str | Path, sentences: list[str], num_beams: int = 4) -> list[str]:
-    """Translate `sentences` with the saved model folder through the translation pipeline."""
+def translate_examples(output_dir: str | Path, sentences: list[str], **generate_kwargs) -> list[str]:
+    """Translate `sentences` with the saved model folder through the translation pipeline, with the decoding settings
+    saved in its generation config unless `generate_kwargs` (`num_beams=...`) say otherwise."""
     from transformers import pipeline
 
     translator = pipeline("translation", model=str(output_dir), device="cpu")
-    return [row["translation_text"] for row in translator(list(sentences), num_beams=num_beams, max_new_tokens=64)]
+    return [row["translation_text"] for row in translator(list(sentences), **generate_kwargs)]
 
 
 def add_train_arguments(parser) -> None:
@@ -497,7 +597,7 @@ def run_train(args) -> dict:
         config_path = None
     config = load_train_config(config_path, overrides)
     if config.resume_from_checkpoint is True:
-        config.resume_from_checkpoint = get_last_checkpoint(str(Path(config.output_dir) / "checkpoints"))
+        config.resume_from_checkpoint = get_last_checkpoint(str(run_folder(config.output_dir) / "checkpoints"))
     results, _ = train(config)
     from accelerate import PartialState
 
@@ -520,5 +620,8 @@ def run_train(args) -> dict:
             translations = translate_examples(config.output_dir, config.examples)
             for source, translation in zip(config.examples, translations, strict=True):
                 print(f"  {source}  →  {translation}")
-        print(f"model, processor and model card saved to {config.output_dir}")
+        print(f"model, processor and model card saved to {config.output_dir} (checkpoints, results and translations: "
+              f"{run_folder(config.output_dir)})")
+        if results.get("hub_repo_id"):
+            print(f"uploaded to the Hub: https://huggingface.co/{results['hub_repo_id']}")
     return results
