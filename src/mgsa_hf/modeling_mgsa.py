@@ -385,7 +385,9 @@ class MgsaDecoder(MgsaPreTrainedModel):
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         batch_size, seq_length = inputs_embeds.shape[:2]
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if attention_mask is None:
+        if attention_mask is None and not torch.compiler.is_compiling():
+            # as Marian: under compile the past length of a static cache is a tensor, and a mask that wide would be
+            # a data-dependent shape; the mask functions then take the cache's own sizes
             attention_mask = torch.ones(batch_size, past_length + seq_length, device=inputs_embeds.device)
         self_attn_cache = (
             past_key_values.self_attention_cache
