@@ -5,7 +5,7 @@ processor batch."""
 import pytest
 import torch
 
-from mgsa_hf import MgsaForConditionalGeneration, MgsaT5Config, MgsaT5ForConditionalGeneration
+from mgsa_hf import MgsaForConditionalGeneration, MgsaT5ForConditionalGeneration
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -26,18 +26,6 @@ def batch(multi30k_processor, multi30k_val):
     return dict(multi30k_processor(sources, text_target=targets, return_tensors="pt"))
 
 
-def t5_config(processor, encoder_type: str, **fields) -> MgsaT5Config:
-    """A tiny T5-family config (2 + 2 blocks) for the processor's vocabulary."""
-    tokenizer = processor.tokenizer
-    return MgsaT5Config(
-        vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2, num_heads=4,
-        relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.pad_token_id, encoder_type=encoder_type,
-        num_phrase_tags=len(processor.phrase_tags), **fields,
-    )
-
-
 def loss_and_gradients(model_class, config, batch: dict, use_reentrant: bool | None):
     """Loss output and gradients of a fresh model (seed 0) trained one step, checkpointed unless `use_reentrant` is
     None."""
@@ -55,14 +43,14 @@ def loss_and_gradients(model_class, config, batch: dict, use_reentrant: bool | N
 @pytest.mark.parametrize("backbone", ["marian", "t5"])
 @pytest.mark.parametrize("encoder_type", list(ROWS))
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients(backbone, encoder_type, multi30k_processor, batch,
-                                                                   tiny_config):
+                                                                   tiny_config, tiny_t5_config):
     if backbone == "marian":
         model_class = MgsaForConditionalGeneration
         config = tiny_config(multi30k_processor, encoder_type, decoder_layers=2, dropout=0.0, attention_dropout=0.0,
                              **ROWS[encoder_type])
     else:
         model_class = MgsaT5ForConditionalGeneration
-        config = t5_config(multi30k_processor, encoder_type, **ROWS[encoder_type])
+        config = tiny_t5_config(multi30k_processor, encoder_type, **ROWS[encoder_type])
     plain, plain_gradients = loss_and_gradients(model_class, config, batch, use_reentrant=None)
     if config.phrase_tag_supervision:
         assert plain.tag_loss is not None and plain.tag_loss > 0

@@ -12,7 +12,7 @@ from transformers import MarianConfig, MarianMTModel
 from transformers.generation import CompileConfig
 from transformers.utils import TransformersKwargs
 
-from mgsa_hf import MgsaForConditionalGeneration, MgsaT5Config, MgsaT5ForConditionalGeneration
+from mgsa_hf import MgsaForConditionalGeneration, MgsaT5ForConditionalGeneration
 from mgsa_hf.modeling_mgsa import MgsaDecoder, MgsaEncoder, MgsaModel
 from mgsa_hf.modeling_mgsa_t5 import MgsaT5Decoder, MgsaT5Encoder, MgsaT5Model
 
@@ -130,25 +130,13 @@ def test_decoder_embedding_methods_refuse_a_shared_vocabulary(marian_dirs):
             call()
 
 
-def t5_config(processor, encoder_type: str, **fields) -> MgsaT5Config:
-    """A tiny T5-family config (2 + 2 blocks) for the processor's vocabulary."""
-    tokenizer = processor.tokenizer
-    return MgsaT5Config(
-        vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2, num_heads=4,
-        relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.pad_token_id, encoder_type=encoder_type,
-        num_phrase_tags=len(processor.phrase_tags), **fields,
-    )
-
-
-def build_model(backbone: str, processor, tiny_config, encoder_type: str, fields: dict):
+def build_model(backbone: str, processor, tiny_configs, encoder_type: str, fields: dict):
     """A tiny model of either backbone (seed 0)."""
     torch.manual_seed(0)
     if backbone == "marian":
-        config = tiny_config(processor, encoder_type, dropout=0.0, attention_dropout=0.0, init_std=0.5, **fields)
+        config = tiny_configs[0](processor, encoder_type, dropout=0.0, attention_dropout=0.0, init_std=0.5, **fields)
         return MgsaForConditionalGeneration(config)
-    return MgsaT5ForConditionalGeneration(t5_config(processor, encoder_type, initializer_factor=4.0, **fields))
+    return MgsaT5ForConditionalGeneration(tiny_configs[1](processor, encoder_type, initializer_factor=4.0, **fields))
 
 
 @pytest.fixture(scope="module")
@@ -165,13 +153,14 @@ def pair_batch(multi30k_processor, multi30k_val):
                          [("t5", *row) for row in [*ROWS.items(), RECURRENCE]] + [("marian", *RECURRENCE)],
                          ids=lambda value: str(value))
 def test_can_compile_fullgraph_says_whether_the_model_is_one_graph(backbone, encoder_type, fields,
-                                                                   multi30k_processor, tiny_config, pair_batch):
+                                                                   multi30k_processor, tiny_config, tiny_t5_config,
+                                                                   pair_batch):
     """A model's `_can_compile_fullgraph` is True exactly when `torch.compile(fullgraph=True)` runs its training
     forward (loss included), which raises at a graph break; the class's value, what tools read before building a
     model, is that of the default configuration."""
     import torch._dynamo
 
-    model = build_model(backbone, multi30k_processor, tiny_config, encoder_type, fields).train()
+    model = build_model(backbone, multi30k_processor, (tiny_config, tiny_t5_config), encoder_type, fields).train()
     torch._dynamo.reset()
     try:
         torch.compile(model, backend="eager", fullgraph=True)(**pair_batch)
@@ -188,12 +177,12 @@ def test_can_compile_fullgraph_says_whether_the_model_is_one_graph(backbone, enc
 @pytest.mark.parametrize("backbone", ["marian", "t5"])
 @pytest.mark.parametrize("encoder_type", list(ROWS))
 def test_static_cache_generation_compiles_fullgraph_and_matches_eager(backbone, encoder_type, multi30k_processor,
-                                                                      tiny_config, pair_batch):
+                                                                      tiny_config, tiny_t5_config, pair_batch):
     """`generate(cache_implementation="static")` through transformers' own compile path (`compile_config`, fullgraph:
     a graph break is an error) gives eager greedy decoding's tokens and logits. The backend is TorchDynamo's graph run
     as traced (no code generation, seconds on CPU); the graphs it receives show that the decoding steps were
     compiled."""
-    model = build_model(backbone, multi30k_processor, tiny_config, encoder_type, {}).eval()
+    model = build_model(backbone, multi30k_processor, (tiny_config, tiny_t5_config), encoder_type, {}).eval()
     assert model._can_compile_fullgraph
     inputs = {key: value for key, value in pair_batch.items() if key != "labels"}
     settings = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, num_beams=1, output_logits=True,
