@@ -7,6 +7,7 @@ from pathlib import Path
 from transformers import PretrainedConfig
 
 from .configuration_mgsa import MgsaConfig, MgsaT5Config
+from .modeling_layers import new_module_names
 from .modeling_mgsa import MgsaForConditionalGeneration
 from .modeling_mgsa_t5 import MgsaT5ForConditionalGeneration
 
@@ -27,12 +28,6 @@ def checkpoint_backbone(path: str) -> str:
     raise ValueError(
         f"{path} holds a {model_type!r} model; MGSA models start from Marian (opus-mt) or T5 checkpoints."
     )
-
-
-def new_module_names(missing_keys: list[str]) -> list[str]:
-    """Collapse freshly initialised parameter names to the modules that own them, e.g.
-    `model.encoder.layers.0.self_attn.gate.weight` → `model.encoder.layers.0.self_attn.gate`."""
-    return sorted({key.rsplit(".", 1)[0] for key in missing_keys})
 
 
 def load_as_mgsa(path: str, encoder_type: str | None = None, new_modules_init: str = "identity", **config_overrides):

@@ -545,6 +545,12 @@ class MgsaDecoderLayer(MgsaPostNormLayer):
 NEW_MODULE_INITS = ("identity", "random")
 
 
+def new_module_names(missing_keys: list[str]) -> list[str]:
+    """Collapse freshly initialised parameter names to the modules that own them, e.g.
+    `model.encoder.layers.0.self_attn.gate.weight` → `model.encoder.layers.0.self_attn.gate`."""
+    return sorted({key.rsplit(".", 1)[0] for key in missing_keys})
+
+
 @torch.no_grad()
 def init_new_modules_as_identity(model, new_modules: list[str]) -> bool:
     """
@@ -569,7 +575,9 @@ def init_new_modules_as_identity(model, new_modules: list[str]) -> bool:
         return new == name or new.startswith(f"{name}.")
 
     exact, touched = True, []
-    for name, module in model.named_modules():
+    for name, module in model.named_modules():  # parents first: a module inside a started one was started by it
+        if any(inside(name, parent) for parent in touched):
+            continue
         if hasattr(module, "init_as_identity") and any(inside(new, name) for new in new_modules):
             exact &= module.init_as_identity()
             touched.append(name)
@@ -591,7 +599,7 @@ class VariantUpgradeMixin:
             raise ValueError(f"new_modules_init must be one of {NEW_MODULE_INITS}, got {new_modules_init!r}.")
         return_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
-        new_modules = sorted({key.rsplit(".", 1)[0] for key in info["missing_keys"]})
+        new_modules = new_module_names(info["missing_keys"])
         if new_modules and new_modules_init == "identity":
             exact = init_new_modules_as_identity(model, new_modules)
             logger.info("encoder_type=%r: the new modules %s start %s", model.config.encoder_type,

@@ -558,32 +558,28 @@ class MgsaModel(MgsaPreTrainedModel):
         else:
             self.encoder.embed_tokens = value
 
+    def _require_separate_vocabularies(self, method: str, shared_method: str) -> None:
+        """The decoder-embedding methods are for separate source and target vocabularies, as Marian's."""
+        if self.config.share_encoder_decoder_embeddings:
+            raise ValueError(
+                f"`{method}` is for separate source and target vocabularies, but "
+                f"`config.share_encoder_decoder_embeddings` is True: use `{shared_method}`."
+            )
+
     def get_decoder_input_embeddings(self) -> nn.Embedding:
         """The target embeddings, with separate source and target vocabularies
         (`share_encoder_decoder_embeddings=False`)."""
-        if self.config.share_encoder_decoder_embeddings:
-            raise ValueError(
-                "`get_decoder_input_embeddings` is for separate source and target vocabularies, but "
-                "`config.share_encoder_decoder_embeddings` is True: use `get_input_embeddings`."
-            )
+        self._require_separate_vocabularies("get_decoder_input_embeddings", "get_input_embeddings")
         return self.get_decoder().get_input_embeddings()
 
     def set_decoder_input_embeddings(self, value: nn.Embedding) -> None:
-        if self.config.share_encoder_decoder_embeddings:
-            raise ValueError(
-                "`set_decoder_input_embeddings` is for separate source and target vocabularies, but "
-                "`config.share_encoder_decoder_embeddings` is True: use `set_input_embeddings`."
-            )
+        self._require_separate_vocabularies("set_decoder_input_embeddings", "set_input_embeddings")
         self.decoder.embed_tokens = value
 
     def resize_decoder_token_embeddings(self, new_num_tokens: int | None) -> nn.Embedding:
         """As `MarianModel`'s: resize the target embeddings to `new_num_tokens` rows (separate vocabularies only) and
         set `config.decoder_vocab_size`."""
-        if self.config.share_encoder_decoder_embeddings:
-            raise ValueError(
-                "`resize_decoder_token_embeddings` is for separate source and target vocabularies, but "
-                "`config.share_encoder_decoder_embeddings` is True: use `resize_token_embeddings`."
-            )
+        self._require_separate_vocabularies("resize_decoder_token_embeddings", "resize_token_embeddings")
         new_embeddings = self._get_resized_embeddings(self.get_decoder_input_embeddings(), new_num_tokens)
         self.set_decoder_input_embeddings(new_embeddings)
         if new_num_tokens is not None:
