@@ -96,6 +96,17 @@ def test_every_subword_points_at_its_word(request, processor_name, text):
     assert checked >= len(words) // 2
 
 
+@pytest.mark.parametrize("text", ["</s>", "A dog </s> runs <pad> fast."])
+def test_special_token_written_in_the_text_is_text(marian_processor, text):
+    """A literal `</s>` or `<pad>` in a source is text for a SentencePiece (opus-mt) tokenizer: only the appended EOS
+    is special, where the tokenizer alone reads the literal as EOS or padding in the middle of the sentence."""
+    tokenizer = marian_processor.tokenizer
+    assert tokenizer(text)["input_ids"].count(tokenizer.eos_token_id) > 1  # the trap
+    ids = marian_processor(text)["input_ids"]
+    assert ids.count(tokenizer.eos_token_id) == 1 and ids[-1] == tokenizer.eos_token_id
+    assert tokenizer.pad_token_id not in ids
+
+
 @pytest.mark.parametrize("processor_name", ["multi30k_processor", "marian_processor"])
 def test_alignment_does_not_depend_on_normalisation(request, processor_name):
     """The same sentence written with characters NFKC changes and already normalised: the same tokens and the same

@@ -164,6 +164,7 @@ wordy = st.lists(st.sampled_from(pieces), max_size=30).map(" ".join)
 @example(text="\x00\x01\x1b[0m", max_length=None)
 @example(text="😀🚀 👍🏽", max_length=3)
 @example(text="A dog runs.", max_length=1)
+@example(text="</s>", max_length=None)
 def test_fields_match_input_ids_for_any_text(processor, text, max_length):
     row = processor(text, max_length=max_length, truncation=max_length is not None)
     length = len(row["input_ids"])

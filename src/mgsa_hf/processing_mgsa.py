@@ -343,6 +343,9 @@ class MgsaProcessor(ProcessorMixin):
             truncation=truncation,
             return_special_tokens_mask=True,
             return_offsets_mapping=fast,
+            # a special token written in the text (a literal `</s>`) is text: a SentencePiece tokenizer would read it
+            # as the token itself, an EOS or padding in the middle of the sentence
+            split_special_tokens=True,
         )
         tokens = {"input_ids": encoding["input_ids"], "attention_mask": encoding["attention_mask"]}
         if not self.with_syntax:
@@ -360,9 +363,9 @@ class MgsaProcessor(ProcessorMixin):
     def _piece_offsets(self, text, special_tokens_mask):
         """Character spans of the tokens of a tokenizer without offsets. Its pieces of `text` (surface strings, also
         for characters its vocabulary lacks) stand one for one with the ids, the special tokens it appends coming
-        last, so piece i is matched in `text` for id i, a special token written in the text (a literal `</s>`)
-        included: no later piece shifts. Special tokens get (0, 0)."""
-        spans = piece_offsets(text, self.tokenizer.tokenize(text))
+        last, so piece i is matched in `text` for id i (a special token written in the text, a literal `</s>`, is
+        split into pieces as in [`~MgsaProcessor._encode_source`]). Special tokens get (0, 0)."""
+        spans = piece_offsets(text, self.tokenizer.tokenize(text, split_special_tokens=True))
         end = (len(text), len(text))
         return [(0, 0) if special else (spans[i] if i < len(spans) else end)
                 for i, special in enumerate(special_tokens_mask)]

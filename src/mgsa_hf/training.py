@@ -624,4 +624,7 @@ def run_train(args) -> dict:
               f"{run_folder(config.output_dir)})")
         if results.get("hub_repo_id"):
             print(f"uploaded to the Hub: https://huggingface.co/{results['hub_repo_id']}")
+    # under `accelerate launch`, close the process group before the interpreter's teardown: a process that exits
+    # with it open can abort there ("terminate called without an active exception") after a finished run
+    PartialState().destroy_process_group()
     return results

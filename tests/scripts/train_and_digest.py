@@ -22,6 +22,7 @@ def main() -> None:
     record = {"rank": state.process_index, "world_size": state.num_processes, "digest": digest.hexdigest(),
               "global_step": results["global_step"]}
     (Path(config.output_dir) / f"rank{state.process_index}.json").write_text(json.dumps(record))
+    state.destroy_process_group()  # closes the process group before the interpreter's teardown
 
 
 if __name__ == "__main__":

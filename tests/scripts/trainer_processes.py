@@ -33,6 +33,7 @@ def main() -> None:
     metrics = trainer.train().metrics
     record = {"world_size": args.world_size, "global_step": trainer.state.global_step, "metrics": metrics}
     Path(options.output_dir, f"rank{args.process_index}.json").write_text(json.dumps(record))
+    trainer.accelerator.end_training()  # closes the process group before the interpreter's teardown
 
 
 if __name__ == "__main__":
