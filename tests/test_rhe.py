@@ -220,12 +220,115 @@ def test_head_labels_on_crafted_attention(fixed_gate, mixed_label):
     on_last[:, -1] = 1.0  # every token attends to EOS
     diffuse = torch.full((7, 7), 1 / 7)
     weights = torch.stack([on_dependencies, on_last, diffuse, 0.5 * on_dependencies + 0.5 * on_last])[None]
-    labels = attention.identify_important_heads(weights, dependency, syntax.padding_mask)
+    labels, _ = attention.identify_important_heads(weights, dependency, syntax.padding_mask)
     # Syn_attn: 1, 1/7, the mean related share (< 0.5) and 0.5 + 1/14; the last head is important against a fixed
     # gate of 0.5 but not against the dynamic σ(h_conf), h_conf being its mean row maximum (> 0.5)
     assert labels.tolist() == [[True, False, False, mixed_label]]
     h_conf = weights[0, 3].amax(-1).mean()
     assert 0.5 + 1 / 14 < torch.sigmoid(h_conf)
+
+
+def test_gates_on_crafted_attention():
+    """`rhe_gate`: the same attention labelled by Eq. 10 as printed (Syn_attn > σ(h_conf)), by the prose's criterion
+    (Syn_attn > h_conf) and by the learned gate σ(w h_conf + b), which starts as Eq. 10 and moves with w, b."""
+    from mgsa_hf.rhe import dependency_relation
+
+    syntax = crafted_syntax()
+    dependency = dependency_relation(syntax)
+    on_dependencies = dependency[0].float() / dependency[0].sum(-1, keepdim=True)
+    diffuse = torch.full((7, 7), 1 / 7)
+    on_last = torch.zeros(7, 7)
+    on_last[:, -1] = 1.0
+    # Syn_attn 1 (h_conf < 1), the related share of a uniform row (> 1/7 = h_conf), 1/7 (h_conf 1)
+    weights = torch.stack([on_dependencies, diffuse, on_last])[None]
+    labels = {}
+    for gate in ("sigmoid", "confidence", "learned"):
+        attention = RheAttention(rhe_config(rhe_gate=gate), 3)
+        if gate == "learned":
+            attention.init_variant_parameters(attention.config)
+        labels[gate] = attention.identify_important_heads(weights, dependency, syntax.padding_mask)[0].tolist()
+    syn_attn = (weights * dependency[:, None]).sum(-1).mean(-1)[0]
+    assert 1 / 7 < syn_attn[1] < 0.5
+    assert labels["sigmoid"] == [[True, False, False]]  # σ(h_conf) > 0.5 > Syn_attn of the diffuse head
+    assert labels["confidence"] == [[True, True, False]]
+    assert labels["learned"] == labels["sigmoid"]
+    attention = RheAttention(rhe_config(rhe_gate="learned"), 3)
+    with torch.no_grad():  # a gate of 0.2 on every head: between the last head's Syn_attn and the diffuse head's
+        attention.gate_weight.zero_()
+        attention.gate_bias.fill_(torch.logit(torch.tensor(0.2)).item())
+    assert 1 / 7 < 0.2 < syn_attn[1]
+    assert attention.identify_important_heads(weights, dependency, syntax.padding_mask)[0].tolist() == [[True, True,
+                                                                                                         False]]
+    with pytest.raises(ValueError, match="rhe_fixed_gate"):
+        rhe_config(rhe_gate="learned", rhe_fixed_gate=0.3)
+    with pytest.raises(ValueError, match="rhe_gate"):
+        rhe_config(rhe_gate="sigmod")
+
+
+@pytest.mark.parametrize("mode", ["rhe", "rhe_prune"])
+def test_learned_gate_trains_through_the_hard_label(mode, real_batches):
+    """The learned gate's forward is the hard label's (as a fixed gate at its value), and its w, b get a gradient
+    through the straight-through soft label."""
+    batch = real_batches[0]
+    config = rhe_config(rhe_mode=mode, rhe_gate="learned")
+    torch.manual_seed(0)
+    attention = RheAttention(config, 4, layer_idx=0)
+    attention.init_variant_parameters(config)
+    with torch.no_grad():
+        attention.gate_bias.fill_(-1.5)  # σ(h_conf - 1.5): a gate near 0.2 that labels both ways
+    hidden = torch.randn(*batch["input_ids"].shape, 32)
+    inputs = inputs_of(config, batch)
+    output, weights, contribution = attention(hidden, syntax=inputs)
+    labels = contribution.head_labels
+    assert 0 < labels.sum() < labels.numel()
+    with torch.no_grad():  # the same layer without the estimator's backward path: the same forward
+        reference, reference_weights, reference_contribution = attention(hidden, syntax=inputs)
+    torch.testing.assert_close(output, reference)
+    assert torch.equal(reference_contribution.head_labels, labels)
+    output.square().sum().backward()
+    assert attention.gate_weight.grad.abs().sum() > 0 and attention.gate_bias.grad.abs().sum() > 0
+
+
+def test_prune_from_scratch_warns_and_keeps_a_gradient_with_the_default_gate(real_batches, caplog):
+    """RHE-prune from scratch: with Eq. 10 as printed every head of the layer is pruned (a warning naming how to
+    prune a trained model), so its Q/K/V get no gradient; with the package's default gate they do."""
+    from transformers.utils import logging as hf_logging
+
+    batch = real_batches[0]
+    grads = {}
+    for gate in ("sigmoid", MgsaConfig().rhe_gate):
+        torch.manual_seed(0)
+        model = MgsaForConditionalGeneration(rhe_config(rhe_mode="rhe_prune", rhe_gate=gate, init_std=0.02)).train()
+        hf_logging.get_logger("mgsa_hf.rhe").warning_once.cache_clear()
+        with caplog.at_level("WARNING"):
+            model(**batch).loss.backward()
+        pruned_warning = any("every head of encoder layer 0" in record.getMessage() for record in caplog.records)
+        caplog.clear()
+        q_proj = model.get_encoder().layers[0].self_attn.q_proj
+        grads[gate] = (q_proj.weight.grad.abs().sum().item(), pruned_warning)
+    assert grads["sigmoid"] == (0.0, True)
+    assert grads[MgsaConfig().rhe_gate][0] > 0 and not grads[MgsaConfig().rhe_gate][1]
+
+
+def test_prune_a_trained_model(real_batches, tmp_path):
+    """RHE-prune applied to a saved RHE model: `from_pretrained(folder, rhe_mode="rhe_prune")` keeps its weights
+    (LPEA's, which pruning does not use, are left out), labels the heads as the RHE model did and zeroes the
+    redundant ones."""
+    batch = real_batches[0]
+    torch.manual_seed(0)
+    model = MgsaForConditionalGeneration(rhe_config("lpea_rhe", rhe_fixed_gate=0.3)).eval()  # both labels
+    model.save_pretrained(tmp_path)
+    pruned = MgsaForConditionalGeneration.from_pretrained(tmp_path, rhe_mode="rhe_prune").eval()
+    assert pruned.config.rhe_mode == "rhe_prune" and pruned.config.rhe_fixed_gate == 0.3
+    kept = pruned.state_dict()
+    assert all(torch.equal(value, kept[name]) for name, value in model.state_dict().items() if name in kept)
+    assert not any(module in name for name in kept for module in NEW_MODULES)
+    with torch.no_grad():
+        labels = model(**batch, output_head_labels=True).encoder_head_labels[0]
+        output = pruned(**batch, output_head_labels=True, output_attentions=True)
+    assert torch.equal(output.encoder_head_labels[0], labels) and 0 < labels.sum() < labels.numel()
+    weights = output.encoder_attentions[0]
+    assert (weights[~labels.bool()] == 0).all() and (weights[labels.bool()].sum(-1) > 0).all()
 
 
 def test_modes_replace_prune_or_keep_heads(real_batches):
@@ -369,3 +472,16 @@ def test_redundant_head_rate(multi30k_processor, multi30k_val, real_batches):
     assert "layer" in result.format() and len(result.format().splitlines()) == 3
     with pytest.raises(ValueError, match="rhe_mode"):
         redundant_head_rate(MgsaForConditionalGeneration(rhe_config("lpea")), multi30k_processor, [])
+
+
+@pytest.mark.parametrize(("row", "added"), [("dea_rhe", 0), ("lpea_rhe", 13 * 64 + 64 * 64 + 64 + 64),
+                                            ("lpea_rhe_learned", 13 * 64 + 64 * 64 + 64 + 64 + 2 * 8),
+                                            ("lpea_rhe_k0", 64 + 64 * 64 + 64 + 64), ("rhe_prune", 0)])
+def test_parameter_counts(row, added):
+    """What an RHE layer adds to plain self-attention at Transformer-base (d 512, 8 heads): w ((2k + 1) × d_h), W_P,
+    b_P, U_P for LPEA, 2 per head for the learned gate; below the 0.05M that Table 1's WMT16 counts round away
+    (71.82M for the baseline and every SEA row; the configs README)."""
+    config = MgsaConfig(**{**TINY, "d_model": 512, "encoder_attention_heads": 8, "decoder_attention_heads": 8},
+                        **json.loads((CONFIG_DIR / f"{row}.json").read_text()))
+    count = lambda module: sum(p.numel() for p in module.parameters())  # noqa: E731
+    assert count(RheAttention(config, 8)) - count(MgsaAttention(config, 8)) == added < 50_000

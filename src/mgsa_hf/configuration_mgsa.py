@@ -16,6 +16,7 @@ HYBRID_GATES = ("token", "head")
 HYBRID_COMBINATIONS = ("gate", "concat", "local")
 RHE_ATTENTIONS = ("dea", "lpea")
 RHE_MODES = ("rhe", "sea_all", "rhe_prune")
+RHE_GATES = ("sigmoid", "confidence", "learned")
 RHE_OUT_OF_PHRASE = ("clip", "mask")
 
 # default encoder layers of each encoder-only variant (0 = the bottom layer)
@@ -102,8 +103,13 @@ class MgsaVariantConfig:
         rhe_out_of_phrase (`str`, defaults to `"clip"`):
             RHE LPEA: word pairs outside one local phrase have relative position ∞, which Eq. 7's clip turns into k,
             so they attend with the learned w_k (`"clip"`, the paper's); `"mask"` drops those pairs instead.
+        rhe_gate (`str`, defaults to `"sigmoid"`):
+            RHE: the Syn_gate a head's Syn_attn must exceed to count as important: `"sigmoid"` (σ(h_conf), Eq. 10 as
+            printed), `"confidence"` (h_conf, the criterion the paper's prose states beside Eq. 10) or `"learned"`
+            (σ(w_h h_conf + b_h), w and b trained per head through a straight-through estimator). See
+            `configs/rhe/README.md` for the share of heads each labels important.
         rhe_fixed_gate (`float`, *optional*):
-            RHE: a fixed Syn_gate instead of the dynamic sigmoid(h_conf).
+            RHE: a fixed Syn_gate instead of `rhe_gate`'s (not with `"learned"`).
     """
 
     # the backbone's attention layout (`modeling_layers.ATTENTION_LAYOUTS`) and the model_type its checkpoints carry
@@ -146,6 +152,7 @@ class MgsaVariantConfig:
     rhe_max_relative_position: int = 6
     rhe_out_of_phrase: str = "clip"
     rhe_fixed_gate: float | None = None
+    rhe_gate: str = "sigmoid"
 
     def __post_init__(self, **kwargs):
         for variant, layers in DEFAULT_VARIANT_LAYERS.items():
@@ -216,6 +223,7 @@ class MgsaVariantConfig:
             "hybrid_combination": HYBRID_COMBINATIONS,
             "rhe_attention": RHE_ATTENTIONS,
             "rhe_mode": RHE_MODES,
+            "rhe_gate": RHE_GATES,
             "rhe_out_of_phrase": RHE_OUT_OF_PHRASE,
         }
         for field, allowed in choices.items():
@@ -261,6 +269,8 @@ class MgsaVariantConfig:
             raise ValueError(f"`rhe_max_relative_position` must be >= 0, got {self.rhe_max_relative_position!r}.")
         if self.rhe_fixed_gate is not None and not 0.0 <= self.rhe_fixed_gate <= 1.0:
             raise ValueError(f"`rhe_fixed_gate` must be in [0, 1] or None, got {self.rhe_fixed_gate!r}.")
+        if self.rhe_fixed_gate is not None and self.rhe_gate == "learned":
+            raise ValueError('`rhe_fixed_gate` fixes the gate that `rhe_gate="learned"` learns: set one of the two.')
         if self.phrase_tag_loss_weight < 0:
             raise ValueError(f"`phrase_tag_loss_weight` must be >= 0, got {self.phrase_tag_loss_weight!r}.")
 

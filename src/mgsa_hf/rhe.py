@@ -7,8 +7,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from transformers import initialization as init
+from transformers.utils import logging
+
 from .hybrid import encoder_outputs
 from .modeling_layers import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs
+
+
+logger = logging.get_logger(__name__)
 
 
 def dependency_relation(syntax: MgsaSyntaxInputs) -> torch.BoolTensor:
@@ -112,8 +118,13 @@ class RheAttention(MgsaAttention):
       2k + 1 values are computed once per forward and gathered into (B, L, L).
 
     Redundant-head identification, per sentence and head, from the plain attention A (Eqs. 3, 9, 10):
-    h_conf = mean_i max_j A_ij, Syn_attn = mean_i Σ_j Dep_ij A_ij, Syn_gate = σ(h_conf) (or `rhe_fixed_gate`); the
-    head is important iff Syn_attn > Syn_gate. `rhe_mode`: `"rhe"` gives redundant heads the SEA distribution,
+    h_conf = mean_i max_j A_ij, Syn_attn = mean_i Σ_j Dep_ij A_ij; the head is important iff Syn_attn > Syn_gate,
+    with Syn_gate (`rhe_gate`) σ(h_conf) as Eq. 10 prints it (`"sigmoid"`), h_conf as the paragraph before it says
+    (`"confidence"`), σ(w_h h_conf + b_h) with a learned w, b per head (`"learned"`) or `rhe_fixed_gate`. The
+    learned gate receives its gradient through the hard label by a straight-through estimator: the forward uses the
+    label, the backward that of the soft label σ((Syn_attn - Syn_gate) / `gate_temperature`), so w, b move the
+    threshold towards the distribution (plain or SEA) the loss prefers. `rhe_mode`: `"rhe"` gives redundant heads
+    the SEA distribution,
     `"rhe_prune"` drops them (their context is not computed), `"sea_all"` uses SEA on every head (no
     identification). The labels, (B, H) long with 1 = important, are returned in the layer's [`MgsaLayerOutput`] in
     the `"rhe"` and `"rhe_prune"` modes.
@@ -129,7 +140,13 @@ class RheAttention(MgsaAttention):
         self.mode = config.rhe_mode
         self.max_relative_position = config.rhe_max_relative_position
         self.fixed_gate = config.rhe_fixed_gate
+        self.gate = config.rhe_gate
+        self.layer_idx = layer_idx
         self.uses_phrases = self.syntax_attention == "lpea" and self.mode != "rhe_prune"
+        if self.gate == "learned" and self.mode != "sea_all":
+            # Syn_gate = σ(w_h h_conf + b_h), starting as Eq. 10's σ(h_conf)
+            self.gate_weight = nn.Parameter(torch.ones(num_heads))
+            self.gate_bias = nn.Parameter(torch.zeros(num_heads))
         if self.uses_phrases:
             # w = (w_-k, ..., w_k), W_P and b_P, U_P of Eq. 8
             self.relative_embeddings = nn.Embedding(2 * self.max_relative_position + 1, self.head_dim)
@@ -138,6 +155,14 @@ class RheAttention(MgsaAttention):
 
     # the scale of U_P when a converted checkpoint's layer starts as its plain attention (|P| about 1e-4)
     identity_score_std = 1e-4
+    # temperature of the soft label whose gradient the learned gate receives (Syn_attn and Syn_gate lie in [0, 1])
+    gate_temperature = 0.05
+
+    def init_variant_parameters(self, config):
+        """The learned gate starts as Eq. 10's σ(h_conf) (w = 1, b = 0)."""
+        if hasattr(self, "gate_weight"):
+            init.ones_(self.gate_weight)
+            init.zeros_(self.gate_bias)
 
     @torch.no_grad()
     def init_as_identity(self) -> bool:
@@ -168,25 +193,40 @@ class RheAttention(MgsaAttention):
             bias = self.relative_phrasal_bias().to(dtype)[syntax.phrasal_labels]  # by label, never (B, L, L, d_h)
         return bias.masked_fill(~syntax.sea_allowed, torch.finfo(dtype).min).unsqueeze(1)
 
-    @torch.no_grad()
     def identify_important_heads(
         self, weights: torch.Tensor, dependency: torch.BoolTensor, padding_mask: torch.BoolTensor
-    ) -> torch.BoolTensor:
+    ) -> tuple[torch.BoolTensor, torch.Tensor | None]:
         """
         Eqs. 3, 9, 10 on the plain attention `weights` (B, H, L, L), averaging over the real queries of each sentence.
+        h_conf and Syn_attn are measurements of the attention: no gradient flows through them.
 
         Args:
             dependency: (B, L, L) Dep_mask; padding_mask: (B, L), `True` on real tokens.
 
         Returns:
-            (B, H) `True` for important heads (Syn_attn > Syn_gate).
+            `(important, straight_through)`: `important` (B, H) `True` for important heads (Syn_attn > Syn_gate);
+            `straight_through` (B, H), with the learned gate in training, is 0 in value and carries the soft label's
+            gradient to w, b (add it to the hard label), else None.
         """
-        queries = padding_mask[:, None, :].to(weights.dtype)  # (B, 1, L)
-        num_queries = queries.sum(-1).clamp(min=1)
-        h_conf = (weights.amax(-1) * queries).sum(-1) / num_queries  # Eq. 3
-        syn_attn = (weights.masked_fill(~dependency[:, None], 0).sum(-1) * queries).sum(-1) / num_queries  # Eq. 9
-        syn_gate = torch.sigmoid(h_conf) if self.fixed_gate is None else self.fixed_gate
-        return syn_attn > syn_gate  # Eq. 10
+        with torch.no_grad():
+            weights = weights.detach()
+            queries = padding_mask[:, None, :].to(weights.dtype)  # (B, 1, L)
+            num_queries = queries.sum(-1).clamp(min=1)
+            h_conf = (weights.amax(-1) * queries).sum(-1) / num_queries  # Eq. 3
+            syn_attn = (weights.masked_fill(~dependency[:, None], 0).sum(-1) * queries).sum(-1) / num_queries  # Eq. 9
+        if self.fixed_gate is not None:
+            syn_gate = self.fixed_gate
+        elif self.gate == "confidence":  # the prose before Eq. 10: important when Syn_attn exceeds h_conf
+            syn_gate = h_conf
+        elif self.gate == "learned":
+            syn_gate = torch.sigmoid(self.gate_weight.to(h_conf.dtype) * h_conf + self.gate_bias.to(h_conf.dtype))
+        else:  # Eq. 10 as printed: Syn_gate = sigmoid(h_conf)
+            syn_gate = torch.sigmoid(h_conf)
+        important = syn_attn > syn_gate.detach() if torch.is_tensor(syn_gate) else syn_attn > syn_gate  # Eq. 10
+        if self.gate != "learned" or self.fixed_gate is not None or not torch.is_grad_enabled():
+            return important, None
+        soft = torch.sigmoid((syn_attn - syn_gate) / self.gate_temperature)
+        return important, soft - soft.detach()
 
     def forward(
         self,
@@ -225,8 +265,24 @@ class RheAttention(MgsaAttention):
 
         padding = ~syntax.padding_mask[:, None, None, :]
         weights = nn.functional.softmax(energy.masked_fill(padding, torch.finfo(energy.dtype).min), dim=-1)
-        important = self.identify_important_heads(weights, syntax.dependency, syntax.padding_mask)  # (B, H)
+        important, straight_through = self.identify_important_heads(weights, syntax.dependency, syntax.padding_mask)
         contribution = MgsaLayerOutput(head_labels=important.long())
+        if self.mode == "rhe_prune" and self.training and not torch.compiler.is_compiling() and not important.any():
+            logger.warning_once(
+                f"RHE-prune: every head of encoder layer {self.layer_idx} is labelled redundant in every sentence of a "
+                "training batch, so the layer's self-attention is zeroed and its query, key and value projections get "
+                "no gradient (a model trained from scratch starts so with `rhe_gate=\"sigmoid\"`). Prune a trained "
+                "RHE model instead (`from_pretrained(rhe_folder, rhe_mode=\"rhe_prune\")`, or `init_from=` an "
+                "`rhe` run with `model.rhe_mode=rhe_prune`), or use `rhe_gate=\"confidence\"`."
+            )
+        if straight_through is not None:  # the learned gate: the hard choice, the soft label's gradient
+            label = important.to(weights.dtype) + straight_through
+            if self.mode == "rhe_prune":
+                weights = weights * label[:, :, None, None]
+            else:
+                sea_weights = nn.functional.softmax(energy + self.syntax_bias(syntax, energy.dtype), dim=-1)
+                weights = sea_weights + label[:, :, None, None] * (weights - sea_weights)
+            return self.merge_heads(torch.matmul(self.attention_dropout(weights), value)), weights, contribution
         if self.mode == "rhe_prune" and torch.compiler.is_compiling():
             # the same context with the pruned heads' weights zeroed: the number of kept heads depends on the data,
             # so a compiled graph computes every head rather than break at `nonzero`
