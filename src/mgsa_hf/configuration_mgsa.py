@@ -77,11 +77,17 @@ class MgsaVariantConfig:
             it open); defaults to `3 * d_model`, the width at which Transformer-base's "+Max" row has Table 2's
             parameter count (+40.9M; +37.7M here). `configs/phrase_representation/max_attn_ta_narrow.json` names a
             cheaper 256-wide network (`d_model // 2` at base size).
+        pr_pooling_dim (`int`, *optional*):
+            PR: hidden size of the attentive pooling's scoring network (W1 of the paper's Eq. 3, which leaves it
+            open); defaults to `12 * d_model`, the width at which Transformer-base's "+Max+Attn" rows add Table 2's
+            +44.0M over "+Max" (7 poolings of 12 × 512 = 6144 units). A PR config saved before this field existed
+            loads with `d_model`, the width it was built with. `configs/phrase_representation/max_attn_ta_narrow*.json`
+            name cheaper widths.
         pr_centred_sigmoid (`bool`, defaults to `True`):
             PR: Eq. 8 as W4 (σ(h) − ½) + b4, the same functions as the paper's W4 σ(h) + b4 (½ W4 1 moves into b4) but
             without a common-mode direction that Adam grows fast (see `AttentivePhraseCombination`); `False` computes
-            Eq. 8 as written (and keeps the function of a PR model trained before this default, whose saved config
-            lacks the field).
+            Eq. 8 as written, which a PR config saved before this field existed loads with (the function it was
+            trained with).
         hybrid_layers (`list[int]`, *optional*, defaults to `[0, 1]`):
             Hybrid: encoder layers with local/global hybrid attention.
         hybrid_window (`int`, defaults to 1):
@@ -139,6 +145,7 @@ class MgsaVariantConfig:
     pr_attentive: bool = True
     pr_transparent_attention: bool = True
     pr_combination_dim: int | None = None
+    pr_pooling_dim: int | None = None
     pr_centred_sigmoid: bool = True
     # hybrid
     hybrid_layers: list[int] | None = None
@@ -173,6 +180,14 @@ class MgsaVariantConfig:
         if config_dict.get("model_type") == cls.source_model_type:
             config_dict = {**config_dict, "model_type": cls.model_type}
         return config_dict, kwargs
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        """A config from a dict; a saved MGSA config that predates a PR field gets the value it was built with."""
+        if "pr_attentive" in config_dict:  # written by this package: every field it had is there
+            legacy_pr_values = {"pr_pooling_dim": config_dict.get("d_model"), "pr_centred_sigmoid": False}
+            config_dict = {**legacy_pr_values, **config_dict}
+        return super().from_dict(config_dict, **kwargs)
 
     @property
     def variant_layers(self) -> list[int]:
@@ -257,10 +272,10 @@ class MgsaVariantConfig:
                 f"`pr_min_phrase_tokens` ({self.pr_min_phrase_tokens}) must not exceed `pr_max_phrase_tokens` "
                 f"({self.pr_max_phrase_tokens})."
             )
-        if self.pr_combination_dim is not None and self.pr_combination_dim < 1:
-            raise ValueError(
-                f"`pr_combination_dim` must be a positive integer or None, got {self.pr_combination_dim!r}."
-            )
+        for field in ("pr_combination_dim", "pr_pooling_dim"):
+            value = getattr(self, field)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"`{field}` must be a positive integer or None, got {value!r}.")
         if not self.phrase_ngram_sizes or any(size < 1 for size in self.phrase_ngram_sizes):
             raise ValueError(
                 f"`phrase_ngram_sizes` must be a non-empty list of sizes >= 1, got {self.phrase_ngram_sizes!r}."

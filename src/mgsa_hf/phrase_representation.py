@@ -184,8 +184,10 @@ class AttentivePhrasePooling(nn.Module):
     Phrase vectors from token vectors (Section 3.1). The glance F_glance (Eq. 2) is max-over-time or mean pooling
     inside the phrase; with `pr_attentive` each token is scored against it, s_i = W2 σ(W1 [R_ti | R_all] + b1) (Eq. 3),
     the scores are normalised inside the phrase (Eq. 4) and the phrase is the weighted sum of its tokens (Eq. 5);
-    otherwise the glance is the phrase vector (the "+Mean" / "+Max" rows of Table 2). Eq. 3's output bias b2 is left
-    out: a softmax inside the phrase is invariant to it. Padded phrases get finite values that every attention masks.
+    otherwise the glance is the phrase vector (the "+Mean" / "+Max" rows of Table 2). W1 maps the 2D concatenation to
+    `pr_pooling_dim` units (12 D by default: the width at which Table 2's "+Max+Attn" count comes out at
+    Transformer-base). Eq. 3's output bias b2 is left out: a softmax inside the phrase is invariant to it. Padded
+    phrases get finite values that every attention masks.
     """
 
     def __init__(self, config):
@@ -194,10 +196,11 @@ class AttentivePhrasePooling(nn.Module):
         self.glance = config.pr_glance
         self.attentive = config.pr_attentive
         if self.attentive:
+            hidden_dim = config.pr_pooling_dim or 12 * self.embed_dim
             # W1 [R_ti | R_all] + b1 as W1_token R_ti + (W1_glance R_all + b1): the glance half once per phrase
-            self.score_token = nn.Linear(self.embed_dim, self.embed_dim, bias=False)
-            self.score_glance = nn.Linear(self.embed_dim, self.embed_dim)
-            self.score_out = nn.Linear(self.embed_dim, 1, bias=False)  # W2
+            self.score_token = nn.Linear(self.embed_dim, hidden_dim, bias=False)
+            self.score_glance = nn.Linear(self.embed_dim, hidden_dim)
+            self.score_out = nn.Linear(hidden_dim, 1, bias=False)  # W2
 
     def forward(self, hidden_states: torch.Tensor, segmentation: PhraseSegmentation) -> torch.Tensor:
         """hidden_states (B, L, D) → phrase vectors (B, P, D)."""

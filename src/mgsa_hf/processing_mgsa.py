@@ -31,6 +31,8 @@ from .tokenization_utils import piece_offsets
 RETURN_TENSORS = (None, "pt", "np")
 CONVERSION_FILE = MODEL_FILE.name
 SPACY_MAX_CHARACTERS = 1_000_000  # spaCy's default `nlp.max_length`
+# readings of the PR paper's Algorithm 1: n in words, at most n per phrase; or its pseudo-code as printed
+PR_SEGMENTATION_BUDGETS = ("words", "tokens_as_printed")
 
 
 class MgsaProcessor(ProcessorMixin):
@@ -65,7 +67,10 @@ class MgsaProcessor(ProcessorMixin):
     for itself at deeper levels. Phrase ids count only phrases that have tokens, so they run 0 .. P-1 over the
     tokens of a sentence, whatever was truncated. Algorithm 1 allows at most n = max(min(`pr_max_phrase_words`,
     num_words // `pr_length_ratio`), `pr_min_phrase_words`) words per phrase: the paper's ntok rule (8, 6, 3),
-    counted in parser words because the tree is over words; set both bounds to n for a fixed n. Special tokens
+    counted in parser words because the tree is over words; set both bounds to n for a fixed n.
+    `pr_segmentation_budget="tokens_as_printed"` runs the paper's pseudo-code as printed instead: n from the number of
+    subword tokens, phrase sizes in tokens, up to 2n - 1 per phrase
+    ([`~mgsa_hf.syntax.ConstituencyTree.algorithm1_phrases_as_printed`]). Special tokens
     (EOS, and any other the tokenizer adds) each get their own word and phrase after all others, in order of position;
     a token in a text without words is treated like one.
 
@@ -101,6 +106,10 @@ class MgsaProcessor(ProcessorMixin):
         pr_max_phrase_words (`int`, defaults to 8), pr_min_phrase_words (`int`, defaults to 3), pr_length_ratio
         (`int`, defaults to 6):
             Algorithm 1's maximum phrase size rule above.
+        pr_segmentation_budget (`str`, defaults to `"words"`):
+            Algorithm 1's reading: `"words"`, at most n words per phrase (the paper's prose: "the maximum number of
+            tokens allowed"), or `"tokens_as_printed"`, the printed pseudo-code (n and sizes in subword tokens, the
+            budget not lowered by a phrase's first subtree); the bounds above then count tokens.
         max_relative_position (`int`, defaults to 6):
             Clipping distance k of RHE's relative local-phrasal positions, used by
             [`~MgsaProcessor.relative_local_positions`].
@@ -124,6 +133,7 @@ class MgsaProcessor(ProcessorMixin):
         pr_max_phrase_words: int = 8,
         pr_min_phrase_words: int = 3,
         pr_length_ratio: int = 6,
+        pr_segmentation_budget: str = "words",
         max_relative_position: int = 6,
         parser_batch_size: int = 256,
         n_process: int = 1,
@@ -146,6 +156,10 @@ class MgsaProcessor(ProcessorMixin):
                 f"pr_min_phrase_words ({pr_min_phrase_words}) must not exceed pr_max_phrase_words "
                 f"({pr_max_phrase_words})."
             )
+        if pr_segmentation_budget not in PR_SEGMENTATION_BUDGETS:
+            raise ValueError(
+                f"pr_segmentation_budget must be one of {PR_SEGMENTATION_BUDGETS}, got {pr_segmentation_budget!r}."
+            )
         if not isinstance(n_process, int) or isinstance(n_process, bool) or not (n_process == -1 or n_process >= 1):
             raise ValueError(f"n_process must be -1 or a positive integer, got {n_process!r}.")
         if not isinstance(with_syntax, bool):
@@ -161,6 +175,7 @@ class MgsaProcessor(ProcessorMixin):
         self.pr_max_phrase_words = pr_max_phrase_words
         self.pr_min_phrase_words = pr_min_phrase_words
         self.pr_length_ratio = pr_length_ratio
+        self.pr_segmentation_budget = pr_segmentation_budget
         self.max_relative_position = max_relative_position
         self.parser_batch_size = parser_batch_size
         self.n_process = n_process
@@ -237,8 +252,18 @@ class MgsaProcessor(ProcessorMixin):
         return list(self.tokenizer.model_input_names) + syntax_fields
 
     def pr_phrase_words(self, num_words: int) -> int:
-        """Maximum words per Algorithm 1 phrase in a sentence of `num_words` words."""
+        """Maximum words per Algorithm 1 phrase in a sentence of `num_words` words (with
+        `pr_segmentation_budget="tokens_as_printed"`: the budget n in tokens for a sentence of that many tokens)."""
         return max(min(self.pr_max_phrase_words, num_words // self.pr_length_ratio), self.pr_min_phrase_words)
+
+    def pr_phrases(self, tree, content_words: list[int]) -> list[tuple[int, int]]:
+        """Algorithm 1's phrases of `tree` as `(start, end)` word spans, given the word of each (non-special) token."""
+        if self.pr_segmentation_budget == "words":
+            return tree.algorithm1_phrases(self.pr_phrase_words(tree.num_words))
+        word_tokens = [0] * tree.num_words
+        for word in content_words:
+            word_tokens[word] += 1
+        return tree.algorithm1_phrases_as_printed(self.pr_phrase_words(len(content_words)), word_tokens)
 
     def syntax(self, text: str, tree: str | None = None) -> SentenceSyntax:
         """The word-level analysis of one sentence: `.words`, `.heads` (root points to itself),
@@ -358,7 +383,7 @@ class MgsaProcessor(ProcessorMixin):
 
     def _syntax_fields(self, syntax, offsets, special_tokens_mask) -> dict[str, list]:
         token_words = _token_words(offsets, special_tokens_mask, syntax.spans)
-        return _token_fields(syntax, token_words, self.phrase_levels, self.tag_vocab, self.pr_phrase_words)
+        return _token_fields(syntax, token_words, self.phrase_levels, self.tag_vocab, self.pr_phrases)
 
     def _piece_offsets(self, text, special_tokens_mask):
         """Character spans of the tokens of a tokenizer without offsets. Its pieces of `text` (surface strings, also
@@ -580,11 +605,11 @@ def _token_words(offsets, special_tokens_mask, word_spans) -> list[int]:
     return token_words
 
 
-def _token_fields(syntax, token_words, levels, tag_vocab, pr_phrase_words) -> dict[str, list]:
+def _token_fields(syntax, token_words, levels, tag_vocab, pr_phrases) -> dict[str, list]:
     """The syntax fields of one sentence's tokens, given the word of each token (-1: special token).
 
     Phrase ids number the runs of equal tree nodes over the tokens, so phrases without tokens take no id.
-    `pr_phrase_words(num_words)` is Algorithm 1's maximum phrase size."""
+    `pr_phrases(tree, content_words)` gives Algorithm 1's phrases as word spans."""
     tree, num_words = syntax.tree, len(syntax.spans)
     specials = [position for position, word in enumerate(token_words) if word < 0]
     if not specials or specials[0] == len(token_words) - len(specials):  # usually: EOS last
@@ -596,7 +621,7 @@ def _token_fields(syntax, token_words, levels, tag_vocab, pr_phrase_words) -> di
     phrase_nodes = [[path[k] if len(path) > k else path[-1] for path in paths] for k in range(1, levels + 1)]
     pr_phrases = [
         index
-        for index, (start, end) in enumerate(tree.algorithm1_phrases(pr_phrase_words(num_words)))
+        for index, (start, end) in enumerate(pr_phrases(tree, content))
         for _ in range(start, end)
     ]
     local_phrases, first_token = tree.local_phrases(), _first_tokens(token_words, num_words)

@@ -185,6 +185,34 @@ class ConstituencyTree:
             right = left
         return phrases[::-1]
 
+    def algorithm1_phrases_as_printed(self, max_tokens: int, word_tokens: list[int]) -> list[tuple[int, int]]:
+        """Phrases of the PR paper's Algorithm 1 as its pseudo-code prints them, as `(start, end)` word spans from left
+        to right, sizes counted in tokens: word `w` has `word_tokens[w]` (subword) tokens.
+
+        Line 3 takes the largest subtree at the right edge with nst < n tokens; lines 6-11 prepend adjacent subtrees
+        of the same depth while each fits the budget mt, which starts at n (line 2) and is not lowered by the first
+        subtree, so a phrase has up to 2n - 1 tokens. Where line 3 finds nothing (a word of n or more tokens), the word
+        is a phrase alone.
+        """
+        offsets = list(itertools.accumulate(word_tokens, initial=0))
+        start, phrases, right = self.start, [], self.num_words
+        while right > 0:
+            path, depth = self.paths[right - 1], 0
+            while depth < len(path) - 1 and offsets[right] - offsets[start[path[depth]]] >= max_tokens:  # line 3
+                depth += 1
+            left = start[path[depth]]  # lines 2-5
+            budget = max_tokens if offsets[right] - offsets[left] < max_tokens else 0
+            while budget > 0 and left > 0 and len(self.paths[left - 1]) > depth:  # lines 6-15
+                adjacent_start = start[self.paths[left - 1][depth]]
+                size = offsets[left] - offsets[adjacent_start]
+                if size > budget:
+                    break
+                budget -= size
+                left = adjacent_start
+            phrases.append((left, right))
+            right = left
+        return phrases[::-1]
+
     def to_ptb(self, words) -> str:
         """The tree as a PTB bracketed string over `words` (brackets in words escaped as -LRB- / -RRB-)."""
         parts, previous = [], []
