@@ -485,3 +485,17 @@ def test_parameter_counts(row, added):
                         **json.loads((CONFIG_DIR / f"{row}.json").read_text()))
     count = lambda module: sum(p.numel() for p in module.parameters())  # noqa: E731
     assert count(RheAttention(config, 8)) - count(MgsaAttention(config, 8)) == added < 50_000
+
+
+def test_a_config_saved_before_rhe_gate_loads_with_eq_10_as_printed(tmp_path):
+    """A saved RHE config without `rhe_gate` was trained with Eq. 10 as printed: it loads so, whatever the default."""
+    from transformers import AutoConfig
+
+    config = rhe_config("lpea_rhe", rhe_gate="confidence")
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    saved.pop("rhe_gate")
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert MgsaConfig.from_pretrained(tmp_path).rhe_gate == "sigmoid"
+    assert AutoConfig.from_pretrained(tmp_path).rhe_gate == "sigmoid"
+    assert MgsaConfig(encoder_type="rhe").rhe_gate == MgsaConfig.rhe_gate  # new configs take the default

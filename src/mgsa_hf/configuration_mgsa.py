@@ -183,10 +183,12 @@ class MgsaVariantConfig:
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
-        """A config from a dict; a saved MGSA config that predates a PR field gets the value it was built with."""
+        """A config from a dict; a saved MGSA config that predates a field whose default changed the function gets
+        the value it was built with."""
         if "pr_attentive" in config_dict:  # written by this package: every field it had is there
-            legacy_pr_values = {"pr_pooling_dim": config_dict.get("d_model"), "pr_centred_sigmoid": False}
-            config_dict = {**legacy_pr_values, **config_dict}
+            legacy_values = {"pr_pooling_dim": config_dict.get("d_model"), "pr_centred_sigmoid": False,
+                             "rhe_gate": "sigmoid"}
+            config_dict = {**legacy_values, **config_dict}
         return super().from_dict(config_dict, **kwargs)
 
     @property
