@@ -23,8 +23,8 @@ def batch(multi30k_processor, multi30k_val):
     """4 Multi30k val pairs with every syntax field; padded label positions are -100."""
     sources, targets = (sentences[:4] for sentences in multi30k_val)
     encoding = multi30k_processor(sources, text_target=targets, return_tensors="pt")
-    encoding["labels"] = encoding["labels"].masked_fill(encoding["labels"].eq(multi30k_processor.tokenizer.pad_token_id),
-                                                        -100)
+    pad = multi30k_processor.tokenizer.pad_token_id
+    encoding["labels"] = encoding["labels"].masked_fill(encoding["labels"].eq(pad), -100)
     assert encoding["labels"].eq(-100).any()  # not vacuous: some positions are ignored
     return dict(encoding)
 
