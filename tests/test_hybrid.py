@@ -3,6 +3,7 @@ local pattern, parameter counts, the paper-row configs (training, padding invari
 analysis of the paper's Figures 3 and 4."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ TINY = dict(
 )
 
 
-NEW_MODULES = ("gate_proj", "concat_proj")
+NEW_MODULES = ("gate_proj", "local_output_proj")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -103,7 +104,7 @@ def test_local_combination_is_the_local_pattern_alone():
     gated, _ = paired_attention(1e4)
     torch.manual_seed(0)
     local = HybridAttention(hybrid_config(hybrid_combination="local", attn_implementation="eager"), 4).eval()
-    assert not any(name.startswith(("gate_proj", "concat_proj")) for name, _ in local.named_parameters())
+    assert not any(name.startswith(NEW_MODULES) for name, _ in local.named_parameters())
     local.load_state_dict(gated.state_dict(), strict=False)
     expected, _, _ = gated(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
     actual, weights, contribution = local(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
@@ -114,6 +115,30 @@ def test_local_combination_is_the_local_pattern_alone():
     fused, no_weights, _ = local(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
     torch.testing.assert_close(fused[padding_mask], expected[padding_mask], atol=1e-6, rtol=1e-5)
     assert no_weights is None
+
+
+def test_concat_is_the_output_projection_of_global_and_local():
+    """`"concat"`: W_O [global ; local] + b, the plain attention's output (W_O global + b) plus the local pattern's
+    context through W_O^l, in the eager and the fused path."""
+    hidden, padding_mask, additive = padded_inputs()
+    syntax = MgsaSyntaxInputs(padding_mask=padding_mask)
+    torch.manual_seed(0)
+    concat = HybridAttention(hybrid_config(hybrid_combination="concat", attn_implementation="eager"), 4).eval()
+    plain = MgsaAttention(concat.config, 4).eval()
+    plain.load_state_dict(concat.state_dict(), strict=False)
+    local = HybridAttention(hybrid_config(hybrid_combination="local", attn_implementation="eager"), 4).eval()
+    local.load_state_dict(concat.state_dict(), strict=False)
+    with torch.no_grad():
+        local.output_proj.weight.copy_(concat.local_output_proj.weight)
+        local.output_proj.bias.zero_()
+    expected = plain(hidden, attention_mask=additive)[0] + local(hidden, syntax=syntax)[0]
+    actual = concat(hidden, syntax=syntax)[0]
+    torch.testing.assert_close(actual[padding_mask], expected[padding_mask])
+    concat.config._attn_implementation = "sdpa"
+    torch.testing.assert_close(concat(hidden, syntax=syntax)[0][padding_mask], expected[padding_mask], atol=1e-6,
+                               rtol=1e-5)
+    # not vacuous: the local half contributes
+    assert (actual - plain(hidden, attention_mask=additive)[0])[padding_mask].abs().max() > 1e-2
 
 
 def test_local_pattern_is_zero_outside_the_window():
@@ -147,7 +172,7 @@ def test_local_pattern_is_zero_outside_the_window():
     [
         ({"hybrid_gate": "token"}, 32 + 1),
         ({"hybrid_gate": "head"}, 4 * (32 + 1)),
-        ({"hybrid_combination": "concat"}, 2 * 32 * 32 + 32),
+        ({"hybrid_combination": "concat"}, 32 * 32),  # the output projection's local half, W_O^l
     ],
 )
 def test_extra_parameters_per_layer(kwargs, extra):
@@ -313,3 +338,25 @@ def test_fused_path_matches_the_explicit_distributions(fields):
                                           position_bias=position_bias)
             torch.testing.assert_close(actual[padding_mask], expected[padding_mask], atol=1e-5, rtol=1e-5)
             assert weights.shape == (2, 4, 9, 9) and no_weights is None
+
+
+def test_configs_readme_maps_every_file_with_its_parameter_count():
+    """Every config file has a row in `configs/hybrid/README.md`, whose "package" column is the number of parameters
+    the row adds to the Transformer at base size (d_model 512, 8 heads), as counted here."""
+    readme = (CONFIG_DIR / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("|") and ".json`" in line]
+    listed = {}
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        files, package = cells[2], cells[4]
+        for name in re.findall(r"`([\w-]+)\.json`", files):
+            listed[name] = int(re.match(r"\+([\d,]+)", package).group(1).replace(",", ""))
+    assert sorted(listed) == ROWS
+    base = dict(d_model=512, encoder_attention_heads=8, decoder_attention_heads=8, encoder_layers=6)
+    count = lambda module: sum(p.numel() for p in module.parameters())  # noqa: E731
+    for name, extra in listed.items():
+        config = hybrid_config(name, **base)
+        added = 0
+        if config.encoder_type == "hybrid":
+            added = len(config.hybrid_layers) * (count(HybridAttention(config, 8)) - count(MgsaAttention(config, 8)))
+        assert added == extra, name

@@ -34,6 +34,12 @@ class MgsaVariantConfig:
         encoder_type (`str`, defaults to `"transformer"`):
             `"transformer"` (plain Marian), `"phrase_memory"` (MG-SA), `"phrase_representation"` (PR), `"hybrid"`
             (local/global hybrid attention) or `"rhe"` (redundant-head enlivening).
+        label_smoothing (`float`, defaults to 0.0):
+            Label smoothing ε of the translation loss the model returns with `labels`, as in
+            `torch.nn.functional.cross_entropy(label_smoothing=ε)` and the Trainer's `LabelSmoother`; the MG-SA tag
+            loss is added to it. 0.0 gives `MarianMTModel`'s (T5's) loss. The papers train with 0.1 (the hybrid paper's
+            A.1; Transformer-base, whose setting MG-SA and PR follow): training recipes set it, here or as the
+            Trainer's `label_smoothing_factor` (with [`MgsaSeq2SeqTrainer`], which keeps the tag loss).
         phrase_memory_layers (`list[int]`, *optional*, defaults to `[0]`):
             MG-SA: encoder layers whose self-attention is multi-granularity.
         phrase_partition (`str`, defaults to `"ngram"`):
@@ -123,6 +129,7 @@ class MgsaVariantConfig:
     source_model_type = "marian"
 
     encoder_type: str = "transformer"
+    label_smoothing: float = 0.0
     # MG-SA (phrase_memory)
     phrase_memory_layers: list[int] | None = None
     phrase_partition: str = "ngram"
@@ -172,6 +179,7 @@ class MgsaVariantConfig:
         self._validate_choices()
         self._validate_sizes()
         self._validate_phrase_heads()
+        self._validate_loss()
 
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
@@ -290,6 +298,10 @@ class MgsaVariantConfig:
             raise ValueError('`rhe_fixed_gate` fixes the gate that `rhe_gate="learned"` learns: set one of the two.')
         if self.phrase_tag_loss_weight < 0:
             raise ValueError(f"`phrase_tag_loss_weight` must be >= 0, got {self.phrase_tag_loss_weight!r}.")
+
+    def _validate_loss(self):
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"`label_smoothing` must be in [0, 1), got {self.label_smoothing!r}.")
 
     def _validate_phrase_heads(self):
         heads = self.encoder_attention_heads

@@ -25,7 +25,9 @@ class HybridAttention(MgsaAttention):
     - local: softmax(B(ξ_i)) V with B(ξ_i)_j = -∞ outside |i - j| ≤ m (Eq. 3), m = `hybrid_window`;
     - `hybrid_combination="gate"`: Ĥ_i = (1 - g_i) global_i + g_i local_i with g_i = σ(W H_i) (Eqs. 4-5), one gate per
       token (`hybrid_gate="token"`, d_model + 1 parameters) or per token and head (`"head"`);
-      `"concat"`: the paper's ablation, a linear projection of [global_i ; local_i] before the output projection;
+      `"concat"`: the paper's ablation (Table 1, "+HYBRID (Concate)"), the output projection reads
+      [global_i ; local_i]: W_O [global_i ; local_i] + b = W_O^g global_i + W_O^l local_i + b, so the layer adds
+      W_O^l (`local_output_proj`, d × d, no bias) to the plain attention's W_O and b (`output_proj`);
       `"local"`: the local pattern alone (Table 1's "+LOCAL PATTERN" row).
 
     The layer returns its gates in its [`MgsaLayerOutput`]: (B, L) per token or (B, H, L) per head.
@@ -54,7 +56,8 @@ class HybridAttention(MgsaAttention):
             # W of Eq. 5
             self.gate_proj = nn.Linear(self.embed_dim, num_heads if self.per_head_gate else 1)
         elif self.combination == "concat":
-            self.concat_proj = nn.Linear(2 * self.inner_dim, self.inner_dim, bias=self.layout.bias)
+            # the local half of the output projection over [global ; local]; `output_proj` is its global half
+            self.local_output_proj = nn.Linear(self.inner_dim, self.output_proj.out_features, bias=False)
 
     # the gate's bias when a converted checkpoint's layer starts as its plain attention: g = σ(-8) ≈ 3.4e-4
     identity_gate_bias = -8.0
@@ -63,20 +66,17 @@ class HybridAttention(MgsaAttention):
     def init_as_identity(self) -> bool:
         """
         Start this layer so that it computes what the plain self-attention of the checkpoint it upgrades computed
-        (`load_as_mgsa`): `"concat"` exactly (its projection reads the global half of [global ; local] as it is and the
-        local half not at all), `"gate"` to within g ≈ 3.4e-4 of it (W = 0 and the bias at −8 in Eq. 5, so g_i =
-        σ(−8) on every token: an exact 0 would need an infinite bias, and the gate still trains, Adam's steps being
-        as large for a small gradient as for a large one). `"local"` cannot start as the global pattern.
+        (`load_as_mgsa`): `"concat"` exactly (the output projection reads the global half of [global ; local] as the
+        plain attention did and the local half not at all: W_O^l = 0), `"gate"` to within g ≈ 3.4e-4 of it (W = 0
+        and the bias at −8 in Eq. 5, so g_i = σ(−8) on every token: an exact 0 would need an infinite bias, and the
+        gate still trains, Adam's steps being as large for a small gradient as for a large one). `"local"` cannot
+        start as the global pattern.
 
         Returns:
             Whether the layer starts exactly as the plain attention.
         """
         if self.combination == "concat":
-            weight = torch.zeros_like(self.concat_proj.weight)
-            weight[:, : self.inner_dim] = torch.eye(self.inner_dim, dtype=weight.dtype, device=weight.device)
-            self.concat_proj.weight.copy_(weight)
-            if self.concat_proj.bias is not None:
-                self.concat_proj.bias.zero_()
+            self.local_output_proj.weight.zero_()
             return True
         if self.combination == "gate":
             self.gate_proj.weight.zero_()
@@ -155,8 +155,10 @@ class HybridAttention(MgsaAttention):
             local_context = self.local_context(query, key, value, padding_mask, position_bias)
 
         if self.combination == "concat":
-            context = torch.cat([global_context, local_context], dim=1).transpose(1, 2).flatten(2)  # [global ; local]
-            return self.output_proj(self.concat_proj(context)), global_weights, MgsaLayerOutput()
+            # W_O [global ; local] + b, the output projection split into its global and local halves
+            local_context = local_context.transpose(1, 2).flatten(2)  # (B, L, H · d_h)
+            output = self.merge_heads(global_context) + self.local_output_proj(local_context)
+            return output, global_weights, MgsaLayerOutput()
 
         gates = torch.sigmoid(self.gate_proj(hidden_states)).transpose(1, 2)  # Eq. 5, (B, 1 or H, L)
         # Eq. 4: (1 - g_i) softmax(ξ_i) V + g_i softmax(B(ξ_i)) V

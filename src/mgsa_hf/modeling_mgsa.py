@@ -13,7 +13,6 @@ import torch
 from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import EntryNotFoundError
 from torch import nn
-from torch.nn import CrossEntropyLoss
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
@@ -167,7 +166,8 @@ class MgsaSeq2SeqModelOutput(Seq2SeqModelOutput):
 class MgsaSeq2SeqLMOutput(Seq2SeqLMOutput):
     r"""
     translation_loss (`torch.FloatTensor`, *optional*):
-        The cross-entropy of the labels alone; `loss` adds `phrase_tag_loss_weight * tag_loss` when there is one.
+        The cross-entropy of the labels alone (label-smoothed by `config.label_smoothing`); `loss` adds
+        `phrase_tag_loss_weight * tag_loss` when there is one.
     tag_loss (`torch.FloatTensor`, *optional*):
         MG-SA phrase-tag loss of the batch (mean of the encoder's per-sentence `tag_loss`).
     encoder_gates, encoder_head_labels:
@@ -494,6 +494,34 @@ def encoder_decoder_forward(
     )
 
 
+def check_tag_supervision_inputs(model, labels, phrase_tags, encoder_outputs) -> None:
+    """
+    MG-SA's tag loss (Eq. 10) needs the batch's `phrase_tags` and a loss computed by the model: a training forward
+    that runs the encoder with `labels` but no `phrase_tags` raises, and one without `labels` (a Trainer that
+    computes the loss from the logits: `label_smoothing_factor`, `compute_loss_func`) warns once that the loss leaves
+    the tag term out. Forwards in eval mode, or on given `encoder_outputs` (as in `generate`), need neither.
+    """
+    config = model.config
+    if not (config.encoder_type == "phrase_memory" and config.phrase_tag_supervision):
+        return
+    if not model.training or encoder_outputs is not None:
+        return
+    if labels is not None and phrase_tags is None:
+        raise ValueError(
+            "`phrase_tag_supervision=True` trains a tag classifier on the batch's `phrase_tags`, which this batch "
+            "lacks. Make the batches with the processor of the model's `phrase_levels` (`MgsaProcessor(..., "
+            "phrase_levels=config.phrase_levels)`, which returns `phrase_tags` beside `phrase_ids`) and batch them "
+            "with `MgsaDataCollator`, or set `phrase_tag_supervision=False`."
+        )
+    if labels is None and not getattr(model, "tag_loss_added_by_caller", False):
+        logger.warning_once(
+            "`phrase_tag_supervision=True`, but the model is training without `labels`: the caller computes the "
+            "loss from the logits (a Trainer with `label_smoothing_factor` > 0 or `compute_loss_func`), and that loss "
+            "leaves out the tag loss (the classifier does not train). Train with `MgsaSeq2SeqTrainer`, which adds it "
+            "back, or set the model's `label_smoothing` field instead of the Trainer's `label_smoothing_factor`."
+        )
+
+
 def language_model_output(
     config,
     outputs: MgsaSeq2SeqModelOutput,
@@ -501,16 +529,35 @@ def language_model_output(
     labels: torch.LongTensor | None,
     output_gates: bool | None,
     output_head_labels: bool | None,
+    num_items_in_batch: torch.Tensor | int | None = None,
 ) -> MgsaSeq2SeqLMOutput:
-    """Both backbones' LM output: the translation cross-entropy (-100 ignored) plus `phrase_tag_loss_weight` times
-    MG-SA's tag loss, and the analysis outputs that were asked for."""
+    """
+    Both backbones' LM output: the translation cross-entropy of `lm_logits` (B, T, V) against `labels` (B, T) (-100
+    ignored), label-smoothed by `config.label_smoothing` as the Trainer's `LabelSmoother` does, plus
+    `phrase_tag_loss_weight` times MG-SA's tag loss (Eq. 10), and the analysis outputs that were asked for.
+
+    Without `num_items_in_batch` the translation loss is the mean over the batch's target tokens. The Trainer passes
+    the number of target tokens of the whole accumulated batch (over its processes) as `num_items_in_batch`: then
+    the translation loss is this batch's sum over that number, and the tag loss (a mean over the batch) counts with
+    this batch's share of those tokens, so that the accumulated loss is the whole batch's mean of both terms.
+    """
     translation_loss = loss = None
-    if labels is not None:
-        translation_loss = CrossEntropyLoss()(lm_logits.view(-1, lm_logits.shape[-1]), labels.view(-1))
-        loss = translation_loss
     tag_loss = outputs.encoder_tag_loss.mean() if outputs.encoder_tag_loss is not None else None
-    if loss is not None and tag_loss is not None:
-        loss = loss + config.phrase_tag_loss_weight * tag_loss
+    if labels is not None:
+        # label smoothing (Szegedy et al., 2016; Vaswani et al., 2017 §5.4): (1 - ε) NLL + ε · mean_v(-log p_v)
+        translation_loss = nn.functional.cross_entropy(
+            lm_logits.view(-1, lm_logits.shape[-1]), labels.view(-1), ignore_index=-100,
+            label_smoothing=config.label_smoothing, reduction="mean" if num_items_in_batch is None else "sum",
+        )
+        tag_share = 1.0
+        if num_items_in_batch is not None:
+            if torch.is_tensor(num_items_in_batch):
+                num_items_in_batch = num_items_in_batch.to(translation_loss.device)
+            translation_loss = translation_loss / num_items_in_batch
+            tag_share = labels.ne(-100).sum() / num_items_in_batch
+        loss = translation_loss
+        if tag_loss is not None:
+            loss = loss + config.phrase_tag_loss_weight * tag_share * tag_loss
     return MgsaSeq2SeqLMOutput(
         loss=loss,
         logits=lm_logits,
@@ -811,6 +858,8 @@ class MgsaForConditionalGeneration(BaseModelAutoMapMixin, MgsaPreTrainedModel, G
                 decoder_input_ids = shift_tokens_right(
                     labels, self.config.pad_token_id, self.config.decoder_start_token_id
                 )
+        check_tag_supervision_inputs(self, labels, phrase_tags, encoder_outputs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         syntax_fields = source_syntax_fields(
             word_ids, head_word_ids, phrase_ids, phrase_tags, pr_phrase_ids, local_phrase_start, local_phrase_end,
             tree_depth,
@@ -830,7 +879,8 @@ class MgsaForConditionalGeneration(BaseModelAutoMapMixin, MgsaPreTrainedModel, G
             **kwargs,
         )
         lm_logits = self.lm_head(outputs.last_hidden_state) + self.final_logits_bias
-        return language_model_output(self.config, outputs, lm_logits, labels, output_gates, output_head_labels)
+        return language_model_output(self.config, outputs, lm_logits, labels, output_gates, output_head_labels,
+                                     num_items_in_batch)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

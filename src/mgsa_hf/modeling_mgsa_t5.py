@@ -52,6 +52,7 @@ from .modeling_mgsa import (
     MgsaSeq2SeqLMOutput,
     MgsaSeq2SeqModelOutput,
     build_encoder_self_attention,
+    check_tag_supervision_inputs,
     compiles_fullgraph,
     encoder_decoder_forward,
     encoder_output,
@@ -668,6 +669,8 @@ class MgsaT5ForConditionalGeneration(BaseModelAutoMapMixin, MgsaT5PreTrainedMode
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self._shift_right(labels)
+        check_tag_supervision_inputs(self, labels, phrase_tags, encoder_outputs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         syntax_fields = source_syntax_fields(
             word_ids, head_word_ids, phrase_ids, phrase_tags, pr_phrase_ids, local_phrase_start, local_phrase_end,
             tree_depth,
@@ -690,7 +693,8 @@ class MgsaT5ForConditionalGeneration(BaseModelAutoMapMixin, MgsaT5PreTrainedMode
         if self.config.scale_decoder_outputs:  # tied input/output embeddings
             sequence_output = sequence_output * (self.config.d_model**-0.5)
         lm_logits = self.lm_head(sequence_output)
-        return language_model_output(self.config, outputs, lm_logits, labels, output_gates, output_head_labels)
+        return language_model_output(self.config, outputs, lm_logits, labels, output_gates, output_head_labels,
+                                     num_items_in_batch)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor):
         return self._shift_right(labels)

@@ -3,7 +3,9 @@
 `Seq2SeqTrainer` computes the translation loss itself when `label_smoothing_factor > 0` (its `LabelSmoother`) or when
 a `compute_loss_func` is given, from the logits alone: the model's own `loss`, which holds MG-SA's phrase-tag term
 λ·L_tag (Hao et al., 2019, Eq. 10; λ = `phrase_tag_loss_weight`), is then dropped and the tag classifier never
-trains. [`MgsaSeq2SeqTrainer`] adds the term back in exactly those cases and logs the tag loss on its own.
+trains (the model warns once). [`MgsaSeq2SeqTrainer`] adds the term back in exactly those cases and logs the tag
+loss on its own. A plain `Seq2SeqTrainer` without `label_smoothing_factor` trains the model's own loss, which the
+model's `label_smoothing` field smooths: that keeps the tag term too.
 
 With `max_tokens_per_batch` it trains on batches of at most that many padded tokens (fairseq's `--max-tokens`, the
 batching of the MT papers), drawn in random order, instead of a fixed number of sentences ([`TokenBatchSampler`]).
@@ -210,14 +212,20 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # the Trainer recomputes the loss from the logits in these two cases, leaving the model's own loss aside
         recomputed = (self.label_smoother is not None or self.compute_loss_func is not None) and "labels" in inputs
-        loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
-                                             num_items_in_batch=num_items_in_batch)
+        unwrapped = self.accelerator.unwrap_model(model)
+        # the model, called without labels, would warn that its tag loss is left out: this class adds it back
+        unwrapped.tag_loss_added_by_caller = recomputed
+        try:
+            loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
+                                                 num_items_in_batch=num_items_in_batch)
+        finally:
+            unwrapped.tag_loss_added_by_caller = False
         if model.training and "input_ids" in inputs:
             self._pairs_trained += len(inputs["input_ids"])
         tag_loss = outputs.get("tag_loss") if isinstance(outputs, dict) else None
         if tag_loss is not None:
             if recomputed:
-                weight = self.accelerator.unwrap_model(model).config.phrase_tag_loss_weight
+                weight = unwrapped.config.phrase_tag_loss_weight
                 auxiliary = weight * tag_loss.to(loss.dtype)
                 if self._translation_loss_scaled_for_accumulation(num_items_in_batch):
                     # the translation loss is already a share of the accumulated batch; the tag loss is a
