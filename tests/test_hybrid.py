@@ -360,3 +360,20 @@ def test_configs_readme_maps_every_file_with_its_parameter_count():
         if config.encoder_type == "hybrid":
             added = len(config.hybrid_layers) * (count(HybridAttention(config, 8)) - count(MgsaAttention(config, 8)))
         assert added == extra, name
+
+
+def test_a_concat_checkpoint_in_the_earlier_layout_is_refused(tmp_path):
+    """A "concat" checkpoint with the earlier separate `concat_proj` cannot load into the current layer without
+    changing its function (the upgrade path would start `local_output_proj` at 0 and drop `concat_proj`): a clear
+    error naming the key, not a silently different model."""
+    from safetensors.torch import load_file, save_file
+
+    MgsaForConditionalGeneration(hybrid_config("concat", vocab_size=50, pad_token_id=2)).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    for name in [name for name in weights if name.endswith("local_output_proj.weight")]:
+        prefix = name.removesuffix("local_output_proj.weight")
+        weights[f"{prefix}concat_proj.weight"] = torch.cat([torch.eye(32), weights.pop(name)], dim=1)
+        weights[f"{prefix}concat_proj.bias"] = torch.zeros(32)
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"earlier layout.*layers\.0\.self_attn\.concat_proj"):
+        MgsaForConditionalGeneration.from_pretrained(tmp_path)

@@ -599,6 +599,14 @@ class VariantUpgradeMixin:
             raise ValueError(f"new_modules_init must be one of {NEW_MODULE_INITS}, got {new_modules_init!r}.")
         return_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        earlier_concat = sorted(key for key in info["unexpected_keys"] if ".concat_proj." in key)
+        if earlier_concat:
+            raise ValueError(
+                f"{args[0] if args else 'The checkpoint'} holds a hybrid \"concat\" layer in its earlier layout, a "
+                f"separate `concat_proj` before the output projection ({earlier_concat[0]}, ...), which the current "
+                "layer (the output projection reads [global ; local] directly) cannot load without changing the "
+                "model's function. Load it with the mgsa-hf version that saved it."
+            )
         new_modules = new_module_names(info["missing_keys"])
         if new_modules and new_modules_init == "identity":
             exact = init_new_modules_as_identity(model, new_modules)
