@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-
 from transformers import initialization as init
 from transformers.utils import logging
 
@@ -269,11 +268,11 @@ class RheAttention(MgsaAttention):
         contribution = MgsaLayerOutput(head_labels=important.long())
         if self.mode == "rhe_prune" and self.training and not torch.compiler.is_compiling() and not important.any():
             logger.warning_once(
-                f"RHE-prune: every head of encoder layer {self.layer_idx} is labelled redundant in every sentence of a "
-                "training batch, so the layer's self-attention is zeroed and its query, key and value projections get "
-                "no gradient (a model trained from scratch starts so with `rhe_gate=\"sigmoid\"`). Prune a trained "
-                "RHE model instead (`from_pretrained(rhe_folder, rhe_mode=\"rhe_prune\")`, or `init_from=` an "
-                "`rhe` run with `model.rhe_mode=rhe_prune`), or use `rhe_gate=\"confidence\"`."
+                f"RHE-prune: every head of encoder layer {self.layer_idx} is labelled redundant in every sentence "
+                "of a training batch, so the layer's self-attention is zeroed and its query, key and value "
+                "projections get no gradient (a model trained from scratch starts so with `rhe_gate=\"sigmoid\"`). "
+                "Prune a trained RHE model instead (`from_pretrained(rhe_folder, rhe_mode=\"rhe_prune\")`, or "
+                "`init_from=` an `rhe` run with `model.rhe_mode=rhe_prune`), or use `rhe_gate=\"confidence\"`."
             )
         if straight_through is not None:  # the learned gate: the hard choice, the soft label's gradient
             label = important.to(weights.dtype) + straight_through
