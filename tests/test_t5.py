@@ -25,7 +25,8 @@ T5_VERSIONS = {
     "v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),
 }
 VARIANTS = {
-    "phrase_memory": {"encoder_type": "phrase_memory"},  # the paper's final system: syntactic, tags, ON-LSTM
+    # the paper's final system (syntactic, tags, ON-LSTM), chunks of 2 for the 18-wide phrase memory
+    "phrase_memory": {"encoder_type": "phrase_memory", "on_lstm_chunk_size": 2},
     "phrase_memory (n-gram, ON-LSTM)": {
         "encoder_type": "phrase_memory", "phrase_partition": "ngram", "phrase_tag_supervision": False,
         "on_lstm_chunk_size": 2,
