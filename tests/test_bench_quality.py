@@ -165,6 +165,29 @@ def test_finished_runs_are_not_trained_again(dry_run, capsys):
     assert (root / "dry-run" / "hybrid" / "seed-1" / "result.json").stat().st_mtime_ns == stamp
 
 
+def test_mgsa_default_row_is_the_final_system_and_other_runs_are_refused(tmp_path):
+    """The `phrase_memory` row of `defaults` is MG-SA's final system (the default config, fields written out); a run
+    folder under that name holding another row (the n-gram row, once the default) is refused, not reused."""
+    from mgsa_hf import MgsaConfig
+
+    fields = bench_quality.resolve_rows(["defaults"])["phrase_memory"]
+    config = MgsaConfig(**fields)
+    assert MgsaConfig(encoder_type="phrase_memory").to_diff_dict() == config.to_diff_dict()
+    assert (config.phrase_partition, config.phrase_tag_supervision, config.phrase_interaction) == (
+        "syntactic", True, "on_lstm")
+    args = bench_quality.parse_args(["train", "--budget", "dry-run", "--root", str(tmp_path), "--rows",
+                                     "phrase_memory"])
+    name, budget = bench_quality.load_budget("dry-run")
+    run_dir = tmp_path / name / "phrase_memory" / "seed-1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "result.json").write_text(json.dumps({"row": {"encoder_type": "phrase_memory"}}))
+    with pytest.raises(SystemExit, match=f"{run_dir} holds a run of .*not of row 'phrase_memory'"):
+        bench_quality.pending_runs(args, name, budget)
+    (run_dir / "result.json").write_text(json.dumps({"row": fields}))
+    assert [label for label, _, _ in bench_quality.pending_runs(args, name, budget)] == [
+        f"{name}: transformer seed 1"]
+
+
 def test_resumed_run_equals_uninterrupted(dry_run, tmp_path):
     """Stopped after its step-3 checkpoint and started again, a run ends with the weights and the logged losses of
     an uninterrupted one (CPU, one thread)."""

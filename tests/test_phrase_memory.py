@@ -129,7 +129,7 @@ def test_ngram_partition():
         ]
     )
     assert torch.equal(ngram_phrase_ids(padding_mask, [2, 3, 4]), expected)
-    partition = phrase_partition(mgsa_config(), MgsaSyntaxInputs(padding_mask=padding_mask))
+    partition = phrase_partition(mgsa_config("ngram_sans_layer_0"), MgsaSyntaxInputs(padding_mask=padding_mask))
     assert partition.num_phrases == 4
     assert partition.phrase_mask.sum(-1).tolist() == [[4, 3, 3], [3, 2, 2], [1, 1, 1]]
 
@@ -246,7 +246,7 @@ def test_sans_gradients_match_per_phrase_reference(partition_type):
     """The segment-wise SANs composition (scores recomputed in the backward pass) gives the gradients of the
     per-phrase reference, for the words and for W_q^h, W_k^h."""
     torch.manual_seed(0)
-    config = mgsa_config(phrase_partition=partition_type, phrase_composition="sans")
+    config = mgsa_config(phrase_partition=partition_type, phrase_composition="sans", phrase_tag_supervision=False)
     module = PhraseMemoryAttention(config, 4, layer_idx=0).composition
     batch = make_batch(TREES)
     partition = phrase_partition(config, syntax_of(batch))
@@ -269,7 +269,7 @@ def test_sans_keeps_word_sized_tensors_for_backward():
     """What the SANs composition keeps for the backward pass grows with the sentence length L, not with
     phrases × words (P × L): doubling L at most doubles it."""
     torch.manual_seed(0)
-    config = mgsa_config(phrase_partition="ngram", phrase_composition="sans")
+    config = mgsa_config("ngram_sans_layer_0")
     module = PhraseMemoryAttention(config, 4, layer_idx=0).composition
 
     def kept_bytes(length: int) -> int:
@@ -371,7 +371,7 @@ def test_config_rows_train(row, multi30k_processor, multi30k_batch):
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in new.values()), [
         name for name, p in new.items() if p.grad is None or p.grad.abs().sum() == 0
     ]
-    if config.phrase_tag_supervision:
+    if config.encoder_type == "phrase_memory" and config.phrase_tag_supervision:
         assert torch.isfinite(output.tag_loss) and output.tag_loss > 0
         torch.testing.assert_close(output.loss, output.translation_loss + 0.001 * output.tag_loss)
     else:
@@ -382,7 +382,8 @@ def test_config_rows_train(row, multi30k_processor, multi30k_batch):
 def test_phrase_size_one_is_word_attention(sizes, word_heads):
     """Phrases of one token, max composition and no interaction: every head is plain word-level attention."""
     torch.manual_seed(0)
-    config = mgsa_config(phrase_ngram_sizes=sizes, phrase_word_heads=word_heads, phrase_composition="max")
+    config = mgsa_config("ngram_sans_layer_0", phrase_ngram_sizes=sizes, phrase_word_heads=word_heads,
+                         phrase_composition="max")
     mgsa = PhraseMemoryAttention(config, 4, layer_idx=0).eval()
     plain = MgsaAttention(config, 4, layer_idx=0).eval()
     plain.load_state_dict(mgsa.state_dict())
@@ -410,12 +411,14 @@ def test_phrase_size_one_is_word_attention(sizes, word_heads):
 @pytest.mark.parametrize(
     "fields",
     [
-        {"phrase_partition": "ngram", "phrase_composition": "sans"},
-        {"phrase_partition": "ngram", "phrase_composition": "lstm", "phrase_interaction": "on_lstm"},
-        {"phrase_partition": "ngram", "phrase_composition": "mean", "phrase_interaction": "lstm"},
-        {"phrase_partition": "syntactic", "phrase_composition": "sans", "phrase_interaction": "on_lstm"},
-        {"phrase_partition": "syntactic", "phrase_composition": "lstm", "phrase_tag_supervision": True},
-        {"phrase_partition": "syntactic", "phrase_composition": "max", "phrase_interaction": "lstm"},
+        {"phrase_partition": "ngram", "phrase_composition": "sans", "phrase_tag_supervision": False,
+         "phrase_interaction": "none"},
+        {"phrase_partition": "ngram", "phrase_composition": "lstm", "phrase_tag_supervision": False},
+        {"phrase_partition": "ngram", "phrase_composition": "mean", "phrase_tag_supervision": False,
+         "phrase_interaction": "lstm"},
+        {},  # the default: syntactic, SANs, tag supervision, ON-LSTM
+        {"phrase_composition": "lstm", "phrase_interaction": "none"},
+        {"phrase_composition": "max", "phrase_tag_supervision": False, "phrase_interaction": "lstm"},
     ],
 )
 def test_padding_invariance(fields, multi30k_processor, multi30k_batch):
@@ -433,14 +436,15 @@ def test_padding_invariance(fields, multi30k_processor, multi30k_batch):
             torch.testing.assert_close(
                 batched.last_hidden_state[row, :length], alone.last_hidden_state[0], atol=1e-4, rtol=1e-4
             )
-            if fields.get("phrase_tag_supervision"):
+            if model.config.phrase_tag_supervision:
                 torch.testing.assert_close(batched.tag_loss[row : row + 1], alone.tag_loss, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("partition", ["ngram", "syntactic"])
 def test_padded_phrases_get_zero_attention(partition):
     torch.manual_seed(0)
-    config = mgsa_config(phrase_partition=partition, phrase_interaction="on_lstm", attn_implementation="eager")
+    config = mgsa_config(phrase_partition=partition, phrase_tag_supervision=partition == "syntactic",
+                         attn_implementation="eager")
     attention = PhraseMemoryAttention(config, 4, layer_idx=0).eval()
     batch = make_batch(TREES)
     inputs = inputs_of(config, batch)
@@ -458,7 +462,9 @@ def test_padded_phrases_get_zero_attention(partition):
 
 
 def test_tag_loss_matches_per_phrase_cross_entropy():
-    """Eq. 9-10 per sentence, over real tagged phrases only: padding, padded phrases and EOS are ignored."""
+    """Eq. 9-10 per sentence, L_tag = -Σ_i log p(t_i) summed over the real tagged phrases of every level (padding,
+    padded phrases and EOS are ignored); the model's `tag_loss` is its mean over the batch's sentences and `loss` adds
+    λ times it."""
     torch.manual_seed(0)
     config = mgsa_config("syntactic_tag", phrase_composition="max")
     attention = PhraseMemoryAttention(config, 4, layer_idx=0)
@@ -478,8 +484,19 @@ def test_tag_loss_matches_per_phrase_cross_entropy():
                 tag = torch.tensor(1 + (phrase + level) % 7)
                 losses.append(torch.nn.functional.cross_entropy(attention.tag_classifier(vector), tag))
                 start += size
-        expected.append(torch.stack(losses).mean())
+        expected.append(torch.stack(losses).sum())
     torch.testing.assert_close(tag_loss, torch.stack(expected))
+
+    # the model: the batch's tag loss is the mean of the sentences' sums, weighted by λ in the loss
+    model = MgsaForConditionalGeneration(config)
+    per_sentence = []
+    model.get_encoder().layers[0].self_attn.register_forward_hook(
+        lambda module, args, outputs: per_sentence.append(outputs[2].tag_loss)
+    )
+    output = model(**batch)
+    assert per_sentence[0].shape == (len(TREES),)
+    torch.testing.assert_close(output.tag_loss, per_sentence[0].mean())
+    torch.testing.assert_close(output.loss, output.translation_loss + config.phrase_tag_loss_weight * output.tag_loss)
 
 
 def test_generate_with_beams_matches_single_sentences(multi30k_processor, multi30k_batch):
@@ -551,4 +568,85 @@ def test_clear_errors():
     with pytest.raises(ValueError, match="PhraseMemoryInputs"):
         attention(torch.randn(2, 5, 32), syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
     with pytest.raises(ValueError, match="phrase_partition='syntactic'"):
-        PhraseMemoryAttention(mgsa_config(phrase_tag_supervision=True), 4, layer_idx=0)
+        PhraseMemoryAttention(mgsa_config(phrase_partition="ngram"), 4, layer_idx=0)
+
+
+# the MG-SA settings of each row of Tables 1-3 (partition, composition, layers, tag supervision, interaction)
+TABLE_ROWS = {
+    "ngram_max_layers_0-5": ("ngram", "max", [0, 1, 2, 3, 4, 5], False, "none"),
+    "ngram_sans_layers_0-5": ("ngram", "sans", [0, 1, 2, 3, 4, 5], False, "none"),
+    "ngram_lstm_layers_0-5": ("ngram", "lstm", [0, 1, 2, 3, 4, 5], False, "none"),
+    "ngram_sans_layers_0-2": ("ngram", "sans", [0, 1, 2], False, "none"),
+    "ngram_sans_layer_0": ("ngram", "sans", [0], False, "none"),  # Table 3 row 2
+    "syntactic": ("syntactic", "sans", [0], False, "none"),  # row 3
+    "syntactic_tag": ("syntactic", "sans", [0], True, "none"),  # row 4
+    "syntactic_tag_lstm": ("syntactic", "sans", [0], True, "lstm"),  # row 5
+    "syntactic_tag_on_lstm": ("syntactic", "sans", [0], True, "on_lstm"),  # row 6, "MG-SA" of Table 4
+}
+
+
+def mgsa_settings(config: MgsaConfig) -> tuple:
+    return (config.phrase_partition, config.phrase_composition, config.phrase_memory_layers,
+            config.phrase_tag_supervision, config.phrase_interaction)
+
+
+@pytest.mark.parametrize("row", sorted(TABLE_ROWS))
+def test_config_files_build_their_rows(row):
+    """Each file builds its table row whatever the defaults are: it names every setting that defines the row."""
+    config = mgsa_config(row, encoder_layers=6)
+    assert mgsa_settings(config) == TABLE_ROWS[row]
+    assert (config.phrase_levels, config.phrase_ngram_sizes, config.phrase_tag_loss_weight) == (3, [2, 3, 4], 0.001)
+    assert config.phrase_head_allocation() == (1, [1, 1, 1])
+
+
+@pytest.mark.parametrize("config_class", ["MgsaConfig", "MgsaT5Config"])
+def test_default_is_the_papers_final_system(config_class):
+    """`encoder_type="phrase_memory"` alone is the paper's "MG-SA" (Table 4; Table 3 row 6): syntactic phrases, tag
+    supervision with λ = 0.001, ON-LSTM interaction, SANs composition, bottom layer; the same model as the row's
+    file, on both backbones."""
+    import mgsa_hf
+
+    cls = getattr(mgsa_hf, config_class)
+    sizes = TINY if config_class == "MgsaConfig" else dict(vocab_size=50, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                                           num_decoder_layers=1, num_heads=4, num_phrase_tags=8)
+    default = cls(**sizes, encoder_type="phrase_memory")
+    row = cls(**sizes, **json.loads((CONFIG_DIR / "syntactic_tag_on_lstm.json").read_text()))
+    assert mgsa_settings(default) == TABLE_ROWS["syntactic_tag_on_lstm"]
+    assert default.to_diff_dict() == row.to_diff_dict()
+    if config_class == "MgsaConfig":
+        attention = MgsaForConditionalGeneration(default).get_encoder().layers[0].self_attn
+        assert isinstance(attention, PhraseMemoryAttention) and isinstance(attention.interaction, OnLstm)
+        assert attention.tag_classifier is not None and type(attention.composition).__name__ == "SansComposition"
+
+
+def test_default_trains_on_processor_batches(multi30k_processor, multi30k_batch):
+    """The default reads the processor's `phrase_ids` and `phrase_tags`: a real batch gives a tag loss and the tag
+    classifier a gradient."""
+    torch.manual_seed(0)
+    model = MgsaForConditionalGeneration(real_config(multi30k_processor)).train()
+    output = model(**multi30k_batch)
+    assert output.tag_loss is not None and output.tag_loss > 0
+    output.loss.backward()
+    assert model.get_encoder().layers[0].self_attn.tag_classifier.weight.grad.abs().sum() > 0
+
+
+def test_saved_ngram_config_keeps_its_function(tmp_path):
+    """A config.json saved when the n-gram row was the default (every field written out, as `save_pretrained`
+    does) still loads as the n-gram row: no tag classifier, no interaction, and the saved model's outputs."""
+    saved = Path(__file__).parent / "data" / "mgsa-ngram-config" / "config.json"
+    fields = json.loads(saved.read_text())
+    assert (fields["phrase_partition"], fields["phrase_tag_supervision"], fields["phrase_interaction"]) == (
+        "ngram", False, "none")
+    config = MgsaConfig.from_pretrained(saved.parent)
+    assert mgsa_settings(config) == TABLE_ROWS["ngram_sans_layer_0"]
+    torch.manual_seed(0)
+    model = MgsaForConditionalGeneration(config).eval()
+    attention = model.get_encoder().layers[0].self_attn
+    assert attention.tag_classifier is None and attention.interaction is None
+    model.save_pretrained(tmp_path)
+    reloaded = MgsaForConditionalGeneration.from_pretrained(tmp_path).eval()
+    assert mgsa_settings(reloaded.config) == TABLE_ROWS["ngram_sans_layer_0"]
+    batch = make_batch(TREES[:2])
+    del batch["phrase_ids"], batch["phrase_tags"]  # the n-gram row reads no syntax
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**batch).logits, model(**batch).logits)

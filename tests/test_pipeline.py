@@ -133,7 +133,7 @@ def test_source_truncation_has_its_own_names(rhe_folder, rhe_translator, multi30
 
 @pytest.mark.parametrize(
     "encoder_type, fields",
-    [("rhe", {}), ("phrase_memory", {"phrase_partition": "syntactic"}),
+    [("rhe", {}), ("phrase_memory", {}),
      ("phrase_representation", {"pr_segmentation": "parse"})],
 )
 def test_every_input_kind_and_batches_translate_as_single_sentences(

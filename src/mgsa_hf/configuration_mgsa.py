@@ -42,9 +42,9 @@ class MgsaVariantConfig:
             Trainer's `label_smoothing_factor` (with [`MgsaSeq2SeqTrainer`], which keeps the tag loss).
         phrase_memory_layers (`list[int]`, *optional*, defaults to `[0]`):
             MG-SA: encoder layers whose self-attention is multi-granularity.
-        phrase_partition (`str`, defaults to `"ngram"`):
-            MG-SA: `"ngram"` (non-overlapping n-grams of `phrase_ngram_sizes`, computed in the model) or
-            `"syntactic"` (the top `phrase_levels` levels of the constituency tree, from the processor).
+        phrase_partition (`str`, defaults to `"syntactic"`):
+            MG-SA: `"syntactic"` (the top `phrase_levels` levels of the constituency tree, from the processor) or
+            `"ngram"` (non-overlapping n-grams of `phrase_ngram_sizes`, computed in the model).
         phrase_ngram_sizes (`list[int]`, *optional*, defaults to `[2, 3, 4]`):
             MG-SA: n-gram sizes, one granularity each.
         phrase_levels (`int`, defaults to 3):
@@ -56,16 +56,24 @@ class MgsaVariantConfig:
         phrase_composition (`str`, defaults to `"sans"`):
             MG-SA: how a phrase's word vectors become one vector: `"max"`, `"mean"`, `"sans"` (the max-pooled vector
             attends inside the phrase) or `"lstm"` (last state).
-        phrase_interaction (`str`, defaults to `"none"`):
+        phrase_interaction (`str`, defaults to `"on_lstm"`):
             MG-SA: interaction over the phrase sequence: `"none"`, `"lstm"` or `"on_lstm"` (ordered neurons).
         on_lstm_chunk_size (`int`, defaults to 4):
             MG-SA: chunk size of the ON-LSTM master gates (the phrase heads' width must be divisible by it).
-        phrase_tag_supervision (`bool`, defaults to `False`):
-            MG-SA: predict the tag of each syntactic phrase from its composed vector.
+        phrase_tag_supervision (`bool`, defaults to `True`):
+            MG-SA: predict the tag of each syntactic phrase from its composed vector (needs the syntactic partition).
         phrase_tag_loss_weight (`float`, defaults to 0.001):
-            MG-SA: weight λ of the tag loss added to the translation loss.
+            MG-SA: weight λ of the tag loss added to the translation loss (Eq. 12). The tag loss is Eq. 10's sum
+            over a sentence's tagged phrases (all levels), averaged over the batch's sentences; transformers'
+            translation loss is a mean over target tokens. Against Eq. 12, which sums both terms per sentence, the
+            tag loss weighs n times as much for a sentence of n target tokens (n ≈ 18 on Multi30k).
         num_phrase_tags (`int`, defaults to 64):
             Size of the phrase tag vocabulary (the processor's `PHRASE_TAGS` must fit).
+
+            The MG-SA defaults are the paper's final system, "MG-SA" of its Table 4 (Table 3 row 6: syntactic
+            phrases, tag supervision, ON-LSTM interaction, SANs composition, bottom layer);
+            `configs/phrase_memory/` names its other rows (the n-gram ones set `phrase_partition="ngram"`,
+            `phrase_tag_supervision=False`, `phrase_interaction="none"`).
         pr_segmentation (`str`, defaults to `"fixed"`):
             PR: `"fixed"` phrases of ntok = max(min(`pr_max_phrase_tokens`, len / `pr_length_ratio`),
             `pr_min_phrase_tokens`) tokens, or `"parse"` (Algorithm 1 phrases from the processor).
@@ -132,15 +140,15 @@ class MgsaVariantConfig:
     label_smoothing: float = 0.0
     # MG-SA (phrase_memory)
     phrase_memory_layers: list[int] | None = None
-    phrase_partition: str = "ngram"
+    phrase_partition: str = "syntactic"
     phrase_ngram_sizes: list[int] | None = None
     phrase_levels: int = 3
     phrase_word_heads: int | None = None
     phrase_heads_per_granularity: list[int] | None = None
     phrase_composition: str = "sans"
-    phrase_interaction: str = "none"
+    phrase_interaction: str = "on_lstm"
     on_lstm_chunk_size: int = 4
-    phrase_tag_supervision: bool = False
+    phrase_tag_supervision: bool = True
     phrase_tag_loss_weight: float = 0.001
     num_phrase_tags: int = 64
     # PR (phrase_representation)

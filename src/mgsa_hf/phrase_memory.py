@@ -12,6 +12,9 @@ H_g is made from the layer input H by
 3. optionally, a phrase-tag classifier on the composed vectors of syntactic levels (Eq. 9-10);
 4. optionally, an interaction REC over the phrase sequence (Eq. 11): an `lstm` or an `on_lstm` (ordered neurons).
 
+The config's defaults are the paper's final system ("MG-SA" of Table 4, Table 3 row 6): syntactic partition, `sans`
+composition, tag supervision and the `on_lstm` interaction in the bottom layer.
+
 Every step works on all sentences, granularities and phrases at once: phrases are a padded `(B, G, P, D)` tensor
 built with segment operations (a segment max over tokens sorted by phrase, membership-masked matmuls), recurrences
 run once over the real phrases of all granularities packed together, and padded phrases are masked out of the
@@ -376,7 +379,9 @@ class PhraseMemoryAttention(MgsaAttention):
         super().__init__(config, num_heads, is_decoder=is_decoder, is_causal=is_causal, layer_idx=layer_idx, **kwargs)
         if config.phrase_tag_supervision and config.phrase_partition != "syntactic":
             raise ValueError(
-                "`phrase_tag_supervision=True` needs `phrase_partition='syntactic'`: only syntactic phrases have tags."
+                "`phrase_tag_supervision=True` (the default) needs `phrase_partition='syntactic'`: only syntactic "
+                "phrases have tags. N-gram rows set `phrase_tag_supervision=False` "
+                "(configs/phrase_memory/ngram_*.json)."
             )
         self.word_heads, self.heads_per_granularity = config.phrase_head_allocation()
         # granularity of each phrase head, in head order
@@ -515,8 +520,9 @@ class PhraseMemoryAttention(MgsaAttention):
         self, phrases: torch.Tensor, partition: PhrasePartition, phrase_tags: torch.LongTensor
     ) -> torch.Tensor:
         """
-        Eq. 9-10: cross-entropy of each phrase's tag predicted from its composed vector, averaged per sentence over the
-        real, tagged phrases of all levels (EOS and padding carry -100 and are ignored). Returns (B,).
+        Eq. 9-10: L_tag = -Σ_i log p_θi(t_i), the cross-entropy of each phrase's tag predicted from its composed
+        vector, summed per sentence over its real, tagged phrases of all levels (EOS and padding carry -100 and are
+        ignored). Returns (B,); the model averages it over the batch's sentences.
         """
         num_levels = partition.phrase_ids.shape[1]
         token_tags = phrase_tags[:, :num_levels].masked_fill(partition.phrase_ids < 0, -100)
@@ -531,8 +537,8 @@ class PhraseMemoryAttention(MgsaAttention):
         tags = tags.scatter_reduce(2, partition.scatter_index, token_tags, "amax")[:, :, : partition.num_phrases]
         logits = self.tag_classifier(phrases)
         losses = nn.functional.cross_entropy(logits.flatten(0, 2), tags.flatten(), ignore_index=-100, reduction="none")
-        losses = losses.view(tags.shape[0], -1).sum(-1)
-        return losses / tags.ne(-100).flatten(1).sum(-1).clamp(min=1)
+        # Eq. 10 sums over the phrases (a per-phrase mean would weigh a sentence's tags by 1 / its phrase count)
+        return losses.view(tags.shape[0], -1).sum(-1)
 
 
 __all__ = [
