@@ -40,8 +40,8 @@ def tag_supervised_model(backbone, processor, tiny_config, tiny_t5_config, **fie
 @pytest.mark.parametrize("backbone", ["marian", "t5"])
 def test_label_smoothed_loss_equals_the_label_smoother(backbone, multi30k_processor, tiny_config, tiny_t5_config,
                                                        batch):
-    """`loss` = LabelSmoother(ε) + λ · tag_loss, over the non-ignored labels; with the Trainer's `num_items_in_batch`
-    the translation term is the sum over that count and the tag term takes this batch's share of it."""
+    """`loss` = LabelSmoother(ε) + λ · tag_loss per target token (the batch's sum of sentence tag losses over its
+    non-ignored labels); with the Trainer's `num_items_in_batch` both terms are this batch's sums over that count."""
     model = tag_supervised_model(backbone, multi30k_processor, tiny_config, tiny_t5_config, label_smoothing=0.1,
                                  phrase_tag_loss_weight=2.0).train()
     outputs = model(**batch)
@@ -51,14 +51,15 @@ def test_label_smoothed_loss_equals_the_label_smoother(backbone, multi30k_proces
     torch.testing.assert_close(outputs.translation_loss, torch.nn.functional.cross_entropy(
         outputs.logits.flatten(0, 1), labels.flatten(), ignore_index=-100, label_smoothing=0.1))
     assert outputs.tag_loss > 0
-    torch.testing.assert_close(outputs.loss, smoothed + 2.0 * outputs.tag_loss)
+    sentences, tokens = len(labels), labels.ne(-100).sum()
+    torch.testing.assert_close(outputs.loss, smoothed + 2.0 * outputs.tag_loss * sentences / tokens)
     # unsmoothed, it is not the same loss
     assert (smoothed - LabelSmoother(epsilon=0.0)(outputs, labels)).abs() > 1e-3
 
     items = torch.tensor(3 * int(labels.ne(-100).sum()))  # as if this were one of three accumulated batches
     outputs = model(**batch, num_items_in_batch=items)
-    share = labels.ne(-100).sum() / items
-    expected = LabelSmoother(epsilon=0.1)(outputs, labels, num_items_in_batch=items) + 2.0 * share * outputs.tag_loss
+    expected = (LabelSmoother(epsilon=0.1)(outputs, labels, num_items_in_batch=items)
+                + 2.0 * outputs.tag_loss * sentences / items)
     torch.testing.assert_close(outputs.loss, expected)
 
 
@@ -80,7 +81,7 @@ def features(multi30k_processor, multi30k_val):
 def test_plain_trainer_trains_the_label_smoothed_loss_with_the_tag_loss(multi30k_processor, tiny_config,
                                                                         tiny_t5_config, features, tmp_path):
     """With the model's `label_smoothing` (and no `label_smoothing_factor`) the plain Trainer's loss is the
-    label-smoothed translation loss plus λ · tag loss, and the tag classifier trains."""
+    label-smoothed translation loss plus λ · tag loss per target token, and the tag classifier trains."""
     model = tag_supervised_model("marian", multi30k_processor, tiny_config, tiny_t5_config, label_smoothing=0.1,
                                  phrase_tag_loss_weight=2.0)
     trainer = make_trainer(Seq2SeqTrainer, model, multi30k_processor, tmp_path, features)
@@ -89,7 +90,8 @@ def test_plain_trainer_trains_the_label_smoothed_loss_with_the_tag_loss(multi30k
     loss, outputs = trainer.compute_loss(trainer.model, dict(inputs), return_outputs=True)
     assert outputs.tag_loss > 0
     smoothed = LabelSmoother(epsilon=0.1)(outputs, inputs["labels"])
-    torch.testing.assert_close(loss, smoothed + 2.0 * outputs.tag_loss)
+    labels = inputs["labels"]
+    torch.testing.assert_close(loss, smoothed + 2.0 * outputs.tag_loss * len(labels) / labels.ne(-100).sum())
     assert (smoothed - LabelSmoother(epsilon=0.0)(outputs, inputs["labels"])).abs() > 1e-3
 
     classifier = trainer.model.get_encoder().layers[0].self_attn.tag_classifier

@@ -373,7 +373,9 @@ def test_config_rows_train(row, multi30k_processor, multi30k_batch):
     ]
     if config.encoder_type == "phrase_memory" and config.phrase_tag_supervision:
         assert torch.isfinite(output.tag_loss) and output.tag_loss > 0
-        torch.testing.assert_close(output.loss, output.translation_loss + 0.001 * output.tag_loss)
+        labels = multi30k_batch["labels"]
+        torch.testing.assert_close(output.loss, output.translation_loss
+                                   + 0.001 * output.tag_loss * len(labels) / labels.ne(-100).sum())
     else:
         assert output.tag_loss is None
 
@@ -496,7 +498,11 @@ def test_tag_loss_matches_per_phrase_cross_entropy():
     output = model(**batch)
     assert per_sentence[0].shape == (len(TREES),)
     torch.testing.assert_close(output.tag_loss, per_sentence[0].mean())
-    torch.testing.assert_close(output.loss, output.translation_loss + config.phrase_tag_loss_weight * output.tag_loss)
+    # Eq. 12 sums both terms per sentence: the tag term is the batch's sum over its target tokens, as the translation
+    # loss is
+    sentences, tokens = len(batch["labels"]), batch["labels"].ne(-100).sum()
+    torch.testing.assert_close(output.loss, output.translation_loss
+                               + config.phrase_tag_loss_weight * output.tag_loss * sentences / tokens)
 
 
 def test_generate_with_beams_matches_single_sentences(multi30k_processor, multi30k_batch):

@@ -41,15 +41,18 @@ def batch_of(trainer, features):
 
 
 def test_label_smoothed_loss_includes_tag_loss(multi30k_processor, tiny_config, features, tmp_path):
-    """Under label smoothing 0.1 the Trainer's loss moves with λ by exactly λ × the model's tag loss; plain
-    `Seq2SeqTrainer` drops the term (the reason this class exists)."""
+    """Under label smoothing 0.1 the Trainer's loss moves with λ by exactly λ × the model's tag loss per target token
+    (the batch's sum of sentence tag losses over its target tokens, Eq. 12's balance); plain `Seq2SeqTrainer` drops
+    the term (the reason this class exists)."""
     losses, tag_losses = {}, {}
     for weight in (0.001, 1000.0):
         trainer = make_trainer(MgsaSeq2SeqTrainer, tiny_config, multi30k_processor, features, tmp_path, weight)
         trainer.model.train()
         torch.manual_seed(1)
-        loss, outputs = trainer.compute_loss(trainer.model, batch_of(trainer, features), return_outputs=True)
-        losses[weight], tag_losses[weight] = loss.item(), outputs.tag_loss.item()
+        inputs = batch_of(trainer, features)
+        sentences, tokens = len(inputs["labels"]), int(inputs["labels"].ne(-100).sum())
+        loss, outputs = trainer.compute_loss(trainer.model, inputs, return_outputs=True)
+        losses[weight], tag_losses[weight] = loss.item(), outputs.tag_loss.item() * sentences / tokens
     assert tag_losses[0.001] > 0
     assert losses[1000.0] > losses[0.001] + 100 * tag_losses[0.001]
     torch.testing.assert_close(losses[1000.0] - losses[0.001], (1000.0 - 0.001) * tag_losses[0.001], rtol=1e-4,
@@ -76,8 +79,8 @@ def test_tag_classifier_trains_and_tag_loss_is_logged(multi30k_processor, tiny_c
 
 
 def test_gradient_accumulation_keeps_the_tag_share(multi30k_processor, tiny_config, features, tmp_path):
-    """With 2 accumulation steps the tag term of each micro-batch is halved when the Trainer normalises the
-    translation loss over the accumulated batch, so that λ means the same with and without accumulation."""
+    """With 2 accumulation steps the tag term of each micro-batch is over the accumulated batch's target tokens when
+    the Trainer normalises the translation loss over them, so that λ means the same with and without accumulation."""
     trainer = make_trainer(MgsaSeq2SeqTrainer, tiny_config, multi30k_processor, features, tmp_path, 1000.0,
                            gradient_accumulation_steps=2)
     trainer.model.train()
@@ -88,7 +91,8 @@ def test_gradient_accumulation_keeps_the_tag_share(multi30k_processor, tiny_conf
                                                num_items_in_batch=torch.tensor(10))
     torch.manual_seed(1)
     without_tag = trainer.label_smoother(outputs, inputs["labels"], num_items_in_batch=torch.tensor(10))
-    share = 1000.0 * outputs.tag_loss / (2 if scaled else 1)
+    tokens = torch.tensor(10) if scaled else inputs["labels"].ne(-100).sum()
+    share = 1000.0 * outputs.tag_loss * len(inputs["labels"]) / tokens
     torch.testing.assert_close(with_items, without_tag + share, rtol=1e-4, atol=1e-3)
 
 

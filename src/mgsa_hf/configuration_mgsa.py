@@ -64,9 +64,9 @@ class MgsaVariantConfig:
             MG-SA: predict the tag of each syntactic phrase from its composed vector (needs the syntactic partition).
         phrase_tag_loss_weight (`float`, defaults to 0.001):
             MG-SA: weight λ of the tag loss added to the translation loss (Eq. 12). The tag loss is Eq. 10's sum
-            over a sentence's tagged phrases (all levels), averaged over the batch's sentences; transformers'
-            translation loss is a mean over target tokens. Against Eq. 12, which sums both terms per sentence, the
-            tag loss weighs n times as much for a sentence of n target tokens (n ≈ 18 on Multi30k).
+            over a sentence's tagged phrases (all levels); Eq. 12 sums both terms per sentence, and as the
+            translation loss is a mean over target tokens, the batch's summed tag loss is divided by the same
+            target tokens (`modeling_mgsa.tag_loss_per_target_token`).
         num_phrase_tags (`int`, defaults to 64):
             Size of the phrase tag vocabulary (the processor's `PHRASE_TAGS` must fit).
 

@@ -522,6 +522,22 @@ def check_tag_supervision_inputs(model, labels, phrase_tags, encoder_outputs) ->
         )
 
 
+def tag_loss_per_target_token(
+    tag_loss: torch.Tensor, labels: torch.LongTensor, num_items_in_batch: torch.Tensor | int | None = None
+) -> torch.Tensor:
+    """
+    MG-SA's tag loss on the scale of a translation loss that is a mean over target tokens. Eq. 12 of Hao et al.
+    (2019) adds λ · L_tag to the translation log-likelihood, both summed per sentence; the translation loss here is
+    that sum over the batch divided by its target tokens (`labels` (B, T), -100 ignored, or `num_items_in_batch`, the
+    tokens of the whole accumulated batch), so the tag term is the batch's sum of sentence tag losses (`tag_loss`,
+    their mean, times B) over the same count.
+    """
+    tokens = num_items_in_batch if num_items_in_batch is not None else labels.ne(-100).sum()
+    if torch.is_tensor(tokens):
+        tokens = tokens.to(tag_loss.device)
+    return tag_loss * labels.shape[0] / tokens
+
+
 def language_model_output(
     config,
     outputs: MgsaSeq2SeqModelOutput,
@@ -534,12 +550,12 @@ def language_model_output(
     """
     Both backbones' LM output: the translation cross-entropy of `lm_logits` (B, T, V) against `labels` (B, T) (-100
     ignored), label-smoothed by `config.label_smoothing` as the Trainer's `LabelSmoother` does, plus
-    `phrase_tag_loss_weight` times MG-SA's tag loss (Eq. 10), and the analysis outputs that were asked for.
+    `phrase_tag_loss_weight` times MG-SA's tag loss (Eq. 10, per target token: [`tag_loss_per_target_token`]), and the
+    analysis outputs that were asked for.
 
     Without `num_items_in_batch` the translation loss is the mean over the batch's target tokens. The Trainer passes
     the number of target tokens of the whole accumulated batch (over its processes) as `num_items_in_batch`: then
-    the translation loss is this batch's sum over that number, and the tag loss (a mean over the batch) counts with
-    this batch's share of those tokens, so that the accumulated loss is the whole batch's mean of both terms.
+    both terms are this batch's sums over that number, so that the accumulated loss is the whole batch's.
     """
     translation_loss = loss = None
     tag_loss = outputs.encoder_tag_loss.mean() if outputs.encoder_tag_loss is not None else None
@@ -549,15 +565,14 @@ def language_model_output(
             lm_logits.view(-1, lm_logits.shape[-1]), labels.view(-1), ignore_index=-100,
             label_smoothing=config.label_smoothing, reduction="mean" if num_items_in_batch is None else "sum",
         )
-        tag_share = 1.0
         if num_items_in_batch is not None:
             if torch.is_tensor(num_items_in_batch):
                 num_items_in_batch = num_items_in_batch.to(translation_loss.device)
             translation_loss = translation_loss / num_items_in_batch
-            tag_share = labels.ne(-100).sum() / num_items_in_batch
         loss = translation_loss
         if tag_loss is not None:
-            loss = loss + config.phrase_tag_loss_weight * tag_share * tag_loss
+            loss = loss + config.phrase_tag_loss_weight * tag_loss_per_target_token(tag_loss, labels,
+                                                                                     num_items_in_batch)
     return MgsaSeq2SeqLMOutput(
         loss=loss,
         logits=lm_logits,

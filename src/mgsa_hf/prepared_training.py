@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from .evaluation import translation_scores
+from .modeling_mgsa import tag_loss_per_target_token
 from .syntax_fields import LEVELLED_SYNTAX_FIELDS, SOURCE_SYNTAX_PAD_VALUES
 
 
@@ -331,7 +332,7 @@ def training_step(model, batch: dict[str, torch.Tensor], recipe: Recipe, optimiz
     loss = nn.functional.cross_entropy(outputs.logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100,
                                        label_smoothing=recipe.label_smoothing)
     if outputs.tag_loss is not None:
-        loss = loss + model.config.phrase_tag_loss_weight * outputs.tag_loss.float()
+        loss = loss + model.config.phrase_tag_loss_weight * tag_loss_per_target_token(outputs.tag_loss.float(), labels)
     loss.backward()
     if recipe.max_grad_norm:
         nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)

@@ -32,6 +32,7 @@ from transformers import (
 )
 
 from .evaluation import encoder_token_spread
+from .modeling_mgsa import tag_loss_per_target_token
 from .prepared_training import token_batches
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 
@@ -215,6 +216,7 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
         unwrapped = self.accelerator.unwrap_model(model)
         # the model, called without labels, would warn that its tag loss is left out: this class adds it back
         unwrapped.tag_loss_added_by_caller = recomputed
+        labels = inputs.get("labels")  # the Trainer pops them when it recomputes the loss
         try:
             loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
                                                  num_items_in_batch=num_items_in_batch)
@@ -225,13 +227,12 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
         tag_loss = outputs.get("tag_loss") if isinstance(outputs, dict) else None
         if tag_loss is not None:
             if recomputed:
-                weight = unwrapped.config.phrase_tag_loss_weight
-                auxiliary = weight * tag_loss.to(loss.dtype)
-                if self._translation_loss_scaled_for_accumulation(num_items_in_batch):
-                    # the translation loss is already a share of the accumulated batch; the tag loss is a
-                    # per-batch mean, so it takes its share here rather than in `training_step`
-                    auxiliary = auxiliary / self._accumulation_steps()
-                loss = loss + auxiliary
+                # the translation loss is a mean over this batch's target tokens, or already this batch's share of
+                # the accumulated batch's (then the tag term takes the same share: the same count of tokens)
+                scaled = self._translation_loss_scaled_for_accumulation(num_items_in_batch)
+                per_token = tag_loss_per_target_token(tag_loss.to(loss.dtype), labels,
+                                                      num_items_in_batch if scaled else None)
+                loss = loss + unwrapped.config.phrase_tag_loss_weight * per_token
             if model.training:
                 detached = tag_loss.detach().float()
                 self._tag_loss_total = detached if self._tag_loss_total is None else self._tag_loss_total + detached
