@@ -34,8 +34,10 @@ VARIANTS = {
     "phrase_representation": {"encoder_type": "phrase_representation"},
     "phrase_representation (parse)": {"encoder_type": "phrase_representation", "pr_segmentation": "parse"},
     "hybrid": {"encoder_type": "hybrid"},
-    "rhe": {"encoder_type": "rhe"},
-    "rhe (DEA)": {"encoder_type": "rhe", "rhe_attention": "dea"},
+    # the default gate labels every head of an untrained model important (SEA unused, its parameters without a
+    # gradient), so the RHE rows fix it at 1: every head redundant, the syntax-enhanced attention on each
+    "rhe": {"encoder_type": "rhe", "rhe_fixed_gate": 1.0},
+    "rhe (DEA)": {"encoder_type": "rhe", "rhe_attention": "dea", "rhe_fixed_gate": 1.0},
 }
 
 

@@ -123,11 +123,13 @@ class MgsaVariantConfig:
         rhe_out_of_phrase (`str`, defaults to `"clip"`):
             RHE LPEA: word pairs outside one local phrase have relative position ∞, which Eq. 7's clip turns into k,
             so they attend with the learned w_k (`"clip"`, the paper's); `"mask"` drops those pairs instead.
-        rhe_gate (`str`, defaults to `"sigmoid"`):
-            RHE: the Syn_gate a head's Syn_attn must exceed to count as important: `"sigmoid"` (σ(h_conf), Eq. 10 as
-            printed), `"confidence"` (h_conf, the criterion the paper's prose states beside Eq. 10) or `"learned"`
-            (σ(w_h h_conf + b_h), w and b trained per head through a straight-through estimator). See
-            `configs/rhe/README.md` for the share of heads each labels important.
+        rhe_gate (`str`, defaults to `"confidence"`):
+            RHE: the Syn_gate a head's Syn_attn must exceed to count as important: `"confidence"` (h_conf, the
+            criterion the paper's prose states beside Eq. 10), `"sigmoid"` (σ(h_conf), Eq. 10 as printed: σ(h_conf)
+            > 0.5, so a trained CPU-recipe model labels 100% of its heads redundant and RHE acts as SEA on every
+            head) or `"learned"` (σ(w_h h_conf + b_h), w and b trained per head through a straight-through
+            estimator). `configs/rhe/README.md` gives the share of heads each labels redundant, before and after
+            training. A saved config without the field (trained before it existed) loads with `"sigmoid"`.
         rhe_fixed_gate (`float`, *optional*):
             RHE: a fixed Syn_gate instead of `rhe_gate`'s (not with `"learned"`).
     """
@@ -174,7 +176,7 @@ class MgsaVariantConfig:
     rhe_max_relative_position: int = 6
     rhe_out_of_phrase: str = "clip"
     rhe_fixed_gate: float | None = None
-    rhe_gate: str = "sigmoid"
+    rhe_gate: str = "confidence"
 
     def __post_init__(self, **kwargs):
         for variant, layers in DEFAULT_VARIANT_LAYERS.items():
