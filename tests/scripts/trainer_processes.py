@@ -33,7 +33,10 @@ def main() -> None:
     metrics = trainer.train().metrics
     record = {"world_size": args.world_size, "global_step": trainer.state.global_step, "metrics": metrics}
     Path(options.output_dir, f"rank{args.process_index}.json").write_text(json.dumps(record))
-    trainer.accelerator.end_training()  # closes the process group before the interpreter's teardown
+    if options.use_cpu:
+        # closes the process group before the interpreter's teardown (without `use_cpu`, which the package refuses
+        # from accelerate 1.4 on, accelerate 1.3's processes hang in it)
+        trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":
