@@ -361,8 +361,9 @@ def test_user_script_under_two_cpu_processes(tmp_path, use_cpu):
         # 2 steps of one 4-pair batch in each of the 2 processes: the 16 pairs, whatever the per-device batch size
         metrics = ranks[0]["metrics"]
         assert metrics["train_samples_per_second"] == pytest.approx(16 / metrics["train_runtime"], rel=2e-3)
-    elif result.returncode == 0:
-        # accelerate releases that pass the config's CPU setting on to the processes (1.3) join them as one run
+    elif list(tmp_path.glob("rank*.json")):
+        # accelerate releases that pass the config's CPU setting on to the processes (1.3) join them as one run (whose
+        # processes, which cannot close their group there without hanging, may abort in torch's teardown after it)
         ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
         assert all(rank["world_size"] == 2 for rank in ranks)
     else:  # later ones leave each process alone: stopped, never two copies trained without a word
