@@ -140,7 +140,6 @@ class RheAttention(MgsaAttention):
         self.max_relative_position = config.rhe_max_relative_position
         self.fixed_gate = config.rhe_fixed_gate
         self.gate = config.rhe_gate
-        self.layer_idx = layer_idx
         self.uses_phrases = self.syntax_attention == "lpea" and self.mode != "rhe_prune"
         if self.gate == "learned" and self.mode != "sea_all":
             # Syn_gate = σ(w_h h_conf + b_h), starting as Eq. 10's σ(h_conf)
@@ -208,7 +207,6 @@ class RheAttention(MgsaAttention):
             gradient to w, b (add it to the hard label), else None.
         """
         with torch.no_grad():
-            weights = weights.detach()
             queries = padding_mask[:, None, :].to(weights.dtype)  # (B, 1, L)
             num_queries = queries.sum(-1).clamp(min=1)
             h_conf = (weights.amax(-1) * queries).sum(-1) / num_queries  # Eq. 3
@@ -221,7 +219,7 @@ class RheAttention(MgsaAttention):
             syn_gate = torch.sigmoid(self.gate_weight.to(h_conf.dtype) * h_conf + self.gate_bias.to(h_conf.dtype))
         else:  # Eq. 10 as printed: Syn_gate = sigmoid(h_conf)
             syn_gate = torch.sigmoid(h_conf)
-        important = syn_attn > syn_gate.detach() if torch.is_tensor(syn_gate) else syn_attn > syn_gate  # Eq. 10
+        important = syn_attn > syn_gate  # Eq. 10 (a comparison: no gradient)
         if self.gate != "learned" or self.fixed_gate is not None or not torch.is_grad_enabled():
             return important, None
         soft = torch.sigmoid((syn_attn - syn_gate) / self.gate_temperature)
