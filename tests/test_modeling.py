@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
 import mgsa_hf
@@ -175,7 +176,7 @@ def test_variant_modules_are_new_and_reported(marian_dir, caplog):
     ],
 )
 def test_invalid_config_values(kwargs, field):
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(StrictDataclassError, match=field):
         MgsaConfig(**{**TINY, **kwargs})
 
 

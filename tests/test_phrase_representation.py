@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import MarianConfig, MarianMTModel
 
@@ -233,7 +234,7 @@ def test_combination_dim():
     assert default.combine_token.out_features == 3 * TINY["d_model"]
     narrow = PhraseRepresentationDecoderLayer(row_config("max_attn_ta_narrow"), 0).phrase_combination
     assert narrow.combine_token.out_features == 256
-    with pytest.raises(ValueError, match="pr_combination_dim"):
+    with pytest.raises(StrictDataclassError, match="pr_combination_dim"):
         row_config("max_attn_ta", pr_combination_dim=0)
 
 
@@ -245,7 +246,7 @@ def test_pooling_dim():
     narrow = AttentivePhrasePooling(row_config("max_attn_ta_narrow_pooling"))
     assert narrow.score_token.out_features == narrow.score_out.in_features == 512
     for bad in (0, -3, 2.5, True):
-        with pytest.raises(ValueError, match="pr_pooling_dim"):
+        with pytest.raises(StrictDataclassError, match="pr_pooling_dim"):
             row_config("max_attn_ta", pr_pooling_dim=bad)
 
 

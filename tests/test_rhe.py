@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
@@ -197,7 +198,7 @@ def test_clip_with_k_zero_is_plain_attention(real_batches):
 
 
 def test_out_of_phrase_rule_is_validated():
-    with pytest.raises(ValueError, match="rhe_out_of_phrase"):
+    with pytest.raises(StrictDataclassError, match="rhe_out_of_phrase"):
         rhe_config(rhe_out_of_phrase="drop")
 
 
@@ -259,9 +260,9 @@ def test_gates_on_crafted_attention():
     assert 1 / 7 < 0.2 < syn_attn[1]
     assert attention.identify_important_heads(weights, dependency, syntax.padding_mask)[0].tolist() == [[True, True,
                                                                                                          False]]
-    with pytest.raises(ValueError, match="rhe_fixed_gate"):
+    with pytest.raises(StrictDataclassError, match="rhe_fixed_gate"):
         rhe_config(rhe_gate="learned", rhe_fixed_gate=0.3)
-    with pytest.raises(ValueError, match="rhe_gate"):
+    with pytest.raises(StrictDataclassError, match="rhe_gate"):
         rhe_config(rhe_gate="sigmod")
 
 

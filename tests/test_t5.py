@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, T5Config, T5ForConditionalGeneration, pipeline
 
 from mgsa_hf import MgsaT5Config, MgsaT5ForConditionalGeneration
@@ -109,7 +110,7 @@ def test_t5_config_reads_as_mgsa_t5_and_auto_classes(t5_dir, tmp_path):
     model.save_pretrained(tmp_path)
     assert isinstance(AutoConfig.from_pretrained(tmp_path), MgsaT5Config)
     assert isinstance(AutoModelForSeq2SeqLM.from_pretrained(tmp_path), MgsaT5ForConditionalGeneration)
-    with pytest.raises(ValueError, match="num_heads"):
+    with pytest.raises(StrictDataclassError, match="num_heads"):
         MgsaT5Config(num_heads=0)
 
 

@@ -1,7 +1,11 @@
 """MGSA model configurations: a Marian or a T5 configuration plus the syntax-aware encoder and its settings."""
 
+import dataclasses
+import difflib
 from dataclasses import dataclass
+from typing import Literal
 
+from huggingface_hub.dataclasses import strict, validated_field
 from transformers.models.marian.configuration_marian import MarianConfig
 from transformers.models.t5.configuration_t5 import T5Config
 
@@ -21,6 +25,48 @@ RHE_OUT_OF_PHRASE = ("clip", "mask")
 
 # default encoder layers of each encoder-only variant (0 = the bottom layer)
 DEFAULT_VARIANT_LAYERS = {"phrase_memory": [0], "hybrid": [0, 1], "rhe": [0]}
+# unknown keyword arguments with these prefixes are taken for misspelt variant fields (backbone configs carry legacy
+# keys of their own, which load as transformers loads them)
+VARIANT_FIELD_PREFIXES = ("phrase_", "pr_", "hybrid_", "rhe_", "on_lstm_", "num_phrase_")
+# keyword arguments that `PretrainedConfig.from_dict` itself handles
+_FROM_DICT_OWN_KEYS = {"dtype", "torch_dtype", "num_labels", "attn_implementation", "experts_implementation",
+                       "output_attentions", "name_or_path"}
+
+
+# Field validators (`huggingface_hub.dataclasses.strict` runs each on construction and on every assignment, after the
+# check of the field's type; its error names the field).
+def _at_least(minimum: float):
+    def check(value):
+        if value is not None and value < minimum:
+            raise ValueError(f"must be >= {minimum}, got {value!r}.")
+
+    return check
+
+
+def _in_unit_interval(value):
+    if value is not None and not 0.0 <= value <= 1.0:
+        raise ValueError(f"must be in [0, 1], got {value!r}.")
+
+
+def _smoothing(value):
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"must be in [0, 1), got {value!r}.")
+
+
+def _items_at_least(minimum: int, non_empty: bool = True):
+    def check(value):
+        if value is None:
+            return
+        if non_empty and not value:
+            raise ValueError("must not be empty.")
+        if any(item < minimum for item in value):
+            raise ValueError(f"every entry must be >= {minimum}, got {value!r}.")
+
+    return check
+
+
+def _field(default, *validators):
+    return validated_field(list(validators), default=default)
 
 
 @dataclass(kw_only=True, repr=False)
@@ -138,58 +184,88 @@ class MgsaVariantConfig:
     backbone = "marian"
     source_model_type = "marian"
 
-    encoder_type: str = "transformer"
-    label_smoothing: float = 0.0
+    encoder_type: Literal[ENCODER_TYPES] = "transformer"
+    label_smoothing: float | int = _field(0.0, _smoothing)
     # MG-SA (phrase_memory)
-    phrase_memory_layers: list[int] | None = None
-    phrase_partition: str = "syntactic"
-    phrase_ngram_sizes: list[int] | None = None
-    phrase_levels: int = 3
-    phrase_word_heads: int | None = None
-    phrase_heads_per_granularity: list[int] | None = None
-    phrase_composition: str = "sans"
-    phrase_interaction: str = "on_lstm"
-    on_lstm_chunk_size: int = 4
+    phrase_memory_layers: list[int] | None = _field(None, _items_at_least(0, non_empty=False))
+    phrase_partition: Literal[PHRASE_PARTITIONS] = "syntactic"
+    phrase_ngram_sizes: list[int] | None = _field(None, _items_at_least(1))
+    phrase_levels: int = _field(3, _at_least(1))
+    phrase_word_heads: int | None = _field(None, _at_least(0))
+    phrase_heads_per_granularity: list[int] | None = _field(None, _items_at_least(0))
+    phrase_composition: Literal[PHRASE_COMPOSITIONS] = "sans"
+    phrase_interaction: Literal[PHRASE_INTERACTIONS] = "on_lstm"
+    on_lstm_chunk_size: int = _field(4, _at_least(1))
     phrase_tag_supervision: bool = True
-    phrase_tag_loss_weight: float = 0.001
-    num_phrase_tags: int = 64
+    phrase_tag_loss_weight: float | int = _field(0.001, _at_least(0))
+    num_phrase_tags: int = _field(64, _at_least(1))
     # PR (phrase_representation)
-    pr_segmentation: str = "fixed"
-    pr_max_phrase_tokens: int = 8
-    pr_min_phrase_tokens: int = 3
-    pr_length_ratio: int = 6
-    pr_glance: str = "max"
+    pr_segmentation: Literal[PR_SEGMENTATIONS] = "fixed"
+    pr_max_phrase_tokens: int = _field(8, _at_least(1))
+    pr_min_phrase_tokens: int = _field(3, _at_least(1))
+    pr_length_ratio: int = _field(6, _at_least(1))
+    pr_glance: Literal[PR_GLANCES] = "max"
     pr_attentive: bool = True
     pr_transparent_attention: bool = True
-    pr_combination_dim: int | None = None
-    pr_pooling_dim: int | None = None
+    pr_combination_dim: int | None = _field(None, _at_least(1))
+    pr_pooling_dim: int | None = _field(None, _at_least(1))
     pr_centred_sigmoid: bool = True
     # hybrid
-    hybrid_layers: list[int] | None = None
-    hybrid_window: int = 1
-    hybrid_gate: str = "token"
-    hybrid_combination: str = "gate"
+    hybrid_layers: list[int] | None = _field(None, _items_at_least(0, non_empty=False))
+    hybrid_window: int = _field(1, _at_least(1))
+    hybrid_gate: Literal[HYBRID_GATES] = "token"
+    hybrid_combination: Literal[HYBRID_COMBINATIONS] = "gate"
     # RHE
-    rhe_layers: list[int] | None = None
-    rhe_attention: str = "lpea"
-    rhe_mode: str = "rhe"
-    rhe_max_relative_position: int = 6
-    rhe_out_of_phrase: str = "clip"
-    rhe_fixed_gate: float | None = None
-    rhe_gate: str = "confidence"
+    rhe_layers: list[int] | None = _field(None, _items_at_least(0, non_empty=False))
+    rhe_attention: Literal[RHE_ATTENTIONS] = "lpea"
+    rhe_mode: Literal[RHE_MODES] = "rhe"
+    rhe_max_relative_position: int = _field(6, _at_least(0))
+    rhe_out_of_phrase: Literal[RHE_OUT_OF_PHRASE] = "clip"
+    rhe_fixed_gate: float | int | None = _field(None, _in_unit_interval)
+    rhe_gate: Literal[RHE_GATES] = "confidence"
 
     def __post_init__(self, **kwargs):
+        self.reject_unknown_fields(kwargs, only_variant_like=True)
         for variant, layers in DEFAULT_VARIANT_LAYERS.items():
             if getattr(self, f"{variant}_layers") is None:
-                setattr(self, f"{variant}_layers", [layer for layer in layers if layer < self.encoder_layers])
+                # the default layers the encoder has (at least the bottom one: a 0-layer encoder fails its own check)
+                setattr(self, f"{variant}_layers", [layer for layer in layers if layer < self.encoder_layers] or [0])
         if self.phrase_ngram_sizes is None:
             self.phrase_ngram_sizes = [2, 3, 4]
         super().__post_init__(**kwargs)
-        self._validate_backbone()
-        self._validate_choices()
-        self._validate_sizes()
-        self._validate_phrase_heads()
-        self._validate_loss()
+        # the `validate_*` methods run after this, on construction (`@strict` on each config class) and on saving
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        """Every name the config takes: its fields and the backbone's aliases (`attribute_map`)."""
+        return {field.name for field in dataclasses.fields(cls)} | set(cls.attribute_map)
+
+    @classmethod
+    def reject_unknown_fields(cls, names, only_variant_like: bool = False):
+        """
+        Raise a `ValueError` naming each of `names` that is not a field of the config, with the nearest field name.
+
+        Args:
+            names (`Iterable[str]`): the keys to check (keyword arguments, a CLI's `model.*` keys, a `--set`).
+            only_variant_like (`bool`): check only the names that look like a variant field (a variant prefix, or
+                close to a variant field's name). Backbone `config.json` files carry keys that are no field (opus-mt
+                ones have `static_position_embeddings`, `num_beams`, ...), which transformers keeps as attributes.
+        """
+        known = cls.field_names()
+        variant_fields = [field.name for field in dataclasses.fields(MgsaVariantConfig)]
+        unknown = []
+        for name in names:
+            if name in known or name.startswith("_"):
+                continue
+            looks_like_variant = name.startswith(VARIANT_FIELD_PREFIXES) or difflib.get_close_matches(
+                name, variant_fields, n=1, cutoff=0.8
+            )
+            if only_variant_like and not looks_like_variant:
+                continue
+            nearest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+            unknown.append(f"`{name}`" + (f" (did you mean `{nearest[0]}`?)" if nearest else ""))
+        if unknown:
+            raise ValueError(f"{cls.__name__} has no field {', '.join(unknown)}; see its docstring for the fields.")
 
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
@@ -201,12 +277,22 @@ class MgsaVariantConfig:
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
-        """A config from a dict; a saved MGSA config that predates a field whose default changed the function gets
-        the value it was built with."""
+        """
+        A config from a dict (a `config.json`) and keyword arguments (`from_pretrained(path, encoder_type="rhe")`).
+
+        The keyword arguments that name fields join the dict, so that the config is validated as a whole: transformers
+        would set them one by one after construction, past the checks that relate fields (layer indices within the
+        model, heads that add up). A saved MGSA config that predates a field whose default changed the function gets
+        the value it was built with.
+        """
         if "pr_attentive" in config_dict:  # written by this package: every field it had is there
             legacy_values = {"pr_pooling_dim": config_dict.get("d_model"), "pr_centred_sigmoid": False,
                              "rhe_gate": "sigmoid"}
             config_dict = {**legacy_values, **config_dict}
+        config_dict = dict(config_dict)
+        for name in [name for name in kwargs if name in cls.field_names() and name not in _FROM_DICT_OWN_KEYS]:
+            config_dict[cls.attribute_map.get(name, name)] = kwargs.pop(name)
+        cls.reject_unknown_fields([name for name in kwargs if name != "return_unused_kwargs"], only_variant_like=True)
         return super().from_dict(config_dict, **kwargs)
 
     @property
@@ -243,77 +329,43 @@ class MgsaVariantConfig:
         """Standard deviation of the variants' own weight matrices, the backbone's (see the subclasses)."""
         raise NotImplementedError
 
-    def _validate_backbone(self):
-        """Backbone-specific size checks."""
+    # Class validators: `@strict` runs every `validate_*` method after construction and before saving; a field's own
+    # type and range are checked by its field validator (see the field declarations).
+    def validate_backbone_sizes(self):
+        """The backbone's sizes are positive (subclasses check how the heads divide the width)."""
+        for field in ("vocab_size", "d_model", "max_position_embeddings", "encoder_layers", "decoder_layers",
+                      "encoder_ffn_dim", "decoder_ffn_dim", "encoder_attention_heads", "decoder_attention_heads"):
+            value = getattr(self, field, None)
+            if isinstance(value, int) and value < 1:
+                name = self.attribute_map.get(field, field)  # T5's own name
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
 
-    def _validate_choices(self):
-        choices = {
-            "encoder_type": ENCODER_TYPES,
-            "phrase_partition": PHRASE_PARTITIONS,
-            "phrase_composition": PHRASE_COMPOSITIONS,
-            "phrase_interaction": PHRASE_INTERACTIONS,
-            "pr_segmentation": PR_SEGMENTATIONS,
-            "pr_glance": PR_GLANCES,
-            "hybrid_gate": HYBRID_GATES,
-            "hybrid_combination": HYBRID_COMBINATIONS,
-            "rhe_attention": RHE_ATTENTIONS,
-            "rhe_mode": RHE_MODES,
-            "rhe_gate": RHE_GATES,
-            "rhe_out_of_phrase": RHE_OUT_OF_PHRASE,
-        }
-        for field, allowed in choices.items():
-            value = getattr(self, field)
-            if value not in allowed:
-                raise ValueError(f"`{field}` must be one of {allowed}, got {value!r}.")
-
-    def _validate_sizes(self):
-        if self.encoder_type in DEFAULT_VARIANT_LAYERS:
-            field = f"{self.encoder_type}_layers"
+    def validate_variant_layers(self):
+        """Each variant's layer indices lie within the encoder."""
+        for variant in DEFAULT_VARIANT_LAYERS:
+            field = f"{variant}_layers"
             layers = getattr(self, field)
-            if not layers or any(not 0 <= layer < self.encoder_layers for layer in layers):
+            if self.encoder_type == variant and not layers:
+                raise ValueError(f"`{field}` must name at least one encoder layer for encoder_type={variant!r}.")
+            outside = [layer for layer in layers if not 0 <= layer < self.encoder_layers]
+            if outside:
                 raise ValueError(
-                    f"`{field}` must be a non-empty list of encoder layer indices in [0, {self.encoder_layers}), "
-                    f"got {layers!r}."
+                    f"`{field}` {layers!r} names layers {outside} outside the encoder's {self.encoder_layers} layers "
+                    f"(indices 0 to {self.encoder_layers - 1})."
                 )
-        positive = {
-            "phrase_levels": self.phrase_levels,
-            "on_lstm_chunk_size": self.on_lstm_chunk_size,
-            "num_phrase_tags": self.num_phrase_tags,
-            "pr_max_phrase_tokens": self.pr_max_phrase_tokens,
-            "pr_min_phrase_tokens": self.pr_min_phrase_tokens,
-            "pr_length_ratio": self.pr_length_ratio,
-            "hybrid_window": self.hybrid_window,
-        }
-        for field, value in positive.items():
-            if value < 1:
-                raise ValueError(f"`{field}` must be a positive integer, got {value!r}.")
+
+    def validate_variant_settings(self):
+        """Settings that relate two fields."""
         if self.pr_min_phrase_tokens > self.pr_max_phrase_tokens:
             raise ValueError(
                 f"`pr_min_phrase_tokens` ({self.pr_min_phrase_tokens}) must not exceed `pr_max_phrase_tokens` "
                 f"({self.pr_max_phrase_tokens})."
             )
-        for field in ("pr_combination_dim", "pr_pooling_dim"):
-            value = getattr(self, field)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ValueError(f"`{field}` must be a positive integer or None, got {value!r}.")
-        if not self.phrase_ngram_sizes or any(size < 1 for size in self.phrase_ngram_sizes):
-            raise ValueError(
-                f"`phrase_ngram_sizes` must be a non-empty list of sizes >= 1, got {self.phrase_ngram_sizes!r}."
-            )
-        if self.rhe_max_relative_position < 0:
-            raise ValueError(f"`rhe_max_relative_position` must be >= 0, got {self.rhe_max_relative_position!r}.")
-        if self.rhe_fixed_gate is not None and not 0.0 <= self.rhe_fixed_gate <= 1.0:
-            raise ValueError(f"`rhe_fixed_gate` must be in [0, 1] or None, got {self.rhe_fixed_gate!r}.")
         if self.rhe_fixed_gate is not None and self.rhe_gate == "learned":
             raise ValueError('`rhe_fixed_gate` fixes the gate that `rhe_gate="learned"` learns: set one of the two.')
-        if self.phrase_tag_loss_weight < 0:
-            raise ValueError(f"`phrase_tag_loss_weight` must be >= 0, got {self.phrase_tag_loss_weight!r}.")
 
-    def _validate_loss(self):
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"`label_smoothing` must be in [0, 1), got {self.label_smoothing!r}.")
-
-    def _validate_phrase_heads(self):
+    def validate_phrase_heads(self):
+        """MG-SA's heads add up to the encoder's, and the ON-LSTM chunks divide the phrase heads' width."""
         heads = self.encoder_attention_heads
         word_heads, per_granularity = self.phrase_head_allocation()
         if not 0 <= word_heads < heads:
@@ -338,6 +390,7 @@ class MgsaVariantConfig:
             )
 
 
+@strict
 class MgsaConfig(MgsaVariantConfig, MarianConfig):
     r"""
     Configuration of [`MgsaModel`] / [`MgsaForConditionalGeneration`]: every [`~transformers.MarianConfig`] field
@@ -351,13 +404,14 @@ class MgsaConfig(MgsaVariantConfig, MarianConfig):
         """Marian's `init_std`."""
         return self.init_std
 
-    def _validate_backbone(self):
+    def validate_heads_divide_width(self):
         for field, heads in (("encoder_attention_heads", self.encoder_attention_heads),
                              ("decoder_attention_heads", self.decoder_attention_heads)):
-            if heads <= 0 or self.d_model % heads:
+            if self.d_model % heads:
                 raise ValueError(f"`{field}` ({heads}) must be a positive divisor of `d_model` ({self.d_model}).")
 
 
+@strict
 class MgsaT5Config(MgsaVariantConfig, T5Config):
     r"""
     Configuration of [`MgsaT5Model`] / [`MgsaT5ForConditionalGeneration`]: every [`~transformers.T5Config`] field (so
@@ -386,9 +440,10 @@ class MgsaT5Config(MgsaVariantConfig, T5Config):
         """T5's scale for a matrix reading d_model inputs: `initializer_factor` / √d_model."""
         return self.initializer_factor * self.d_model**-0.5
 
-    def _validate_backbone(self):
-        if self.num_heads <= 0 or self.d_kv <= 0:
-            raise ValueError(f"`num_heads` ({self.num_heads}) and `d_kv` ({self.d_kv}) must be positive.")
+    def validate_backbone_sizes(self):
+        super().validate_backbone_sizes()
+        if self.d_kv < 1:
+            raise ValueError(f"`d_kv` must be a positive integer, got {self.d_kv!r}.")
 
 
 __all__ = ["MgsaConfig", "MgsaT5Config", "MgsaVariantConfig"]

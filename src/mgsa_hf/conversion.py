@@ -41,7 +41,8 @@ def load_as_mgsa(path: str, encoder_type: str | None = None, new_modules_init: s
             computes what the checkpoint computed as far as the variant allows
             ([`~modeling_layers.init_new_modules_as_identity`]: a model that already translates keeps translating),
             or `"random"`, the variant's own initialisation, as for training from scratch.
-        config_overrides: other configuration fields to change.
+        config_overrides: other configuration fields to change; a name that is no field is an error, and the
+            changed configuration is validated as a whole before any weight is read.
 
     Returns:
         `(model, new_modules)`: the model, and the names of the modules the checkpoint did not have (the variant's).
@@ -49,6 +50,7 @@ def load_as_mgsa(path: str, encoder_type: str | None = None, new_modules_init: s
     """
     backbone = checkpoint_backbone(path)
     config_class, model_class = BACKBONES[backbone]
+    config_class.reject_unknown_fields(config_overrides)  # every name, not only the variant-like ones
     if encoder_type is not None:
         config_overrides["encoder_type"] = encoder_type
     config = config_class.from_pretrained(path, **config_overrides)

@@ -194,6 +194,7 @@ class MgsaPreTrainedModel(VariantUpgradeMixin, PreTrainedModel):
     _can_compile_fullgraph = True
 
     def __init__(self, config: MgsaConfig, *inputs, **kwargs):
+        config.validate()  # a configuration changed after construction (its fields are checked one by one) as a whole
         super().__init__(config, *inputs, **kwargs)
         self._can_compile_fullgraph = compiles_fullgraph(config)
 

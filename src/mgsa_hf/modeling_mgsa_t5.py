@@ -296,6 +296,7 @@ class MgsaT5PreTrainedModel(VariantUpgradeMixin, T5PreTrainedModel):
     _can_record_outputs = {}
 
     def __init__(self, config: MgsaT5Config, *inputs, **kwargs):
+        config.validate()  # a configuration changed after construction (its fields are checked one by one) as a whole
         super().__init__(config, *inputs, **kwargs)
         self._can_compile_fullgraph = compiles_fullgraph(config)
 

@@ -282,6 +282,29 @@ def _check_init_from(config: TrainConfig, tokenizer) -> None:
         )
 
 
+def validate_model_section(config: TrainConfig) -> None:
+    """
+    Check the `model` section before any work, as the configuration class checks itself: names that are no field
+    (with the nearest field), types, ranges and the relations between fields (layer indices within the encoder,
+    heads that add up). With `init_from`, the checkpoint's configuration with the section's keys over it is checked,
+    the configuration the run will train.
+    """
+    from .conversion import BACKBONES, checkpoint_backbone
+
+    if not config.init_from:
+        config_class = _backbone_classes(config)[0]
+        config_class.reject_unknown_fields(config.model)
+        config_class(**config.model)
+        return
+    try:
+        config_class = BACKBONES[checkpoint_backbone(config.init_from)][0]
+    except OSError as error:
+        raise ValueError(f"init_from={config.init_from!r} is not a model folder (or Hub id) with a config.json: "
+                         f"{error}") from None
+    config_class.reject_unknown_fields(config.model)
+    config_class.from_pretrained(config.init_from, **config.model)
+
+
 def build_model(config: TrainConfig, tokenizer):
     """A new model from the `model` section, or `init_from` (an MGSA, Marian or T5 folder) with its fields
     overridden."""
@@ -465,8 +488,7 @@ def train(config: TrainConfig, callbacks: list | None = None):
     from .trainer_mgsa import MgsaSeq2SeqTrainer
 
     training_args = _training_arguments(config)  # validates the `training` section before any work
-    if config.init_from is None:
-        _backbone_classes(config)[0](**config.model)  # validates the `model` section before any work
+    validate_model_section(config)
     if config.reuse_cpu_memory and training_args.use_cpu:
         reuse_freed_cpu_memory()
     corpus, processor, processed = prepare(config, training_args)
