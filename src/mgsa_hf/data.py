@@ -117,9 +117,12 @@ def load_parallel_corpus(
         split when `tree_files` or `tree_column` is given.
 
     Raises:
-        `ValueError` for a tree file whose number of lines is not the split's number of sentences, a tree that does
-        not spell its sentence (naming the file and line), an unknown split (a Hub dataset's named with the splits
-        it has), a Hub split without the language columns, or `tree_files` and `tree_column` together.
+        `ValueError` naming the file and line of bytes that are not UTF-8, of a corrupt or cut-short `.gz` file and
+        of a JSONL line that is not a record with the text fields; naming both files and their numbers of lines
+        when the two sides of a split differ in length; for a tree file whose number of lines is not the split's
+        number of sentences, a tree that does not spell its sentence (naming the file and line), an unknown split (a
+        Hub dataset's named with the splits it has), a Hub split without the language columns, or `tree_files` and
+        `tree_column` together.
     """
     if tree_files and tree_column:
         raise ValueError("give the trees either as tree files per split or as a column of the data, not both.")

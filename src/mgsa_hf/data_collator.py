@@ -110,6 +110,10 @@ class MgsaDataCollator:
         label_pad_token_id (`int`, defaults to -100): padding of `labels`.
         pad_to_multiple_of (`int`, *optional*): round padded lengths up to a multiple of this.
         return_tensors (`str`, defaults to `"pt"`): `"pt"` or `"np"`.
+
+    Raises:
+        `ValueError` naming the rows when some rows of a batch have a field that others lack (e.g. `labels`), or when
+        rows made by processors with different `phrase_levels` have different numbers of levels.
     """
 
     tokenizer: Any = None
