@@ -288,3 +288,175 @@ def test_attention_backends_run_or_say_which_they_support(multi30k_processor, mu
     else:
         assert encoder_type not in ("phrase_memory", "hybrid")
         torch.testing.assert_close(flex, losses["sdpa"], atol=1e-4, rtol=1e-4)
+
+
+# --- processor, corpora and collator ---
+# Saved processor folders, corpus files (line ends, encodings, damaged files), the processed-corpus cache and batches
+# the collator gets: each case a clear error naming the input (file and line for corpora), a warning or a correct
+# result.
+
+
+def _write_lines(path, lines):
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+
+
+@pytest.mark.parametrize("encoder_type", ["phrase_memory", "transformer"])
+def test_saved_model_folder_without_processor_config(multi30k_processor, tiny_config, tmp_path, caplog,
+                                                     encoder_type):
+    """A model folder saved with `tree_parser="rules", phrase_levels=2` whose `processor_config.json` is gone: the
+    processor takes the model's `phrase_levels` and warns that its other settings are defaults; for a model that
+    reads no syntax it only tokenizes, without a warning. Without the model's config.json (a tokenizer alone, as a
+    plain opus-mt folder has) it loads with the defaults and no warning."""
+    processor = MgsaProcessor(multi30k_processor.tokenizer, tree_parser="rules", phrase_levels=2)
+    processor.save_pretrained(tmp_path)
+    tiny_config(processor, encoder_type, phrase_levels=2).save_pretrained(tmp_path)
+    (tmp_path / "processor_config.json").unlink()
+
+    def load():
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            loaded = MgsaProcessor.from_pretrained(tmp_path)
+        return loaded, [record.getMessage() for record in caplog.records
+                        if "processor_config.json" in record.getMessage()]
+
+    loaded, warned = load()
+    if encoder_type == "transformer":
+        assert not loaded.with_syntax and not warned
+        assert list(loaded(["A dog runs."])) == ["input_ids", "attention_mask"]
+    else:
+        assert loaded.phrase_levels == 2 and loaded.with_syntax
+        assert len(warned) == 1 and str(tmp_path) in warned[0] and "tree_parser" in warned[0]
+        assert len(loaded(["A dog runs."])["phrase_ids"][0]) == 2
+    (tmp_path / "config.json").unlink()
+    loaded, warned = load()
+    assert (loaded.phrase_levels, loaded.with_syntax, warned) == (3, True, [])
+
+
+def test_lone_carriage_return_is_text_in_corpus_lines(tmp_path):
+    """A lone `\\r` inside line 4 of train.en and line 21 of train.de, and `\\r\\n` line ends: lines end at `\\n`
+    only, so the 30 pairs stay aligned (universal newlines made 31 lines a side, pairs 4-20 misaligned)."""
+    from mgsa_hf.data import load_parallel_corpus
+
+    english = [f"sentence {number}".encode() for number in range(1, 31)]
+    german = [f"Satz {number}\r".encode() for number in range(1, 31)]  # CRLF line ends
+    english[3] = b"sentence\r4"
+    german[20] = b"Satz\r21\r"
+    _write_lines(tmp_path / "train.en", english)
+    _write_lines(tmp_path / "train.de", german)
+    pairs = load_parallel_corpus(tmp_path, "en", "de", {"train": "train"})["train"]["translation"]
+    assert len(pairs) == 30
+    assert pairs[3] == {"en": "sentence\r4", "de": "Satz 4"}
+    assert pairs[20] == {"en": "sentence 21", "de": "Satz\r21"}
+    assert all(pair["en"][-2:].strip() == pair["de"][-2:].strip() for pair in pairs)
+
+
+def test_corpus_sides_of_different_lengths(tmp_path):
+    from mgsa_hf.data import load_parallel_corpus
+
+    _write_lines(tmp_path / "train.en", [b"a", b"b", b"c"])
+    _write_lines(tmp_path / "train.de", [b"a", b"b"])
+    with pytest.raises(ValueError, match=r"train\.en has 3 lines but .*train\.de has 2"):
+        load_parallel_corpus(tmp_path, "en", "de", {"train": "train"})
+
+
+def _gzip_cut_short(path):
+    import gzip
+
+    path.write_bytes(gzip.compress(b"".join(b"line %d\n" % number for number in range(1, 2000)))[:-200])
+
+
+@pytest.mark.parametrize(
+    ("files", "match"),
+    [
+        ({"train.en": b"A dog.\nA cat \xff sleeps.\n", "train.de": b"Ein Hund.\nEine Katze.\n"},
+         r"train\.en, line 2: not UTF-8 text \(byte 0xff"),
+        ({"train.en.gz": _gzip_cut_short, "train.de": b"x\n" * 1999},
+         r"train\.en\.gz, line \d+: the gzip file cannot be decompressed"),
+        ({"train.en": b"x\n", "train.de.gz": b"not gzip at all\n"},
+         r"train\.de\.gz, line 1: the gzip file cannot be decompressed"),
+        ({"train.jsonl": b'{"en": "A dog.", "de": "Ein Hund."}\n\n{"en": "A cat.", "de": \n'},
+         r"train\.jsonl, line 3: not a JSON record"),
+        ({"train.jsonl": b'{"en": "A dog.", "de": "Ein Hund."}\n{"en": "A \xe4 cat.", "de": "Katze"}\n'},
+         r"train\.jsonl, line 2: not UTF-8 text"),
+    ],
+    ids=["invalid-utf8", "gzip-cut-short", "not-gzip", "broken-jsonl-line", "jsonl-invalid-utf8"],
+)
+def test_damaged_corpus_files_name_file_and_line(tmp_path, files, match):
+    from mgsa_hf.data import load_parallel_corpus
+
+    for name, content in files.items():
+        content(tmp_path / name) if callable(content) else (tmp_path / name).write_bytes(content)
+    with pytest.raises(ValueError, match=match):
+        load_parallel_corpus(tmp_path, "en", "de", {"train": "train"})
+
+
+def test_lone_surrogate_in_a_plain_string(multi30k_processor):
+    with pytest.raises(ValueError, match=r"`text` is not valid Unicode text.*surrogate"):
+        multi30k_processor("\ud800")
+
+
+@pytest.mark.parametrize("damage", ["cut in half", "fewer rows"])
+def test_damaged_processed_corpus_cache_is_computed_again(multi30k_processor, multi30k_val, tmp_path, caplog, damage):
+    """The `map` cache of a file-backed corpus cut short (a run stopped while writing it) or holding fewer rows: the
+    next `map_dataset` warns, computes it again and gives the full result."""
+    import os
+
+    from datasets import Dataset, load_from_disk
+
+    processor = MgsaProcessor(multi30k_processor.tokenizer, with_syntax=False)
+    sources, targets = multi30k_val
+    Dataset.from_dict({"en": sources * 4, "de": targets * 4}).save_to_disk(tmp_path / "corpus")
+    corpus = load_from_disk(tmp_path / "corpus")
+    first = processor.map_dataset(corpus, "en", "de")
+    (cache_file,) = [entry["filename"] for entry in first.cache_files]
+    expected = first.to_dict()
+    if damage == "cut in half":
+        os.truncate(cache_file, os.path.getsize(cache_file) // 2)
+    else:
+        first.select(range(10)).flatten_indices(cache_file_name=str(tmp_path / "part.arrow"))
+        os.replace(tmp_path / "part.arrow", cache_file)
+    with caplog.at_level("WARNING"):
+        again = processor.map_dataset(corpus, "en", "de")
+    assert again.to_dict() == expected
+    assert any("processed-corpus cache" in record.getMessage() for record in caplog.records)
+
+
+def test_collator_rows_with_and_without_labels(multi30k_processor):
+    from mgsa_hf import MgsaDataCollator
+
+    collator = MgsaDataCollator(multi30k_processor.tokenizer)
+    with_labels = multi30k_processor("A dog runs.", text_target="Ein Hund rennt.")
+    without = multi30k_processor("Two cats sleep.")
+    for rows, having, missing in [([without, with_labels], r"\[1\]", r"\[0\]"),
+                                  ([with_labels, without], r"\[0\]", r"\[1\]")]:
+        with pytest.raises(ValueError, match=rf"rows {having} have `labels` but rows {missing} do not"):
+            collator(rows)
+
+
+def test_collator_rows_of_processors_with_different_phrase_levels(multi30k_processor):
+    from mgsa_hf import MgsaDataCollator
+
+    two_levels = MgsaProcessor(multi30k_processor.tokenizer, phrase_levels=2)
+    rows = [multi30k_processor("A dog runs."), two_levels("Two cats sleep on a mat.")]
+    with pytest.raises(ValueError, match=r"`phrase_ids` has different numbers of levels.*2 in rows \[1\]; 3 in rows "
+                                         r"\[0\].*phrase_levels"):
+        MgsaDataCollator(multi30k_processor.tokenizer)(rows)
+
+
+@pytest.mark.parametrize(("processor_name", "removed", "match"), [
+    ("multi30k_processor", "tokenizer.json", "has no tokenizer.json"),
+    ("marian_processor", "source.spm", r"lacks source\.spm"),
+])
+def test_folder_missing_a_tokenizer_file(request, tiny_config, tmp_path, processor_name, removed, match):
+    """A saved model folder whose tokenizer lost a file: loading its processor, or the translation pipeline over it,
+    names the folder and the file."""
+    from transformers import pipeline
+
+    processor = request.getfixturevalue(processor_name)
+    processor.save_pretrained(tmp_path)
+    MgsaForConditionalGeneration(tiny_config(processor, "rhe")).save_pretrained(tmp_path)
+    (tmp_path / removed).unlink()
+    with pytest.raises(OSError, match=rf"{tmp_path}.* {match}"):
+        MgsaProcessor.from_pretrained(tmp_path)
+    with pytest.raises(OSError, match=rf"{tmp_path}.* {match}"):
+        pipeline("translation", model=str(tmp_path))

@@ -383,8 +383,8 @@ def test_demo_runs_every_encoder_type():
 
 
 def test_corpus_files_through_datasets_loaders(tmp_path):
-    """Split files (plain and gzip) and JSONL files, both record layouts, read through `datasets`' text and JSON
-    loaders; a record without the language fields is named."""
+    """Split files (plain and gzip) and JSONL files, both record layouts (blank lines skipped); a record without the
+    language fields is named."""
     import gzip
 
     from mgsa_hf.data import load_parallel_corpus

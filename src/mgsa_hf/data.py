@@ -6,9 +6,12 @@ a column of the data), a `source_tree` column of PTB bracketed strings (`None`: 
 with the files are reported before any training starts.
 """
 
+import json
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_dataset
+
+from .tokenization_utils import read_lines
 
 
 # the column of the source sentences' PTB trees in the loaded corpus
@@ -25,22 +28,22 @@ def _find_split_file(folder: Path, split: str, lang: str) -> Path:
 
 
 def _text_lines(path: Path) -> list[str]:
-    """The lines of a text file (`.gz` read compressed), through `datasets`' text loader (cached)."""
-    if path.stat().st_size == 0:
-        return []
-    return load_dataset("text", data_files={"train": str(path)}, split="train")["text"]
+    r"""The lines of a UTF-8 text file (`.gz` read compressed), split at `\n` only (see
+    [`~mgsa_hf.tokenization_utils.read_lines`]); a `ValueError` names the file and line of bytes that are not UTF-8
+    or of a damaged gzip file."""
+    return list(read_lines(path))
 
 
 def read_parallel_split(folder: str | Path, split: str, src_lang: str, tgt_lang: str) -> Dataset:
-    """Read `{split}.{src_lang}[.gz]` and `{split}.{tgt_lang}[.gz]` (aligned line by line) as a `translation`
-    Dataset."""
+    r"""Read `{split}.{src_lang}[.gz]` and `{split}.{tgt_lang}[.gz]` (UTF-8, aligned line by line; lines end at `\n`
+    alone, see [`~mgsa_hf.tokenization_utils.read_lines`]) as a `translation` Dataset."""
     folder = Path(folder)
-    source = _text_lines(_find_split_file(folder, split, src_lang))
-    target = _text_lines(_find_split_file(folder, split, tgt_lang))
+    source_file, target_file = _find_split_file(folder, split, src_lang), _find_split_file(folder, split, tgt_lang)
+    source, target = _text_lines(source_file), _text_lines(target_file)
     if len(source) != len(target):
         raise ValueError(
-            f"split {split!r} of {folder}: {len(source)} {src_lang} lines but {len(target)} {tgt_lang} lines; "
-            "the files must be aligned line by line."
+            f"split {split!r}: {source_file} has {len(source)} lines but {target_file} has {len(target)}; the files "
+            "must be aligned line by line."
         )
     if not source:
         raise ValueError(f"split {split!r} of {folder} is empty.")
@@ -49,33 +52,36 @@ def read_parallel_split(folder: str | Path, split: str, src_lang: str, tgt_lang:
 
 
 def _read_jsonl(path: Path, src_lang: str, tgt_lang: str, tree_column: str | None = None) -> Dataset:
-    """A JSON-lines file of `{"translation": {src: ..., tgt: ...}}` or `{src: ..., tgt: ...}` records, through
-    `datasets`' JSON loader (cached). `tree_column` names a top-level field of PTB trees of the source sentences
-    (records without it, or with `null` or `""`, have none)."""
-    if path.stat().st_size == 0:
-        raise ValueError(f"{path} holds no sentence pairs.")
-    records = load_dataset("json", data_files={"train": str(path)}, split="train")
-    rows = records["translation"] if "translation" in records.column_names else records.to_list()
-    trees = None
-    if tree_column is not None:
-        trees = records[tree_column] if tree_column in records.column_names else [None] * len(records)
-        for number, tree in enumerate(trees, 1):
+    """A JSON-lines file of `{"translation": {src: ..., tgt: ...}}` or `{src: ..., tgt: ...}` records, one per line
+    (blank lines skipped). `tree_column` names a top-level field of PTB trees of the source sentences (records
+    without it, or with `null` or `""`, have none). A `ValueError` names the line of a record that is not JSON or
+    lacks the text fields."""
+    pairs, trees = [], []
+    for number, line in enumerate(_text_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}, line {number}: not a JSON record ({error.msg} at column "
+                             f"{error.colno}): {line[:200]}") from None
+        where = f"{path}, line {number}: record {len(pairs) + 1}"
+        pair = record.get("translation", record) if isinstance(record, dict) else record
+        if not isinstance(pair, dict) or not isinstance(pair.get(src_lang), str) or \
+                not isinstance(pair.get(tgt_lang), str):
+            raise ValueError(f"{where} has no {src_lang!r}/{tgt_lang!r} text fields: {str(record)[:200]}")
+        pairs.append({src_lang: pair[src_lang], tgt_lang: pair[tgt_lang]})
+        if tree_column is not None:
+            tree = record.get(tree_column)
             if tree is not None and not isinstance(tree, str):
-                raise ValueError(f"{path}: record {number} has a {type(tree).__name__} as {tree_column!r}, not a PTB "
-                                 "bracketed string (or null).")
-        trees = [tree or None for tree in trees]
-    pairs = []
-    for number, record in enumerate(rows, 1):
-        if not isinstance(record, dict) or not isinstance(record.get(src_lang), str) or \
-                not isinstance(record.get(tgt_lang), str):
-            raise ValueError(f"{path}: record {number} has no {src_lang!r}/{tgt_lang!r} text fields: "
-                             f"{str(record)[:200]}")
-        pairs.append({src_lang: record[src_lang], tgt_lang: record[tgt_lang]})
+                raise ValueError(f"{where} has a {type(tree).__name__} as {tree_column!r}, not a PTB bracketed "
+                                 "string (or null).")
+            trees.append(tree or None)
     if not pairs:
         raise ValueError(f"{path} holds no sentence pairs.")
-    if trees is not None:
+    if tree_column is not None:
         _check_trees(trees, [pair[src_lang] for pair in pairs], f"{path}: the {tree_column!r} tree of record")
-    columns = {"translation": pairs} if trees is None else {"translation": pairs, TREE_COLUMN: trees}
+    columns = {"translation": pairs} if tree_column is None else {"translation": pairs, TREE_COLUMN: trees}
     return Dataset.from_dict(columns)
 
 
@@ -111,9 +117,12 @@ def load_parallel_corpus(
         split when `tree_files` or `tree_column` is given.
 
     Raises:
-        `ValueError` for a tree file whose number of lines is not the split's number of sentences, a tree that does
-        not spell its sentence (naming the file and line), an unknown split (a Hub dataset's named with the splits
-        it has), a Hub split without the language columns, or `tree_files` and `tree_column` together.
+        `ValueError` naming the file and line of bytes that are not UTF-8, of a corrupt or cut-short `.gz` file and
+        of a JSONL line that is not a record with the text fields; naming both files and their numbers of lines
+        when the two sides of a split differ in length; for a tree file whose number of lines is not the split's
+        number of sentences, a tree that does not spell its sentence (naming the file and line), an unknown split (a
+        Hub dataset's named with the splits it has), a Hub split without the language columns, or `tree_files` and
+        `tree_column` together.
     """
     if tree_files and tree_column:
         raise ValueError("give the trees either as tree files per split or as a column of the data, not both.")

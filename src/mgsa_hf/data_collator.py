@@ -43,6 +43,9 @@ def pad_batch(
         **SOURCE_SYNTAX_PAD_VALUES,
     }
     batch = {name: [_as_list(row) for row in rows] if name in pad_values else rows for name, rows in batch.items()}
+    for name in LEVELLED_SYNTAX_FIELDS:
+        if name in batch:
+            _check_level_counts(name, batch[name])
     source_length = _padded_length(batch["input_ids"], length, pad_to_multiple_of)
     target_length = _padded_length(batch["labels"], None, pad_to_multiple_of) if "labels" in batch else 0
     padded = {}
@@ -56,6 +59,24 @@ def pad_batch(
         else:
             padded[name] = [row + [value] * (size - len(row)) for row in rows]
     return padded
+
+
+def _check_level_counts(name: str, rows: list) -> None:
+    """A `ValueError` when the rows of a levelled field (K, L) have different numbers K of levels: they were made by
+    processors with different `phrase_levels`, and cannot form one (B, K, L) tensor."""
+    rows_by_count = {}
+    for index, levels in enumerate(rows):
+        rows_by_count.setdefault(len(levels), []).append(index)
+    if len(rows_by_count) > 1:
+        counts = "; ".join(f"{count} in rows {_row_list(indices)}" for count, indices in sorted(rows_by_count.items()))
+        raise ValueError(f"`{name}` has different numbers of levels in one batch ({counts}): the rows were made by "
+                         "processors with different `phrase_levels`; encode them all with the model's processor.")
+
+
+def _row_list(indices: list[int], shown: int = 10) -> str:
+    """`[0, 2, 5]`, or the first `shown` indices and how many more."""
+    more = f" and {len(indices) - shown} more" if len(indices) > shown else ""
+    return f"{indices[:shown]}{more}"
 
 
 def _as_list(row):
@@ -89,6 +110,10 @@ class MgsaDataCollator:
         label_pad_token_id (`int`, defaults to -100): padding of `labels`.
         pad_to_multiple_of (`int`, *optional*): round padded lengths up to a multiple of this.
         return_tensors (`str`, defaults to `"pt"`): `"pt"` or `"np"`.
+
+    Raises:
+        `ValueError` naming the rows when some rows of a batch have a field that others lack (e.g. `labels`), or when
+        rows made by processors with different `phrase_levels` have different numbers of levels.
     """
 
     tokenizer: Any = None
@@ -107,7 +132,15 @@ class MgsaDataCollator:
     def __call__(self, features: list[dict]) -> BatchEncoding:
         if not features:
             raise ValueError("MgsaDataCollator got an empty list of features.")
-        batch = {name: [feature[name] for feature in features] for name in features[0]}
+        fields = {name: None for feature in features for name in feature}  # in order of first appearance
+        for name in fields:
+            missing = [index for index, feature in enumerate(features) if name not in feature]
+            if missing:
+                having = [index for index, feature in enumerate(features) if name in feature]
+                raise ValueError(f"MgsaDataCollator: rows {_row_list(having)} have `{name}` but rows "
+                                 f"{_row_list(missing)} do not; every row of a batch needs the same fields (e.g. "
+                                 "all with `labels`, from `text_target`, or none).")
+        batch = {name: [feature[name] for feature in features] for name in fields}
         batch = pad_batch(
             batch, self.pad_token_id, self.label_pad_token_id, pad_to_multiple_of=self.pad_to_multiple_of
         )

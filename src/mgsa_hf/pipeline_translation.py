@@ -22,6 +22,7 @@ from transformers.pipelines.pt_utils import PipelineDataset, PipelineIterator
 from transformers.utils import logging
 
 from .data_collator import MgsaDataCollator
+from .tokenization_utils import missing_tokenizer_files
 
 
 logger = logging.get_logger(__name__)
@@ -79,6 +80,12 @@ class MgsaTranslationPipeline(Pipeline):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        if self.processor is None and self.tokenizer is None or \
+                self.processor is None and getattr(self.model.config, "encoder_type", "transformer") != "transformer":
+            # the processor or tokenizer of the model's folder did not load: say which file it lacks
+            problem = missing_tokenizer_files(self.model.name_or_path)
+            if problem is not None:
+                raise OSError(problem)
         if self.processor is None and getattr(self.model.config, "encoder_type", "transformer") != "transformer":
             raise ValueError(
                 f"encoder_type={self.model.config.encoder_type!r} reads the source syntax, so the translation "

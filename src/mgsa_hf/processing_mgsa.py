@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from transformers import AutoProcessor, BatchEncoding
 from transformers.processing_utils import ProcessorMixin
+from transformers.utils import PROCESSOR_NAME as PROCESSOR_CONFIG_FILE
+from transformers.utils import logging
 
 from .configuration_mgsa import MgsaConfig
 from .constituency_conversion import MODEL_FILE
@@ -25,8 +27,10 @@ from .syntax import (
     package_version,
 )
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
-from .tokenization_utils import piece_offsets
+from .tokenization_utils import missing_tokenizer_files, piece_offsets
 
+
+logger = logging.get_logger(__name__)
 
 RETURN_TENSORS = (None, "pt", "np")
 CONVERSION_FILE = MODEL_FILE.name
@@ -234,14 +238,37 @@ class MgsaProcessor(ProcessorMixin):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
         """Loads a processor (see [`~ProcessorMixin.from_pretrained`]) with the conversion model file saved beside it,
-        when there is one."""
+        when there is one.
+
+        A folder without `processor_config.json` (a tokenizer's, or a Marian or T5 model's) gives a processor with
+        the default settings around its tokenizer. Where the folder holds an MGSA model (its `config.json`), settings
+        not given here come from the model: `with_syntax=False` for one that reads no syntax; otherwise its
+        `phrase_levels`, and a warning says that the other settings (`tree_parser`, `parser_name`, the PR
+        segmentation, ...) are the defaults, which need not be those the model was trained with.
+
+        Raises:
+            `OSError` naming the folder and the file when a local folder lacks a file its tokenizer is loaded from
+            (`tokenizer.json`, or a SentencePiece tokenizer's vocabulary files).
+        """
         from transformers.utils import cached_file
 
-        processor = super().from_pretrained(pretrained_model_name_or_path, **kwargs)
         hub_keys = ("cache_dir", "revision", "token", "local_files_only")
         hub_options = {key: kwargs[key] for key in hub_keys if key in kwargs}
-        path = cached_file(pretrained_model_name_or_path, CONVERSION_FILE, _raise_exceptions_for_missing_entries=False,
-                           _raise_exceptions_for_connection_errors=False, **hub_options)
+
+        def find(filename):
+            return cached_file(pretrained_model_name_or_path, filename, _raise_exceptions_for_missing_entries=False,
+                               _raise_exceptions_for_connection_errors=False, **hub_options)
+
+        if find(PROCESSOR_CONFIG_FILE) is None:
+            kwargs = _settings_of_saved_model(find("config.json"), pretrained_model_name_or_path, kwargs)
+        try:
+            processor = super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        except (OSError, ValueError, TypeError) as error:
+            problem = missing_tokenizer_files(pretrained_model_name_or_path)
+            if problem is None:
+                raise
+            raise OSError(problem) from error
+        path = find(CONVERSION_FILE)
         if path is not None:
             processor.parser.conversion_file = path
         return processor
@@ -271,6 +298,7 @@ class MgsaProcessor(ProcessorMixin):
         `text`, replaces the constituency tree (derived, or from `tree_parser`)."""
         if not isinstance(text, str):
             raise TypeError(f"syntax() analyses one sentence: `text` must be a string, got {type(text).__name__}.")
+        _check_unicode(text, "text")
         trees = _check_trees(tree, [text], is_batched=False)
         return next(self.parser.pipe([text], trees, self.parser_batch_size, self.n_process))
 
@@ -432,7 +460,9 @@ class MgsaProcessor(ProcessorMixin):
 
         The result is cached under a fingerprint of the data, the processor's settings, its tokenizer, the parser
         package's version, this code and the arguments, so a second run over the same (file-backed) data loads the
-        cache instead of parsing again. `num_proc` worker processes each use their own copy of the spaCy pipeline.
+        cache instead of parsing again; a cache file that cannot be read or lacks rows (a run stopped while writing
+        it) is computed again, with a warning. `num_proc` worker processes each use their own copy of the spaCy
+        pipeline.
 
         Args:
             dataset (`datasets.Dataset` or `datasets.DatasetDict`): the data.
@@ -461,6 +491,8 @@ class MgsaProcessor(ProcessorMixin):
                 raise ValueError(f"{argument}={column!r} is not a column of the dataset ({dataset.column_names}).")
         fn_kwargs = {**columns, **processor_kwargs}
         fingerprint = Hasher.hash([dataset._fingerprint, self._fingerprint(), fn_kwargs, remove_columns])
+        if load_from_cache_file:
+            _drop_damaged_cache_files(dataset, fingerprint)
         return dataset.map(
             self._map_batch,
             batched=True,
@@ -532,6 +564,61 @@ class MgsaProcessor(ProcessorMixin):
         )
 
 
+def _drop_damaged_cache_files(dataset, fingerprint: str) -> None:
+    """Removes the `map` cache files that `dataset.map(..., new_fingerprint=fingerprint)` would load (the file, or
+    the shard files of a `num_proc` map) when one cannot be read or they hold another number of rows than `dataset`
+    (written by a run that stopped, or on a full disk), so that `map` computes them again instead of failing on the
+    file or loading part of the data. A dataset without cache files (in memory) has none."""
+    import pyarrow
+    from datasets import Dataset
+    from datasets.fingerprint import is_caching_enabled
+
+    if not dataset.cache_files or not is_caching_enabled():
+        return
+    cache_file = Path(dataset._get_cache_file_path(fingerprint))
+    # the file itself, and `datasets`' shard files `<name>_{rank:05d}_of_{num_proc:05d}.arrow`, by number of shards
+    groups = {1: [cache_file]} if cache_file.is_file() else {}
+    for shard in cache_file.parent.glob(f"{cache_file.stem}_*_of_*{cache_file.suffix}"):
+        groups.setdefault(int(shard.stem.rsplit("_of_", 1)[1]), []).append(shard)
+    for num_shards, files in groups.items():
+        try:
+            rows = sum(Dataset.from_file(str(file)).num_rows for file in files)
+        except (OSError, ValueError, pyarrow.ArrowException) as error:
+            problem = f"cannot be read ({error})"
+        else:
+            if len(files) < num_shards or rows == dataset.num_rows:
+                continue  # complete, or shards still to be written by `map`
+            problem = f"holds {rows} rows for the {dataset.num_rows} of the dataset"
+        logger.warning(f"the processed-corpus cache {', '.join(map(str, sorted(files)))} {problem}: computing it "
+                       "again.")
+        for file in files:
+            file.unlink(missing_ok=True)
+
+
+def _settings_of_saved_model(config_file: str | None, folder, kwargs: dict) -> dict:
+    """`kwargs` of `from_pretrained` for a folder without `processor_config.json`, completed from the MGSA model whose
+    `config.json` is `config_file`: `with_syntax=False` for one that reads no syntax (`encoder_type="transformer"`),
+    else its `phrase_levels`, with a warning that the other settings are the defaults. Settings given in `kwargs`
+    stay; a folder without an MGSA model changes nothing."""
+    model_config = json.loads(Path(config_file).read_text()) if config_file else {}
+    if model_config.get("model_type") not in ("mgsa", "mgsa_t5"):
+        return kwargs
+    if model_config.get("encoder_type", "transformer") == "transformer":
+        return {"with_syntax": False, **kwargs}
+    kwargs = dict(kwargs)
+    taken = ""
+    if "phrase_levels" not in kwargs and "phrase_levels" in model_config:
+        kwargs["phrase_levels"] = model_config["phrase_levels"]
+        taken = f" takes phrase_levels={kwargs['phrase_levels']} from the model's config.json and"
+    logger.warning(
+        f"{folder} holds an MGSA model but no {PROCESSOR_CONFIG_FILE}: the processor{taken} uses the default "
+        "settings otherwise (tree_parser, parser_name, the PR segmentation, ...), which need not be those the model "
+        "was trained with. Save the processor with the model (`processor.save_pretrained(folder)`), or pass its "
+        "settings to from_pretrained."
+    )
+    return kwargs
+
+
 @contextlib.contextmanager
 def _cyclic_gc_paused():
     """Pauses Python's cyclic garbage collector while a batch is encoded. The fields are acyclic lists (freed by
@@ -559,6 +646,7 @@ def derived_tree_source(tree_parser: str | None = None, conversion_path=MODEL_FI
 def _as_batch(text, name) -> tuple[list[str], bool]:
     """`text` as a list of strings, and whether it was one."""
     if isinstance(text, str):
+        _check_unicode(text, name)
         return [text], False
     if not isinstance(text, (list, tuple)):
         raise TypeError(f"`{name}` must be a string or a list of strings, got {type(text).__name__}.")
@@ -567,12 +655,18 @@ def _as_batch(text, name) -> tuple[list[str], bool]:
     for i, item in enumerate(text):
         if not isinstance(item, str):
             raise TypeError(f"`{name}[{i}]` must be a string, got {type(item).__name__}.")
-        try:
-            item.encode("utf-8")
-        except UnicodeEncodeError as error:  # a lone surrogate, which no tokenizer or parser can read
-            raise ValueError(f"`{name}[{i}]` is not valid Unicode text: {error.reason} at character "
-                             f"{error.start} ({item[error.start]!r}).") from None
+        _check_unicode(item, f"{name}[{i}]")
     return list(text), True
+
+
+def _check_unicode(text: str, name: str) -> None:
+    """A `ValueError` naming `name` for a string that is not Unicode text: a lone surrogate (from a `surrogateescape`
+    decode, or a `\\ud800` escape), which no tokenizer or parser can read."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"`{name}` is not valid Unicode text: {error.reason} at character {error.start} "
+                         f"({text[error.start]!r}).") from None
 
 
 def _check_trees(trees, texts, is_batched) -> list[str | None] | None:

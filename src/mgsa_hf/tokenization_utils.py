@@ -15,6 +15,7 @@ import io
 import json
 import re
 import unicodedata
+import zlib
 from collections.abc import Iterable, Iterator
 from itertools import chain, islice
 from pathlib import Path
@@ -29,10 +30,29 @@ _NON_SPACE = re.compile(r"\S")
 
 
 def read_lines(path: str | Path, max_lines: int | None = None) -> Iterator[str]:
-    """Lines of a text file (gzip-compressed when the name ends in `.gz`), without line ends."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as file:
-        yield from (line.rstrip("\n") for line in islice(file, max_lines))
+    r"""Lines of a UTF-8 text file (gzip-compressed when the name ends in `.gz`), without line ends.
+
+    Lines end at `\n` alone (the `\r` of a `\r\n` is dropped): a lone `\r`, form feed or U+2028 inside a line is
+    text, so the lines of two files stay aligned with each other (Python's universal newlines and `str.splitlines`
+    would end a line there too).
+
+    Raises:
+        `ValueError` naming the file and the line for bytes that are not UTF-8, and for a gzip file that cannot be
+        decompressed (corrupt or cut short).
+    """
+    file = (gzip.open if str(path).endswith(".gz") else open)(path, "rb")
+    number = 0
+    with file:
+        try:
+            for number, line in enumerate(islice(file, max_lines), 1):
+                try:
+                    yield line.removesuffix(b"\n").removesuffix(b"\r").decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise ValueError(f"{path}, line {number}: not UTF-8 text (byte {line[error.start]:#04x} at byte "
+                                     f"{error.start + 1} of the line).") from None
+        except (EOFError, OSError, zlib.error) as error:  # gzip.BadGzipFile is an OSError
+            raise ValueError(f"{path}, line {number + 1}: the gzip file cannot be decompressed from here on "
+                             f"(corrupt or cut short: {error}).") from None
 
 
 def train_joint_tokenizer(
@@ -152,6 +172,44 @@ def _train_marian_tokenizer(sentences, vocab_size, model_max_length, output_dir)
         pad_token="<pad>",
         model_max_length=model_max_length,
     )
+
+
+def missing_tokenizer_files(folder: str | Path) -> str | None:
+    """Why the tokenizer of a local `folder` cannot load, when it is a file the folder lacks: a message naming the
+    folder and the file(s), else `None` (not a local folder, or its files are all there).
+
+    A `tokenizers` tokenizer (`tokenizer_config.json` naming `TokenizersBackend`, `PreTrainedTokenizerFast` or a
+    model's fast class) loads from `tokenizer.json` (or a SentencePiece model its class converts); a slow one (e.g.
+    `MarianTokenizer`) from its vocabulary files (`source.spm`, `target.spm`, `vocab.json`)."""
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    config_file = folder / "tokenizer_config.json"
+    has_serialized = (folder / "tokenizer.json").is_file()
+    if not config_file.is_file():
+        return None if has_serialized else (f"{folder} holds no tokenizer: neither tokenizer.json nor "
+                                            "tokenizer_config.json; save the tokenizer (or the processor) there.")
+    class_name = json.loads(config_file.read_text()).get("tokenizer_class")
+    tokenizer_class = tokenizer_class_from_name(class_name) if class_name else None
+    if tokenizer_class is None:
+        return None
+    files = dict(getattr(tokenizer_class, "vocab_files_names", {}))
+    files.pop("tokenizer_config_file", None)
+    if issubclass(tokenizer_class, TokenizersBackend):
+        alternatives = [name for key, name in files.items() if key != "tokenizer_file"]
+        if has_serialized or any((folder / name).is_file() for name in alternatives):
+            return None
+        return (f"{folder} has no tokenizer.json, the file its tokenizer ({class_name}, named in "
+                "tokenizer_config.json) is loaded from: copy it from where the tokenizer was saved.")
+    files.pop("target_vocab_file", None)  # optional: Marian's separate target vocabulary
+    missing = [name for name in files.values() if not (folder / name).is_file()]
+    if not missing:
+        return None
+    return (f"{folder} lacks {', '.join(missing)}, the vocabulary file(s) its tokenizer ({class_name}, named in "
+            "tokenizer_config.json) is loaded from: copy them from where the tokenizer was saved.")
 
 
 def piece_offsets(text: str, pieces: list[str]) -> list[tuple[int, int]]:
