@@ -162,7 +162,8 @@ class MgsaTranslationPipeline(Pipeline):
             options.update(max_length=max_source_length, truncation=True)
         elif truncation:
             # the tokenizer's `model_max_length`, or the model's positions where they are fewer
-            max_length = min(self.tokenizer.model_max_length, position_limit or math.inf)
+            tokenizer = self.tokenizer if self.processor is None else self.processor.tokenizer
+            max_length = min(tokenizer.model_max_length, position_limit or math.inf)
             options.update(max_length=max_length, truncation=True)
         elif truncation is not None:
             options["truncation"] = truncation
