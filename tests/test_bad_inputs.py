@@ -361,6 +361,7 @@ def test_damaged_weights_are_refused(multi30k_processor, tiny_config, tiny_t5_co
     import re
 
     from mgsa_hf import MgsaT5ForConditionalGeneration
+    from mgsa_hf.evaluation import average_checkpoints
 
     if backbone == "marian":
         model = MgsaForConditionalGeneration(tiny_config(multi30k_processor, "transformer", encoder_layers=1))
@@ -377,6 +378,8 @@ def test_damaged_weights_are_refused(multi30k_processor, tiny_config, tiny_t5_co
     flip_a_weight_byte(weights[-1])
     with pytest.raises(ValueError, match=rf"{re.escape(str(weights[-1]))} does not hold the weights that were saved"):
         type(model).from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="does not hold the weights that were saved"):
+        average_checkpoints([tmp_path, tmp_path])  # `average_last_checkpoints` reads the checkpoints' files itself
     (tmp_path / "weights.sha256").unlink()
     type(model).from_pretrained(tmp_path)  # no record: loaded as before
 
