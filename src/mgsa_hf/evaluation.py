@@ -8,6 +8,8 @@ import sacrebleu
 import torch
 from safetensors.torch import load_file
 
+from .weights_checksums import verify_weights_checksums
+
 
 def translation_scores(predictions: list[str], references: list[str]) -> dict:
     """Corpus BLEU and chrF of detokenized `predictions` against raw `references`, with sacreBLEU's signatures, and
@@ -74,10 +76,12 @@ def build_compute_metrics(tokenizer):
 
 def load_safetensors_state(folder: str | Path) -> dict[str, torch.Tensor]:
     """The weights of a checkpoint: a `.safetensors` file, or a folder's `model.safetensors` or every shard named by
-    its `model.safetensors.index.json` (what `save_pretrained` writes past `max_shard_size`)."""
+    its `model.safetensors.index.json` (what `save_pretrained` writes past `max_shard_size`), checked against the
+    folder's `weights.sha256` where it has one."""
     folder = Path(folder)
     if folder.suffix == ".safetensors" and folder.is_file():
         return load_file(folder)
+    verify_weights_checksums(folder)
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         state = {}

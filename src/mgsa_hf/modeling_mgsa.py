@@ -31,6 +31,7 @@ from transformers.utils.generic import can_return_tuple, merge_with_config_defau
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_mgsa import MgsaConfig
+from .generation_arguments import CheckedGenerationMixin
 from .hybrid import HybridAttention
 from .modeling_layers import (
     OUTPUT_CACHE_FIELD,
@@ -50,6 +51,7 @@ from .phrase_representation import (
     PhraseRepresentationInputs,
 )
 from .rhe import RheAttention, RheInputs
+from .weights_checksums import WeightsChecksumMixin
 
 
 logger = logging.get_logger(__name__)
@@ -180,7 +182,7 @@ class MgsaSeq2SeqLMOutput(Seq2SeqLMOutput):
     encoder_head_labels: tuple[torch.LongTensor, ...] | None = None
 
 
-class MgsaPreTrainedModel(VariantUpgradeMixin, PreTrainedModel):
+class MgsaPreTrainedModel(VariantUpgradeMixin, WeightsChecksumMixin, PreTrainedModel):
     config: MgsaConfig
     config_class = MgsaConfig
     base_model_prefix = "model"
@@ -735,7 +737,9 @@ class BaseModelAutoMapMixin:
         return super().push_to_hub(repo_id, *args, **kwargs)
 
 
-class MgsaForConditionalGeneration(BaseModelAutoMapMixin, MgsaPreTrainedModel, GenerationMixin):
+class MgsaForConditionalGeneration(
+    BaseModelAutoMapMixin, MgsaPreTrainedModel, CheckedGenerationMixin, GenerationMixin
+):
     """
     MGSA with a language-modelling head, for translation: `model(**processor(src, text_target=tgt))` gives the loss,
     `model.generate(**processor(src))` translates. Loads MGSA and Marian (opus-mt) checkpoints alike; modules a Marian

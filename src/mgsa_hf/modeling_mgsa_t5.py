@@ -34,6 +34,7 @@ from transformers.utils.generic import can_return_tuple, merge_with_config_defau
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_mgsa import MgsaT5Config
+from .generation_arguments import CheckedGenerationMixin
 from .modeling_layers import (
     OUTPUT_CACHE_FIELD,
     MgsaAttention,
@@ -60,6 +61,7 @@ from .modeling_mgsa import (
     variant_inputs,
 )
 from .phrase_representation import PhraseRepresentationDecoderMixin, PhraseRepresentationEncoderMixin
+from .weights_checksums import WeightsChecksumMixin
 
 
 def extend_cache(past_key_values: Cache | None, num_layers: int) -> None:
@@ -283,7 +285,7 @@ def build_decoder_block(config: MgsaT5Config, layer_idx: int) -> MgsaT5DecoderBl
     return DECODER_BLOCKS.get(config.encoder_type, MgsaT5DecoderBlock)(config, layer_idx)
 
 
-class MgsaT5PreTrainedModel(VariantUpgradeMixin, T5PreTrainedModel):
+class MgsaT5PreTrainedModel(VariantUpgradeMixin, WeightsChecksumMixin, T5PreTrainedModel):
     config: MgsaT5Config
     config_class = MgsaT5Config
     base_model_prefix = "transformer"
@@ -589,7 +591,9 @@ class MgsaT5Model(MgsaT5PreTrainedModel):
         )
 
 
-class MgsaT5ForConditionalGeneration(BaseModelAutoMapMixin, MgsaT5PreTrainedModel, GenerationMixin):
+class MgsaT5ForConditionalGeneration(
+    BaseModelAutoMapMixin, MgsaT5PreTrainedModel, CheckedGenerationMixin, GenerationMixin
+):
     """
     MGSA-T5 with T5's language-modelling head, for translation: `model(**processor(src, text_target=tgt))` gives the
     loss (plus `phrase_tag_loss_weight` times MG-SA's tag loss), `model.generate(**processor(src))` translates. Loads

@@ -10,6 +10,8 @@ works where the package is not installed.
 
 import collections.abc
 import copy
+import math
+import numbers
 import os
 import types
 from pathlib import Path
@@ -22,6 +24,7 @@ from transformers.pipelines.pt_utils import PipelineDataset, PipelineIterator
 from transformers.utils import logging
 
 from .data_collator import MgsaDataCollator
+from .generation_arguments import check_generation_arguments
 from .tokenization_utils import missing_tokenizer_files
 
 
@@ -30,6 +33,27 @@ logger = logging.get_logger(__name__)
 # the custom task a saved folder names in `config.custom_pipelines`; a name of its own keeps
 # `pipeline("translation", model=folder)` on the registered pipeline where the package is installed
 REMOTE_TASK = "mgsa-translation"
+
+
+class SourceTooLongError(ValueError):
+    """A source sentence (`sentence`) of `num_tokens` tokens, more than the model's `limit` positions
+    (`max_position_embeddings`), that the translation pipeline was not asked to cut."""
+
+    def __init__(self, sentence: str, num_tokens: int, limit: int):
+        super().__init__(
+            f"A source sentence has {num_tokens} tokens, more than the model's {limit} positions "
+            f"(`max_position_embeddings`): pass `truncation=True` or `max_source_length={limit}` to cut it "
+            f"(sentence: {sentence[:60]!r}{'...' if len(sentence) > 60 else ''})."
+        )
+        self.sentence, self.num_tokens, self.limit = sentence, num_tokens, limit
+
+
+def check_batching(batch_size, num_workers) -> None:
+    """A `ValueError` naming `batch_size` unless it is a positive integer, or `num_workers` unless it is a
+    non-negative one (`None`: the pipeline's default)."""
+    for name, value, least in (("batch_size", batch_size, 1), ("num_workers", num_workers, 0)):
+        if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least):
+            raise ValueError(f"`{name}` must be an integer >= {least}, got {value!r}.")
 
 
 class MgsaTranslationPipeline(Pipeline):
@@ -64,8 +88,9 @@ class MgsaTranslationPipeline(Pipeline):
     - `max_length`, `max_new_tokens`, `min_length`, `min_new_tokens`, `num_beams`, `num_return_sequences` and any
       other `generate` parameter: bound and steer the OUTPUT, as in `generate` (a warning is logged when a source
       sentence has as many tokens as `max_length` allows the translation, which then may be cut short).
-    - `truncation` (`bool`): cut source sentences to the tokenizer's `model_max_length` (with their syntax fields);
-      by default they are not cut, and one longer than the model's positions raises an error.
+    - `truncation` (`bool`): cut source sentences to the tokenizer's `model_max_length`, or to the model's
+      positions (`max_position_embeddings`) where they are fewer, with their syntax fields; by default they are not
+      cut, and one longer than the model's positions raises a [`SourceTooLongError`] (a `ValueError`) naming both.
     - `max_source_length` (`int`): cut source sentences to this many tokens (implies `truncation=True`).
     - `batch_size`, `num_workers`, `device`: as for every pipeline; sentences of a batch are padded with the
       processor's pad value of each field, so a batch translates as each sentence alone.
@@ -94,6 +119,7 @@ class MgsaTranslationPipeline(Pipeline):
             )
         if self.processor is None and self.tokenizer is None:
             raise ValueError("the translation pipeline needs the model's processor or tokenizer: pass `tokenizer=`.")
+        check_batching(self._batch_size, self._num_workers)
         self._collator = None  # made at the first batch: one sentence at a time needs no pad token
 
     def _sanitize_parameters(self, truncation=None, max_source_length=None, **generate_kwargs):
@@ -108,6 +134,7 @@ class MgsaTranslationPipeline(Pipeline):
             if truncation is False:
                 raise ValueError(f"max_source_length={max_source_length} cuts the source, but truncation=False.")
             preprocess_params["max_source_length"] = max_source_length
+        check_generation_arguments(generate_kwargs)
         return preprocess_params, generate_kwargs, {}
 
     def __call__(self, inputs, **kwargs):
@@ -118,6 +145,7 @@ class MgsaTranslationPipeline(Pipeline):
             inputs = list(inputs)  # a tuple or a `datasets` column: a list in, a list out
         elif isinstance(inputs, collections.abc.Iterator) and not isinstance(inputs, types.GeneratorType):
             inputs = (sentence for sentence in inputs)  # streamed, as a generator is
+        check_batching(kwargs.get("batch_size"), kwargs.get("num_workers"))
         if isinstance(inputs, list) and not inputs:
             return []
         results = super().__call__(inputs, **kwargs)
@@ -136,14 +164,25 @@ class MgsaTranslationPipeline(Pipeline):
                 f"{type(sentence).__name__}{hint if is_dataset else ''}."
             )
         options = {"return_tensors": "pt"}
+        position_limit = getattr(self.model.config, "max_position_embeddings", None)  # T5's relative positions: None
         if max_source_length is not None:
             options.update(max_length=max_source_length, truncation=True)
+        elif truncation:
+            # the tokenizer's `model_max_length`, or the model's positions where they are fewer
+            tokenizer = self.tokenizer if self.processor is None else self.processor.tokenizer
+            max_length = min(tokenizer.model_max_length, position_limit or math.inf)
+            options.update(max_length=max_length, truncation=True)
         elif truncation is not None:
             options["truncation"] = truncation
         if self.processor is None:  # a model that reads no syntax, with its tokenizer alone
             encoding = self.tokenizer([sentence], **options)
-            return {name: encoding[name] for name in ("input_ids", "attention_mask")}
-        return dict(self.processor([sentence], **options))
+            inputs = {name: encoding[name] for name in ("input_ids", "attention_mask")}
+        else:
+            inputs = dict(self.processor([sentence], **options))
+        num_tokens = inputs["input_ids"].shape[-1]
+        if position_limit is not None and num_tokens > position_limit:
+            raise SourceTooLongError(sentence, num_tokens, position_limit)
+        return inputs
 
     def get_iterator(self, inputs, num_workers, batch_size, preprocess_params, forward_params, postprocess_params):
         """The base class's iterator, with batches collated by [`MgsaDataCollator`]: every syntax field padded with its

@@ -66,6 +66,40 @@ def required_syntax_fields(config) -> tuple[str, ...]:
     return fields
 
 
+def check_syntax_ranges(syntax: MgsaSyntaxInputs, fields: tuple[str, ...]) -> None:
+    """
+    Refuse syntax fields the processor never makes, which would silently change the related pairs or the phrasal
+    labels: on the real tokens of a sentence, a `head_word_ids` that names no word of it (below 0 or past its last word
+    id, EOS's), a local phrase (`local_phrase_start` <= position < `local_phrase_end`) that does not hold its token or
+    ends past the sentence, a negative `tree_depth`. Under `torch.compile` the checks run on the device, without a
+    graph break. (A truncated sentence's EOS keeps a word id past the sequence, so `word_ids` has no upper bound.)
+    """
+    real = syntax.padding_mask
+    positions = torch.arange(real.shape[-1], device=real.device)
+    wrong_values = {}
+    if "head_word_ids" in fields:
+        words, heads = syntax.word_ids, syntax.head_word_ids
+        last_word = words.masked_fill(~real, -1).amax(-1, keepdim=True)  # EOS's word id
+        wrong_values["head_word_ids"] = real & (words >= 0) & ((heads < 0) | (heads > last_word))
+    if "local_phrase_start" in fields:
+        sentence_end = (real * (positions + 1)).amax(-1, keepdim=True)  # one past the last real token
+        start, end = syntax.local_phrase_start, syntax.local_phrase_end
+        wrong_values["local_phrase_start"] = real & ((start < 0) | (start > positions))
+        wrong_values["local_phrase_end"] = real & ((end <= positions) | (end > sentence_end))
+        wrong_values["tree_depth"] = real & (syntax.tree_depth < 0)
+    for name, wrong in wrong_values.items():
+        message = f"`{name}` holds a value the processor never makes (`mgsa_hf.syntax_fields` says which)"
+        if torch.compiler.is_compiling():
+            torch._assert_async(~wrong.any(), message)
+        elif wrong.any():
+            sentence, position = (int(index) for index in wrong.nonzero()[0])
+            value = int(getattr(syntax, name)[sentence, position])
+            raise ValueError(
+                f"{message}: {name}={value} at token {position} of sentence {sentence}, which has "
+                f"{int(real[sentence].sum())} tokens. Pass the processor's output."
+            )
+
+
 @dataclass
 class RheInputs:
     """
@@ -87,6 +121,7 @@ class RheInputs:
     def from_syntax(cls, config, syntax: MgsaSyntaxInputs) -> "RheInputs":
         fields = required_syntax_fields(config)
         syntax.require(*fields, needed_by=f'encoder_type="rhe" ({config.rhe_attention})')
+        check_syntax_ranges(syntax, fields)
         dependency = dependency_relation(syntax) if "word_ids" in fields else None
         inputs = cls(padding_mask=syntax.padding_mask, dependency=dependency)
         if config.rhe_mode == "rhe_prune":

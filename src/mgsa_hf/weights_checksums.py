@@ -1,0 +1,116 @@
+"""A record of the weights a saved folder holds, checked when the folder is loaded.
+
+`save_pretrained` writes `weights.sha256` beside the weights: the SHA-256 of every weights file
+(`model*.safetensors` and a sharded save's index) in `sha256sum`'s format, so `sha256sum -c weights.sha256` checks a
+folder too. `from_pretrained` of a local folder that has the record checks every file it names and refuses one whose
+bytes changed; a folder without it (saved before the record, or an opus-mt / T5 one) loads as before. safetensors
+checks the header of a file, not its data: a flipped bit in a weight otherwise loads silently.
+"""
+
+import hashlib
+import os
+from pathlib import Path
+
+
+CHECKSUMS_NAME = "weights.sha256"
+# what `save_pretrained` writes: a file per shard (`variant` before the suffix) and, when sharded, their index
+WEIGHTS_PATTERNS = ("model*.safetensors", "model*.safetensors.index.json")
+CHUNK_SIZE = 1 << 22  # 4 MiB
+
+
+def file_sha256(path: Path) -> str:
+    """The hex SHA-256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    buffer = bytearray(CHUNK_SIZE)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while size := handle.readinto(buffer):
+            digest.update(view[:size])
+    return digest.hexdigest()
+
+
+def write_weights_checksums(folder: str | os.PathLike) -> Path | None:
+    """Write `weights.sha256` in `folder` for the weights files it holds; returns its path, or None (and removes an
+    earlier record) when the folder holds no weights file."""
+    folder = Path(folder)
+    names = sorted({path.name for pattern in WEIGHTS_PATTERNS for path in folder.glob(pattern) if path.is_file()})
+    record = folder / CHECKSUMS_NAME
+    if not names:
+        record.unlink(missing_ok=True)
+        return None
+    record.write_text("".join(f"{file_sha256(folder / name)}  {name}\n" for name in names), encoding="utf-8")
+    return record
+
+
+def read_weights_checksums(record: Path) -> dict[str, str]:
+    """File name -> hex SHA-256, from a `weights.sha256` record (`sha256sum`'s `<digest>  <name>` lines; a `*`
+    before the name, binary mode, is accepted)."""
+    checksums = {}
+    for number, line in enumerate(record.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        digest, separator, name = line.partition(" ")
+        name = name.lstrip(" *")
+        if not separator or len(digest) != 64 or not name or any(c not in "0123456789abcdef" for c in digest.lower()):
+            raise ValueError(f"{record}, line {number}: not a `<sha256>  <file name>` line: {line!r}.")
+        checksums[name] = digest.lower()
+    return checksums
+
+
+def verify_weights_checksums(folder: str | os.PathLike) -> list[str]:
+    """Check the weights files of a saved `folder` against its `weights.sha256` record; returns the names checked
+    (none when the folder has no record). A file the record names but the folder lacks is left to the loader.
+
+    Raises:
+        ValueError: naming the first file whose SHA-256 differs from the record's.
+    """
+    folder = Path(folder)
+    record = folder / CHECKSUMS_NAME
+    if not record.is_file():
+        return []
+    checked = []
+    for name, expected in read_weights_checksums(record).items():
+        path = folder / name
+        if Path(name).name != name:
+            raise ValueError(f"{record} names {name!r}, which is not a file of the folder.")
+        if not path.is_file():
+            continue
+        actual = file_sha256(path)
+        if actual != expected:
+            raise ValueError(
+                f"{path} does not hold the weights that were saved: its SHA-256 is {actual}, {CHECKSUMS_NAME} "
+                f"records {expected}. The file was changed or damaged after saving: save or download it again."
+            )
+        checked.append(name)
+    return checked
+
+
+class WeightsChecksumMixin:
+    """`save_pretrained` records the SHA-256 of the weights it wrote (`weights.sha256`), `from_pretrained` of a local
+    folder checks them. Every way of saving goes through `save_pretrained`: `Trainer.save_model`, the Trainer's
+    checkpoints, sharded saves, `push_to_hub` (which saves into a temporary folder and uploads it whole)."""
+
+    def save_pretrained(self, save_directory, *args, push_to_hub: bool = False, **kwargs):
+        if push_to_hub:
+            # Transformers uploads before this method's record would be written: save, then push what was saved
+            repo_id = kwargs.pop("repo_id", Path(save_directory).name)
+            hub_options = {name: kwargs.pop(name) for name in ("commit_message", "create_pr", "private")
+                           if name in kwargs}
+            self.save_pretrained(save_directory, *args, **kwargs)
+            if kwargs.get("is_main_process", True):
+                hub_options.update({name: kwargs[name] for name in ("token", "max_shard_size") if name in kwargs})
+                self.push_to_hub(repo_id, **hub_options)
+            return
+        super().save_pretrained(save_directory, *args, **kwargs)
+        saves_here = kwargs.get("is_main_process", True)
+        if hasattr(self, "should_save_on_this_rank"):  # tensor parallelism: one rank writes
+            saves_here = self.should_save_on_this_rank(saves_here)
+        if saves_here and Path(save_directory).is_dir():
+            write_weights_checksums(save_directory)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        if source is not None and os.path.isdir(source):
+            verify_weights_checksums(Path(source) / (kwargs.get("subfolder") or ""))
+        return super().from_pretrained(*args, **kwargs)
