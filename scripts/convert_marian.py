@@ -12,7 +12,7 @@ variant's own initialisation (`random`). The tokenizer
 import argparse
 import json
 
-from mgsa_hf.conversion import convert_checkpoint
+from mgsa_hf.conversion import check_folder_or_hub_id, convert_checkpoint
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -35,6 +35,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    try:  # a missing folder, not the Hub client's `Repo id must be in the form ...`
+        check_folder_or_hub_id(args.marian, "marian")
+    except FileNotFoundError as error:
+        raise SystemExit(f"convert_marian.py: {error}") from None
     overrides = {}
     for item in args.set:
         field, _, value = item.partition("=")
