@@ -13,7 +13,7 @@ import argparse
 import json
 
 from mgsa_hf.configuration_mgsa import ENCODER_TYPES
-from mgsa_hf.conversion import convert_checkpoint
+from mgsa_hf.conversion import check_folder_or_hub_id, convert_checkpoint
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -44,6 +44,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    try:  # a missing folder, not the Hub client's `Repo id must be in the form ...`
+        check_folder_or_hub_id(args.marian, "marian")
+    except FileNotFoundError as error:
+        raise SystemExit(f"convert_marian.py: {error}") from None
     overrides = args.overrides
     report = convert_checkpoint(args.marian, args.output_dir, encoder_type=args.encoder_type,
                                 new_modules_init=args.new_modules_init, **overrides)

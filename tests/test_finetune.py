@@ -172,7 +172,7 @@ def test_finetune_a_saved_checkpoint_through_the_recipe(tmp_path):
 
 
 def test_init_from_needs_a_model_folder(tmp_path):
-    with pytest.raises(ValueError, match="init_from"):
+    with pytest.raises(FileNotFoundError, match="init_from=.*missing'.*no such folder"):
         train(load_train_config(TINY, [f"data={DATA}", f"output_dir={tmp_path / 'out'}",
                                        f"init_from={tmp_path / 'missing'}"]))
 

@@ -19,6 +19,41 @@ BACKBONES = {
 }
 
 
+def check_folder_or_hub_id(name: str, key: str) -> None:
+    """
+    Refuse a local path that does not exist before it reaches the Hub client, whose error (`Repo id must be in the
+    form ...`) names neither the setting nor the folder. `name` stands for a local folder when it exists, when it
+    cannot be a Hub id (`huggingface_hub`'s own check: it starts with `.`, `/` or `~`, has more than one `/`, ...),
+    or when it is `first/rest` and `first` is a folder here; otherwise it is a Hub id (`name` or `org/name`) and
+    passes.
+
+    Args:
+        name (`str`): the folder or Hub id given.
+        key (`str`): the setting or argument that gave it, named in the error.
+
+    Raises:
+        `FileNotFoundError` naming `key` and `name` when `name` is a local folder that does not exist.
+    """
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return
+    if path.exists():
+        raise FileNotFoundError(f"{key}={name!r} is a file, not a model folder.")
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        reason = "it cannot be a Hub id"
+    else:
+        first = name.split("/", 1)[0]
+        if "/" not in name or not Path(first).is_dir():
+            return  # a Hub id
+        reason = f"its first part {first}/ is a folder here"
+    raise FileNotFoundError(f"{key}={name!r}: no such folder (read as a local path: {reason}); give an existing "
+                            "folder or a Hub id (`name` or `org/name`).")
+
+
 def checkpoint_backbone(path: str) -> str:
     """"marian" or "t5" for a Marian/MGSA or a T5/MGSA-T5 checkpoint (folder or Hub id)."""
     model_type = PretrainedConfig.get_config_dict(path)[0].get("model_type")

@@ -16,7 +16,10 @@ processor's syntax fields (an obscure error at the first batch).
 """
 
 import inspect
+import json
 import logging
+import re
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -45,6 +48,74 @@ LAUNCHED_PROCESSES_ENV = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2
 
 # transformers' collators that pad only the tokenizer's fields (and `labels`), or none
 TOKENIZER_FIELD_COLLATORS = (DataCollatorForSeq2Seq, DataCollatorWithPadding, DefaultDataCollator)
+
+# the Trainer's checkpoint folders and what resuming from one reads (its weights under any of their names)
+CHECKPOINT_FOLDER = re.compile(r"^checkpoint-(\d+)$")
+CHECKPOINT_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                      "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")
+
+
+def checkpoint_folders(folder: str | Path) -> list[Path]:
+    """The Trainer's `checkpoint-<step>` folders in `folder`, by step (none when `folder` does not exist)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [path for path in folder.iterdir() if path.is_dir() and CHECKPOINT_FOLDER.match(path.name)]
+    return sorted(found, key=lambda path: int(CHECKPOINT_FOLDER.match(path.name).group(1)))
+
+
+def missing_checkpoint_files(checkpoint: str | Path, args, sharded: bool = False) -> list[str]:
+    """
+    The files that resuming from the Trainer checkpoint `checkpoint` reads and that it lacks, as the Trainer reads
+    them: `trainer_state.json`, the model's weights and, unless `args.save_only_model`, the optimizer
+    (`optimizer.pt`), the learning-rate schedule (`scheduler.pt`) and the random states (`rng_state*.pth`). The
+    Trainer goes on without a word when the last three are missing (a fresh optimizer, the schedule from its start, a
+    new data order), as after a save cut short. `sharded`: DeepSpeed or FSDP, which keep the model and optimizer in a
+    layout of their own (only the trainer state and random states are checked).
+    """
+    checkpoint = Path(checkpoint)
+    missing = [] if (checkpoint / "trainer_state.json").is_file() else ["trainer_state.json"]
+    if not sharded and not any((checkpoint / name).is_file() for name in CHECKPOINT_WEIGHTS):
+        missing.append("model.safetensors")
+    if args.save_only_model:
+        return missing
+    if not sharded:
+        if not any((checkpoint / name).is_file() for name in ("optimizer.pt", "optimizer.bin")):
+            missing.append("optimizer.pt")
+        if not (checkpoint / "scheduler.pt").is_file():
+            missing.append("scheduler.pt")
+    if not any(checkpoint.glob("rng_state*.pth")):
+        missing.append("rng_state.pth")
+    return missing
+
+
+def logged_training_loss(log_history: list[dict], global_step: int, from_step: int = 0) -> float | None:
+    """
+    The mean training loss of steps 1 to `global_step`, from a Trainer's log history: each `loss` entry is the mean
+    over the steps since the entry before it, so the run's summed loss is Σ loss × steps. None when the entries do
+    not cover those steps: none at `global_step`, or none at `from_step` (the step a run resumed from: the steps
+    between the checkpoint's last log and the checkpoint were never logged).
+    """
+    logged = [(entry["step"], entry["loss"]) for entry in log_history if "loss" in entry and "step" in entry]
+    steps = [0] + [step for step, _ in logged]
+    if global_step < 1 or steps[-1] != global_step or from_step not in steps or steps != sorted(set(steps)):
+        return None
+    return sum(loss * (step - previous) for (step, loss), previous in zip(logged, steps, strict=False)) / global_step
+
+
+class LogAtCheckpointsCallback(TrainerCallback):
+    """
+    Logs the training loss at every checkpoint and at the last step (unless `logging_strategy` is `"no"`), so that
+    the log history a checkpoint carries covers every step before it: a resumed run's loss over the whole run is
+    then its log's ([`logged_training_loss`]).
+    """
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if args.logging_strategy != "no" and (control.should_save or control.should_training_stop):
+            control.should_log = True
+        return control
+
+    on_epoch_end = on_step_end
 
 
 class TokenBatchSampler(Sampler):
@@ -138,6 +209,12 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
         see one (on a machine without GPUs, `use_cpu` not set: each process would train alone on all the data), or
         when a dataset holds the processor's syntax fields and the data collator is one of transformers' that pads
         only the tokenizer's fields (use [`MgsaDataCollator`]).
+
+    Resuming ([`train`]) refuses a checkpoint that lacks what resuming reads ([`missing_checkpoint_files`]), where
+    the Trainer would go on with a fresh optimizer; `resume_from_checkpoint=True` takes the newest complete checkpoint
+    of `args.output_dir`, with a warning naming the incomplete ones after it. The training loss is logged at every
+    checkpoint ([`LogAtCheckpointsCallback`]), so a resumed run's `training_loss` is the mean over the whole run
+    (the Trainer's leaves out the steps before the resume).
     """
 
     def __init__(self, *args, max_tokens_per_batch: int | None = None, **kwargs):
@@ -148,6 +225,7 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
         self._pairs_trained = 0
         self._check_processes_joined()
         self._check_collator_pads_syntax_fields()
+        self.add_callback(LogAtCheckpointsCallback)
 
     def _check_processes_joined(self) -> None:
         launched = get_int_from_env(LAUNCHED_PROCESSES_ENV, 1)
@@ -206,9 +284,55 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
         finally:
             self.accelerator.even_batches = even_batches
 
-    def train(self, *args, **kwargs):
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        """`Trainer.train`, resuming only from a complete checkpoint; a resumed run's `training_loss` (and the
+        metrics' `train_loss`) is the mean over every step of the run."""
         self._pairs_trained = 0
-        return super().train(*args, **kwargs)
+        checkpoint = self._checkpoint_to_resume(resume_from_checkpoint)
+        output = super().train(checkpoint, *args, **kwargs)
+        if checkpoint is None:
+            return output
+        resumed_step = json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"]
+        loss = logged_training_loss(self.state.log_history, self.state.global_step, resumed_step)
+        if loss is None:
+            logger.warning("the log history does not cover every step of the run (logging_strategy 'no', or no loss "
+                           "logged at step %d of %s): training_loss is the Trainer's, which leaves out the steps "
+                           "before the resume.", resumed_step, checkpoint)
+            return output
+        return output._replace(training_loss=loss, metrics={**output.metrics, "train_loss": loss})
+
+    def _checkpoint_to_resume(self, resume_from_checkpoint: str | bool | None) -> str | None:
+        """The checkpoint folder to resume from: `True` → the newest complete one in `args.output_dir`."""
+        if resume_from_checkpoint is None or resume_from_checkpoint is False:
+            return None
+        sharded = self.is_deepspeed_enabled or self.is_fsdp_enabled
+        if resume_from_checkpoint is True:
+            folder = Path(self.args.output_dir)
+            found = checkpoint_folders(folder)
+            if not found:
+                raise FileNotFoundError(f"resume_from_checkpoint=True: there is no checkpoint (checkpoint-<step> "
+                                        f"folder) in {folder} to resume from.")
+            incomplete = []
+            for checkpoint in reversed(found):
+                missing = missing_checkpoint_files(checkpoint, self.args, sharded)
+                if not missing:
+                    if incomplete and self.is_world_process_zero():
+                        logger.warning("resume_from_checkpoint=True: resuming from %s, the newest complete "
+                                       "checkpoint; skipped (a save cut short?): %s.", checkpoint,
+                                       "; ".join(incomplete))
+                    return str(checkpoint)
+                incomplete.append(f"{checkpoint.name} lacks {', '.join(missing)}")
+            raise ValueError(f"resume_from_checkpoint=True: no checkpoint in {folder} holds what resuming reads: "
+                             f"{'; '.join(incomplete)}.")
+        checkpoint = Path(resume_from_checkpoint)
+        if not checkpoint.is_dir():
+            raise FileNotFoundError(f"resume_from_checkpoint={str(checkpoint)!r}: no such checkpoint folder.")
+        missing = missing_checkpoint_files(checkpoint, self.args, sharded)
+        if missing:
+            raise ValueError(f"resume_from_checkpoint={str(checkpoint)!r} lacks {', '.join(missing)} (a save cut "
+                             "short?): resumed from it, the run would go on with a fresh optimizer, schedule or "
+                             "random state. Resume from an earlier checkpoint.")
+        return str(checkpoint)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # the Trainer recomputes the loss from the logits in these two cases, leaving the model's own loss aside
@@ -276,4 +400,5 @@ def _column_names(dataset) -> list[str]:
     return list(names or ())
 
 
-__all__ = ["EncoderCollapseCallback", "MgsaSeq2SeqTrainer", "TokenBatchSampler"]
+__all__ = ["EncoderCollapseCallback", "LogAtCheckpointsCallback", "MgsaSeq2SeqTrainer", "TokenBatchSampler",
+           "checkpoint_folders", "logged_training_loss", "missing_checkpoint_files"]

@@ -61,6 +61,10 @@ class TrainConfig:
     `model.encoder_type=...`) start: `"identity"` (the model computes what the checkpoint computed, as far as the
     variant allows, see [`~modeling_layers.init_new_modules_as_identity`]) or `"random"`.
 
+    `resume_from_checkpoint`: true (the newest complete checkpoint in the run folder's `checkpoints/`; an error when
+    there is none) or a checkpoint folder, which must hold what resuming reads ([`MgsaSeq2SeqTrainer.train`]).
+    `average_last_checkpoints`: N >= 0, the last N checkpoints averaged when that scores at least as well (0: none).
+
     `collapse_check_step`: at this step the spread of the encoder's output states over the tokens of 100 validation
     sentences is measured ([`EncoderCollapseCallback`]); under `collapse_min_spread` the run has become a target-side
     language model whose encoder sends every token out as one vector, and it starts again from a new initialisation
@@ -200,6 +204,7 @@ def _training_arguments(config: TrainConfig):
     unknown = sorted(set(config.training) - allowed)
     if unknown:
         raise ValueError(f"unknown `training` key(s) {unknown}: they must be Seq2SeqTrainingArguments fields.")
+    config.training = _typed_training_values(config.training)
     fields = {
         "output_dir": str(run_folder(config.output_dir) / "checkpoints"),
         # without an accelerator, train on CPU: processes started by `accelerate launch` then join over gloo
@@ -212,6 +217,77 @@ def _training_arguments(config: TrainConfig):
         "push_to_hub": False,
     }
     return Seq2SeqTrainingArguments(**fields)
+
+
+def _typed_training_values(section: dict) -> dict:
+    """
+    The `training` section's values read as `Seq2SeqTrainingArguments`' own command-line parser reads them
+    (`HfArgumentParser`: each field's type and choices), so that `max_steps: abc` fails here, naming the key, and not
+    deep inside the Trainer (which takes any value and compares it later). Strings are converted as that parser
+    converts them (`"7"` → 7, `"yes"` → True); fields of other types (text, lists, mappings) pass as they are.
+    """
+    from argparse import ArgumentTypeError
+
+    from transformers import HfArgumentParser, Seq2SeqTrainingArguments
+    from transformers.hf_argparser import string_to_bool
+
+    # a boolean field has a second action, `--no_<field>`, without a type
+    actions = {action.dest: action for action in HfArgumentParser(Seq2SeqTrainingArguments)._actions
+               if action.type is not None}
+    kinds = {int: "a whole number", float: "a number", string_to_bool: "true or false"}
+    typed = {}
+    for key, value in section.items():
+        action = actions.get(key)
+        typed[key] = value
+        if action is None or value is None:
+            continue
+        if action.type in kinds:
+            if isinstance(value, str):
+                try:
+                    typed[key] = action.type(value.strip())
+                    fits = True
+                except (ValueError, ArgumentTypeError):
+                    fits = False
+            elif action.type is string_to_bool:
+                fits = isinstance(value, bool)
+            else:
+                fits = isinstance(value, int if action.type is int else (int, float)) and not isinstance(value, bool)
+            if not fits:
+                raise ValueError(f"`training.{key}` must be {kinds[action.type]} (Seq2SeqTrainingArguments.{key}), "
+                                 f"got {value!r}.")
+        elif action.choices and getattr(value, "value", value) not in action.choices:
+            raise ValueError(f"`training.{key}` must be one of {list(action.choices)} "
+                             f"(Seq2SeqTrainingArguments.{key}), got {value!r}.")
+    return typed
+
+
+def _check_run_settings(config: TrainConfig) -> None:
+    """The settings that would otherwise fail deep inside a library, or do the wrong thing without a word, checked
+    before any work: the `tokenizer` and `init_from` folders, `average_last_checkpoints`, `resume_from_checkpoint`."""
+    from .conversion import check_folder_or_hub_id
+    from .trainer_mgsa import checkpoint_folders
+
+    for key in ("tokenizer", "init_from"):
+        value = getattr(config, key)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"`{key}` must be a folder or a Hub id, got {value!r}.")
+        if value:
+            check_folder_or_hub_id(value, key)
+    average = config.average_last_checkpoints
+    if isinstance(average, bool) or not isinstance(average, int) or average < 0:
+        raise ValueError(f"`average_last_checkpoints` must be a whole number >= 0 (the last N checkpoints; 0: no "
+                         f"averaging), got {average!r}.")
+    resume = config.resume_from_checkpoint
+    if resume is True:
+        folder = run_folder(config.output_dir) / "checkpoints"
+        if not checkpoint_folders(folder):
+            raise FileNotFoundError(f"resume_from_checkpoint=true: there is no checkpoint (checkpoint-<step> folder) "
+                                    f"in {folder} to resume from; leave it out to start the run.")
+    elif isinstance(resume, str) and resume:
+        if not Path(resume).is_dir():
+            raise FileNotFoundError(f"resume_from_checkpoint={resume!r}: no such checkpoint folder.")
+    elif resume not in (None, False):
+        raise ValueError(f"`resume_from_checkpoint` must be true, false or a checkpoint folder, got {resume!r}.")
 
 
 def reuse_freed_cpu_memory() -> bool:
@@ -337,7 +413,10 @@ def _checkpoints(folder: Path) -> list[Path]:
 
 def _load_or_train_tokenizer(config: TrainConfig, train_split):
     """`config.tokenizer` if given; else the joint vocabulary in the run folder's `tokenizer/`, trained on the training
-    split the first time (other processes and resumed runs load it)."""
+    split the first time (other processes and resumed runs load it). The folder records what it was trained for
+    (`vocab_size` and the languages, in `trained_for.json`): a later run in the same `output_dir` that asks for
+    another vocabulary trains it again, or, resuming, stops (its checkpoints embed the earlier one)."""
+    import shutil
     import tempfile
 
     from transformers import AutoTokenizer
@@ -353,16 +432,35 @@ def _load_or_train_tokenizer(config: TrainConfig, train_split):
             raise ValueError(f"{name}={source!r}: no tokenizer could be loaded from it ({error}); set `tokenizer` to "
                              "the folder of the checkpoint's tokenizer.") from None
     folder = run_folder(config.output_dir) / "tokenizer"
+    wanted = {"vocab_size": config.vocab_size, "source_lang": config.source_lang, "target_lang": config.target_lang}
     if (folder / "tokenizer_config.json").is_file():
-        return AutoTokenizer.from_pretrained(folder)
+        record = folder / "trained_for.json"
+        trained_for = json.loads(record.read_text()) if record.is_file() else None
+        if trained_for is None:  # trained before the record was kept: its size is at most the one asked for
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+            if len(tokenizer) <= config.vocab_size:
+                return tokenizer
+            trained_for = {"vocab_size": len(tokenizer)}
+        elif trained_for == wanted:
+            return AutoTokenizer.from_pretrained(folder)
+        changed = ", ".join(f"{key}={trained_for.get(key)!r} → {value!r}" for key, value in wanted.items()
+                            if trained_for.get(key, value) != value)
+        if config.resume_from_checkpoint:
+            raise ValueError(f"the run's tokenizer in {folder} was trained for other settings ({changed}), which the "
+                             "checkpoints to resume embed: resume with the settings of the run, or start a new run in "
+                             "another `output_dir`.")
+        logger.warning("the tokenizer in %s was trained for other settings (%s): training it again.", folder, changed)
+        shutil.rmtree(folder)
     with tempfile.TemporaryDirectory() as text_dir:
         files = {}
         for lang in (config.source_lang, config.target_lang):
             files[lang] = Path(text_dir) / f"train.{lang}"
             files[lang].write_text("\n".join(_references(train_split, lang)) + "\n", encoding="utf-8")
-        return train_joint_tokenizer(
+        tokenizer = train_joint_tokenizer(
             files[config.source_lang], files[config.target_lang], folder, vocab_size=config.vocab_size
         )
+    (folder / "trained_for.json").write_text(json.dumps(wanted) + "\n")
+    return tokenizer
 
 
 def _reads_source_syntax(config: TrainConfig) -> bool:
@@ -488,6 +586,7 @@ def train(config: TrainConfig, callbacks: list | None = None):
     from .trainer_mgsa import MgsaSeq2SeqTrainer
 
     training_args = _training_arguments(config)  # validates the `training` section before any work
+    _check_run_settings(config)
     validate_model_section(config)
     if config.reuse_cpu_memory and training_args.use_cpu:
         reuse_freed_cpu_memory()
@@ -610,16 +709,12 @@ def add_train_arguments(parser) -> None:
 
 def run_train(args) -> dict:
     """Entry point of `mgsa-hf train` and `scripts/train.py`: train, report the scores, translate the examples."""
-    from transformers.trainer_utils import get_last_checkpoint
-
     config_path = args.config
     overrides = list(args.overrides)
     if config_path is not None and "=" in config_path and not Path(config_path).exists():
         overrides.insert(0, config_path)
         config_path = None
     config = load_train_config(config_path, overrides)
-    if config.resume_from_checkpoint is True:
-        config.resume_from_checkpoint = get_last_checkpoint(str(run_folder(config.output_dir) / "checkpoints"))
     results, _ = train(config)
     from accelerate import PartialState
 
