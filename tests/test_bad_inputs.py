@@ -5,6 +5,7 @@ every encoder type; processor folders, corpora and the collator; generation, the
 and saved weights; training runs (resume, checkpoints, the CLI's paths)."""
 
 import argparse
+import copy
 import importlib.util
 import json
 import logging
@@ -459,7 +460,8 @@ def test_folder_missing_a_tokenizer_file(request, tiny_config, tmp_path, process
     names the folder and the file."""
     from transformers import pipeline
 
-    processor = request.getfixturevalue(processor_name)
+    # a copy: saving a processor binds its tokenizer to it (`processor_class`), which the session's fixture must not
+    processor = copy.deepcopy(request.getfixturevalue(processor_name))
     processor.save_pretrained(tmp_path)
     MgsaForConditionalGeneration(tiny_config(processor, "rhe")).save_pretrained(tmp_path)
     (tmp_path / removed).unlink()
@@ -898,6 +900,8 @@ def test_missing_local_folder_for_a_model_or_tokenizer(tmp_path, monkeypatch, ke
         raise OSError(f"asked the Hub for {name}")
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_the_hub)
+    monkeypatch.setattr(transformers.PretrainedConfig, "get_config_dict",
+                        classmethod(lambda cls, name, *args, **kwargs: from_the_hub(name)))
     with pytest.raises(ValueError, match="asked the Hub for someorg/some-model"):
         train(tiny_run_config(tmp_path / "model", f"{key}=someorg/some-model"))
 

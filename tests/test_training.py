@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoModelForSeq2SeqLM, AutoProcessor, pipeline
 
 from mgsa_hf import MgsaForConditionalGeneration, MgsaProcessor
@@ -294,7 +295,7 @@ def test_a_collapsed_encoder_restarts_with_the_next_seed(tmp_path, one_thread, c
     [
         (["no_such_key=1"], ValueError, "no_such_key"),
         (["training.no_such_argument=1"], ValueError, "no_such_argument"),
-        (["model.encoder_type=lstm"], ValueError, "encoder_type"),
+        (["model.encoder_type=lstm"], StrictDataclassError, "encoder_type"),
         (["data=/nonexistent/corpus"], FileNotFoundError, "nonexistent"),
     ],
 )

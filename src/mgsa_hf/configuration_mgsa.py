@@ -237,8 +237,13 @@ class MgsaVariantConfig:
 
     @classmethod
     def field_names(cls) -> set[str]:
-        """Every name the config takes: its fields and the backbone's aliases (`attribute_map`)."""
-        return {field.name for field in dataclasses.fields(cls)} | set(cls.attribute_map)
+        """Every name the config takes: its fields, the backbone's aliases (`attribute_map`) and the attributes the
+        backbone sets itself (T5's `tie_word_embeddings`, `is_gated_act`, ...)."""
+        if "_field_names" not in cls.__dict__:
+            cls._field_names = frozenset(
+                {field.name for field in dataclasses.fields(cls)} | set(cls.attribute_map) | set(cls().to_dict())
+            )
+        return cls._field_names
 
     @classmethod
     def reject_unknown_fields(cls, names, only_variant_like: bool = False):
@@ -251,6 +256,9 @@ class MgsaVariantConfig:
                 close to a variant field's name). Backbone `config.json` files carry keys that are no field (opus-mt
                 ones have `static_position_embeddings`, `num_beams`, ...), which transformers keeps as attributes.
         """
+        names = list(names)
+        if not names:
+            return
         known = cls.field_names()
         variant_fields = [field.name for field in dataclasses.fields(MgsaVariantConfig)]
         unknown = []
