@@ -544,7 +544,8 @@ def test_bad_count_in_the_models_generation_config(multi30k_processor, tiny_conf
 def test_bad_generate_counts_through_the_pipeline(plain_folder, plain_translator, given_to, arguments, match):
     from transformers import pipeline
 
-    with pytest.raises(ValueError, match=match):
+    # transformers 5.17 puts a pipeline's generate arguments into its generation config first, which names them so
+    with pytest.raises(ValueError, match=match.replace("`", r"`(?:generation_config\.)?", 1)):
         if given_to == "call":
             plain_translator(["A dog runs."], **arguments)
         else:

@@ -104,6 +104,7 @@ class MgsaTranslationPipeline(Pipeline):
     _pipeline_calls_generate = True
 
     def __init__(self, *args, **kwargs):
+        check_generation_arguments(kwargs)  # before the base class merges them into the generation config
         super().__init__(*args, **kwargs)
         if self.processor is None and self.tokenizer is None or \
                 self.processor is None and getattr(self.model.config, "encoder_type", "transformer") != "transformer":
