@@ -86,18 +86,10 @@ PAPER_RESULTS = {
 }
 
 
-def positive_int(text: str) -> int:
-    """argparse type of a count of at least 1 (`--jobs 0` would start no run and wait for one forever)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
 
 def parse_args(argv=None):
+    from mgsa_hf.cli import positive_int
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("step", choices=["prepare", "train", "report", "all", "run-one"])
     parser.add_argument("--budget", default="cpu", help="a name in configs/quality/ or a budget JSON file")
@@ -116,6 +108,7 @@ def parse_args(argv=None):
                         help="`defaults` (the five encoder types), `best` (each paper's best row), encoder types, "
                              "or JSON files of MgsaConfig fields; `transformer` always runs")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1])
+    # at least 1: `--jobs 0` would start no run and wait for one forever
     parser.add_argument("--jobs", type=positive_int, default=1, help="runs trained at once (processes)")
     parser.add_argument("--threads", type=positive_int, help="torch CPU threads per run")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")

@@ -19,18 +19,8 @@ from tqdm import tqdm
 from transformers import pipeline
 
 import mgsa_hf  # noqa: F401  (registers the translation pipeline)
+from mgsa_hf.cli import positive_int
 from mgsa_hf.pipeline_translation import SourceTooLongError
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
-    return value
 
 
 def parse_args(argv=None) -> argparse.Namespace:

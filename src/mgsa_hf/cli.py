@@ -8,6 +8,17 @@ import tempfile
 from .training import add_train_arguments, run_train
 
 
+def positive_int(text: str) -> int:
+    """argparse type of a count of at least 1 (the scripts' batch sizes, beams, lengths, jobs and threads)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
 DEMO_PAIRS = [
     ("A man rides a bike down the street.", "Ein Mann fährt mit dem Fahrrad die Straße entlang."),
     ("Two dogs are playing in the snow.", "Zwei Hunde spielen im Schnee."),
