@@ -42,6 +42,9 @@ BAD_FIELDS = [  # (fields, expected error, what the message must name)
     ({"rhe_layers": 1}, StrictDataclassError, "rhe_layers.*expected a list"),
     ({"hybrid_window": -1}, StrictDataclassError, "hybrid_window.*>= 1"),
     ({"hybrid_window": "3"}, StrictDataclassError, "hybrid_window.*expected int"),
+    ({"hybrid_window": True}, StrictDataclassError, "hybrid_window"),  # a bool is an int to Python
+    ({"encoder_type": "rhe", "rhe_layers": [True]}, StrictDataclassError, "rhe_layers"),
+    ({"d_model": True}, StrictDataclassError, "d_model"),
     ({"rhe_fixed_gate": 1.5}, StrictDataclassError, r"rhe_fixed_gate.*\[0, 1\]"),
     ({"rhe_fixed_gate": "0.5"}, StrictDataclassError, "rhe_fixed_gate"),
     ({"phrase_tag_loss_weight": -1}, StrictDataclassError, "phrase_tag_loss_weight.*>= 0"),

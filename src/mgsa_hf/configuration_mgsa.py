@@ -35,8 +35,15 @@ _FROM_DICT_OWN_KEYS = {"dtype", "torch_dtype", "num_labels", "attn_implementatio
 
 # Field validators (`huggingface_hub.dataclasses.strict` runs each on construction and on every assignment, after the
 # check of the field's type; its error names the field).
+def _refuse_bool(value):
+    # `True` is an `int` to Python: huggingface_hub >= 2 refuses it for an `int`/`float` field, 1.x lets it through
+    if isinstance(value, bool) or (isinstance(value, (list, tuple)) and any(isinstance(item, bool) for item in value)):
+        raise TypeError(f"expected a number, got {value!r}.")
+
+
 def _at_least(minimum: float):
     def check(value):
+        _refuse_bool(value)
         if value is not None and value < minimum:
             raise ValueError(f"must be >= {minimum}, got {value!r}.")
 
@@ -44,11 +51,13 @@ def _at_least(minimum: float):
 
 
 def _in_unit_interval(value):
+    _refuse_bool(value)
     if value is not None and not 0.0 <= value <= 1.0:
         raise ValueError(f"must be in [0, 1], got {value!r}.")
 
 
 def _smoothing(value):
+    _refuse_bool(value)
     if not 0.0 <= value < 1.0:
         raise ValueError(f"must be in [0, 1), got {value!r}.")
 
@@ -57,6 +66,7 @@ def _items_at_least(minimum: int, non_empty: bool = True):
     def check(value):
         if value is None:
             return
+        _refuse_bool(value)
         if non_empty and not value:
             raise ValueError("must not be empty.")
         if any(item < minimum for item in value):
@@ -344,7 +354,7 @@ class MgsaVariantConfig:
         for field in ("vocab_size", "d_model", "max_position_embeddings", "encoder_layers", "decoder_layers",
                       "encoder_ffn_dim", "decoder_ffn_dim", "encoder_attention_heads", "decoder_attention_heads"):
             value = getattr(self, field, None)
-            if isinstance(value, int) and value < 1:
+            if isinstance(value, int) and (isinstance(value, bool) or value < 1):
                 name = self.attribute_map.get(field, field)  # T5's own name
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
 
@@ -450,7 +460,7 @@ class MgsaT5Config(MgsaVariantConfig, T5Config):
 
     def validate_backbone_sizes(self):
         super().validate_backbone_sizes()
-        if self.d_kv < 1:
+        if isinstance(self.d_kv, bool) or self.d_kv < 1:
             raise ValueError(f"`d_kv` must be a positive integer, got {self.d_kv!r}.")
 
 
