@@ -32,7 +32,7 @@ import transformers
 from transformers import AutoTokenizer
 
 from mgsa_hf.processing_mgsa import MgsaProcessor, _cyclic_gc_paused
-from mgsa_hf.syntax import _word_arrays
+from mgsa_hf.syntax_spacy import word_arrays
 from mgsa_hf.tokenization_utils import read_lines, train_joint_tokenizer
 
 
@@ -104,7 +104,7 @@ def part_times(processor, texts, memory: dict, parser_batch_size: int) -> dict[s
     garbage collector paused as in the processor: the tokenizer over the corpus, and the learned conversion over the
     corpus's dependency parses from the conversion's `memory` (what it recalled before the timed runs)."""
     nlp, conversion = processor.parser.nlp, processor.parser.conversion
-    parses = [_word_arrays(doc)[:3] for doc in nlp.pipe(texts, batch_size=parser_batch_size)]
+    parses = [word_arrays(doc)[:3] for doc in nlp.pipe(texts, batch_size=parser_batch_size)]
     vars(conversion).update(copy.deepcopy(memory))
     with _cyclic_gc_paused():
         conversion_seconds, _ = timed(lambda: [conversion.tree(*parse) for parse in parses])

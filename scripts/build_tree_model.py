@@ -23,7 +23,7 @@ from mgsa_hf.constituency_conversion import (
     projective_grid,
     word_dep_tags,
 )
-from mgsa_hf.syntax import _word_arrays, load_spacy_pipeline
+from mgsa_hf.syntax_spacy import load_spacy_pipeline, word_arrays
 from mgsa_hf.treebank import base_label, content_span, content_words, gold_sentences, parse_file_ranges, ptb_files
 
 
@@ -59,7 +59,7 @@ def examples(sentences, nlp):
     features, targets = [], []
     docs = nlp.pipe([text for text, *_ in sentences], batch_size=256)
     for (text, tree, gold_words, gold_spans), doc in zip(sentences, docs, strict=True):
-        heads, tags, deps, spans = _word_arrays(doc)
+        heads, tags, deps, spans = word_arrays(doc)
         content = content_words([text[start:end] for start, end in spans])
         heads, grid = projective_grid(heads, deps)
         chains = gold_chains(tree, gold_words, gold_spans)

@@ -20,7 +20,9 @@ from itertools import islice
 import spacy
 
 from mgsa_hf.constituency_conversion import DependencyToConstituency, default_conversion
-from mgsa_hf.syntax import ConstituencyTree, _word_arrays, derive_constituency_tree, load_spacy_pipeline
+from mgsa_hf.syntax_rules import derive_constituency_tree
+from mgsa_hf.syntax_spacy import load_spacy_pipeline, word_arrays
+from mgsa_hf.syntax_trees import ConstituencyTree
 from mgsa_hf.tokenization_utils import read_lines
 from mgsa_hf.treebank import BracketScore, gold_sentences, parse_file_ranges, ptb_files, tree_brackets, tree_depth
 
@@ -73,7 +75,7 @@ def main():
     for (text, gold_tree, leaves, leaf_spans), doc in zip(sentences, docs, strict=True):
         gold = tree_brackets(gold_tree, leaves, leaf_spans)
         gold_depth += tree_depth(gold_tree)
-        heads, tags, deps, spans = _word_arrays(doc)
+        heads, tags, deps, spans = word_arrays(doc)
         words = [text[s:e] for s, e in spans]
         for name, convert in conversions.items():
             start = time.perf_counter()
@@ -105,7 +107,7 @@ def main():
         lines = list(islice(read_lines(args.corpus), args.corpus_lines))
         corpus_depths = dict.fromkeys(conversions, 0)
         for doc in nlp.pipe(lines, batch_size=256):
-            heads, tags, deps, _ = _word_arrays(doc)
+            heads, tags, deps, _ = word_arrays(doc)
             for name, convert in conversions.items():
                 corpus_depths[name] += tree_depth(convert(heads, tags, deps)) if heads else 0
         report["corpus_mean_depth"] = {"corpus": f"{args.corpus} (first {len(lines)} lines)",

@@ -11,8 +11,8 @@ from transformers import AutoProcessor
 
 import mgsa_hf  # noqa: F401  (registers the Auto classes)
 from mgsa_hf import MgsaDataCollator, MgsaProcessor
-from mgsa_hf.syntax import PHRASE_TAGS
 from mgsa_hf.syntax_fields import LEVELLED_SYNTAX_FIELDS, SOURCE_SYNTAX_PAD_VALUES
+from mgsa_hf.syntax_trees import PHRASE_TAGS
 from mgsa_hf.tokenization_utils import piece_offsets
 
 

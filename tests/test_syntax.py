@@ -9,19 +9,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mgsa_hf import syntax as syntax_module
-from mgsa_hf.syntax import (
-    PHRASE_TAGS,
-    ParseProcess,
-    PhraseTagVocab,
-    SyntaxParser,
-    _ParsedAhead,
-    derive_constituency_tree,
-    load_spacy_pipeline,
-    match_words,
-    parse_ptb,
-    resolve_pipeline_name,
-)
+from mgsa_hf import syntax_parse_ahead, syntax_parser
+from mgsa_hf.syntax_parse_ahead import ParsedAhead, ParseProcess
+from mgsa_hf.syntax_parser import SyntaxParser
+from mgsa_hf.syntax_rules import derive_constituency_tree
+from mgsa_hf.syntax_spacy import load_spacy_pipeline, resolve_pipeline_name
+from mgsa_hf.syntax_trees import PHRASE_TAGS, PhraseTagVocab, match_words, parse_ptb
 
 
 FIGURE_1 = "(S (NP (NNP Bush)) (VP (VBD held) (NP (DT a) (NN talk)) (PP (IN with) (NP (NNP Sharon)))))"
@@ -284,12 +277,12 @@ def test_parsing_ahead_gives_the_same_analyses(multi30k_train_sources, monkeypat
     parser, before = SyntaxParser(), tuple(parse_processes())
     inline = parser(texts, batch_size=64)  # one batch: parsed inline
     if where == "thread":
-        monkeypatch.setattr(syntax_module, "_can_fork_parse", lambda inputs: False)
+        monkeypatch.setattr(syntax_parser, "can_fork_parse", lambda inputs: False)
     running = (lambda: parse_processes(before)) if where == "child process" else parse_threads
-    monkeypatch.setattr(syntax_module, "_usable_cores", lambda: 1)
+    monkeypatch.setattr(syntax_parser, "usable_cores", lambda: 1)
     one_core = parser.pipe(texts, batch_size=4)
     assert next(one_core).words == inline[0].words and parse_threads() == parse_processes(before) == []
-    monkeypatch.setattr(syntax_module, "_usable_cores", lambda: 2)
+    monkeypatch.setattr(syntax_parser, "usable_cores", lambda: 2)
     ahead = parser.pipe(texts, batch_size=4)  # more texts than one batch: parsed beside this thread
     first = next(ahead)
     assert len(running()) == 1
@@ -307,7 +300,7 @@ def test_parsing_ahead_gives_the_same_analyses(multi30k_train_sources, monkeypat
 def test_one_parse_process_serves_the_parsers_batches(multi30k_train_sources, monkeypatch):
     """The parse process is forked once per parser and serves its batches; a batch asked for while another is being
     read is parsed on a thread; a batch left unread ends the process, and the next batch forks a new one."""
-    monkeypatch.setattr(syntax_module, "_usable_cores", lambda: 2)
+    monkeypatch.setattr(syntax_parser, "usable_cores", lambda: 2)
     texts = multi30k_train_sources[:40]
     parser, before = SyntaxParser(), tuple(parse_processes())
     first = parser.pipe(texts, batch_size=4)
@@ -330,9 +323,9 @@ def test_one_parse_process_serves_the_parsers_batches(multi30k_train_sources, mo
 
 def test_no_child_process_from_a_daemonic_worker(monkeypatch):
     """A daemonic process (a `multiprocessing.Pool` worker) may not have children: it parses on a thread."""
-    assert syntax_module._can_fork_parse(["A text."])
-    monkeypatch.setattr(syntax_module.multiprocessing, "current_process", lambda: SimpleNamespace(daemon=True))
-    assert not syntax_module._can_fork_parse(["A text."])
+    assert syntax_parse_ahead.can_fork_parse(["A text."])
+    monkeypatch.setattr(syntax_parse_ahead.multiprocessing, "current_process", lambda: SimpleNamespace(daemon=True))
+    assert not syntax_parse_ahead.can_fork_parse(["A text."])
 
 
 class FailingPipeline:
@@ -362,7 +355,7 @@ def test_parsing_ahead_raises_the_parsers_error_and_stops(where, error):
     if where == "child process":
         drawn = ParseProcess(pipeline).parse(texts, batch_size=4)
     else:
-        drawn = _ParsedAhead(pipeline, texts, batch_size=4)
+        drawn = ParsedAhead(pipeline, texts, batch_size=4)
     assert len([next(drawn) for _ in range(6)]) == 6  # the first pipe's texts, then its error
     with pytest.raises(Exception, match="parser failed"):
         next(drawn)

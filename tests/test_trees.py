@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 
 from mgsa_hf.constituency_conversion import DependencyToConstituency, default_conversion
-from mgsa_hf.syntax import SyntaxParser, _word_arrays, derive_constituency_tree, parse_ptb
+from mgsa_hf.syntax_parser import SyntaxParser
+from mgsa_hf.syntax_rules import derive_constituency_tree
+from mgsa_hf.syntax_spacy import word_arrays
+from mgsa_hf.syntax_trees import parse_ptb
 from mgsa_hf.treebank import BracketScore, gold_sentences, ptb_files, sentence_text, tree_brackets
 
 
@@ -84,7 +87,7 @@ def test_build_script_is_reproducible_and_learns(tmp_path):
     scores = {"learned": BracketScore(), "rules": BracketScore()}
     sentences = gold_sentences(ptb_files(PTB, range(90, 100)))
     for (text, tree, words, spans), doc in zip(sentences, nlp.pipe([s[0] for s in sentences]), strict=True):
-        heads, tags, deps, word_spans = _word_arrays(doc)
+        heads, tags, deps, word_spans = word_arrays(doc)
         doc_words = [text[s:e] for s, e in word_spans]
         gold = tree_brackets(tree, words, spans)
         scores["learned"].add(tree_brackets(conversion.tree(heads, tags, deps), doc_words, word_spans), gold)
@@ -112,7 +115,7 @@ def test_saved_processor_keeps_its_conversion(tmp_path, multi30k_processor):
     differ = 0
     for text, syntax in zip(texts, loaded.parser(texts), strict=True):
         shipped = multi30k_processor.syntax(text)
-        heads, tags, deps, _ = _word_arrays(loaded.parser.nlp(text))
+        heads, tags, deps, _ = word_arrays(loaded.parser.nlp(text))
         assert syntax.to_ptb() == small.tree(heads, tags, deps).to_ptb(syntax.words)
         differ += syntax.to_ptb() != shipped.to_ptb()
     assert differ > 0
@@ -163,7 +166,7 @@ def test_chains_recalled_by_head_signature_equal_scored_ones():
     from mgsa_hf.tokenization_utils import read_lines
 
     texts = list(islice(read_lines(f"{MULTI30K}/train.en.gz"), 300))
-    parses = [_word_arrays(doc)[:3] for doc in SyntaxParser().nlp.pipe(texts)]
+    parses = [word_arrays(doc)[:3] for doc in SyntaxParser().nlp.pipe(texts)]
     parses.append(([1, 3, 3, 3, 1, 6, 4, 3, 3], ["DT", "NN", "VBZ", "VBN", "IN", "DT", "NN", "NN", "."],
                    ["det", "nsubjpass", "auxpass", "ROOT", "prep", "det", "pobj", "npadvmod", "punct"]))
     conversion = DependencyToConstituency.load(MODEL_FILE)  # a fresh one: its chains start unseen

@@ -12,7 +12,9 @@ from spacy.language import Language
 from spacy.tokens import Span
 
 from mgsa_hf.constituency_conversion import default_conversion
-from mgsa_hf.syntax import ConstituencyTree, SyntaxParser, _word_arrays
+from mgsa_hf.syntax_parser import SyntaxParser
+from mgsa_hf.syntax_spacy import word_arrays
+from mgsa_hf.syntax_trees import ConstituencyTree
 
 
 EXTENSION = "flat_np_parse"
@@ -53,7 +55,7 @@ def set_flat_np_parses(doc):
     `span._.parse_string`). Needs the tagger and parser before it."""
     for sentence in doc.sents:
         sentence_doc = sentence.as_doc()
-        heads, tags, deps, spans = _word_arrays(sentence_doc)
+        heads, tags, deps, spans = word_arrays(sentence_doc)
         if not heads:
             continue
         words = [sentence_doc.text[start:end] for start, end in spans]

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .syntax import ConstituencyTree, _projectivize
+from .syntax_rules import projectivize
+from .syntax_trees import ConstituencyTree
 
 
 MODEL_FILE = Path(__file__).with_name("constituency_conversion.json.gz")
@@ -41,7 +42,7 @@ def projective_grid(heads: list[int], deps: list[str]) -> tuple[list[int], "Head
     grid = HeadGrid(heads, deps)
     if grid.is_projective:
         return heads, grid
-    heads = _projectivize(list(heads))
+    heads = projectivize(list(heads))
     return heads, HeadGrid(heads, deps)
 
 

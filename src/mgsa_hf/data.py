@@ -197,7 +197,7 @@ def read_tree_file(path: str | Path, sources: list[str], split: str = "train") -
     """The PTB bracketed trees of a file with one line per source sentence of a split, in order: a tree on one line,
     or an empty line where the processor should use its own tree (derived from the dependency parse, or from its
     `tree_parser`). Each tree is read and its leaves checked against its sentence
-    ([`~mgsa_hf.syntax.match_words`]) here, before any training.
+    ([`~mgsa_hf.syntax_trees.match_words`]) here, before any training.
 
     Raises:
         `FileNotFoundError`; `ValueError` when the file has another number of lines than `sources`, or naming the
@@ -221,7 +221,7 @@ def read_tree_file(path: str | Path, sources: list[str], split: str = "train") -
 def _check_trees(trees: list[str | None], sources: list[str], where: str) -> None:
     """Reads every tree and matches its leaves to its sentence; a `ValueError` names `where` and the 1-based number
     of the first bad one."""
-    from .syntax import TreeError, read_tree
+    from .syntax_trees import TreeError, read_tree
 
     for number, (tree, text) in enumerate(zip(trees, sources, strict=True), 1):
         if tree is not None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .syntax import DEFAULT_PARSERS
+from .syntax_spacy import DEFAULT_PARSERS
 
 
 TEMPLATE = Path(__file__).with_name("model_card_template.md")

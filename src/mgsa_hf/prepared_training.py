@@ -83,7 +83,7 @@ def prepare_corpus(
 
     from .data import TREE_COLUMN, load_parallel_corpus
     from .processing_mgsa import MgsaProcessor, derived_tree_source
-    from .syntax import TreeError
+    from .syntax_trees import TreeError
     from .tokenization_utils import train_joint_tokenizer
 
     output_dir = Path(output_dir)

@@ -18,15 +18,10 @@ from transformers.utils import logging
 from .configuration_mgsa import MgsaConfig
 from .constituency_conversion import MODEL_FILE
 from .data_collator import pad_batch
-from .syntax import (
-    PHRASE_TAGS,
-    PhraseTagVocab,
-    SentenceSyntax,
-    SyntaxParser,
-    TreeError,
-    package_version,
-)
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
+from .syntax_parser import SyntaxParser
+from .syntax_spacy import package_version
+from .syntax_trees import PHRASE_TAGS, PhraseTagVocab, SentenceSyntax, TreeError
 from .tokenization_utils import missing_tokenizer_files, piece_offsets
 
 
@@ -74,7 +69,7 @@ class MgsaProcessor(ProcessorMixin):
     counted in parser words because the tree is over words; set both bounds to n for a fixed n.
     `pr_segmentation_budget="tokens_as_printed"` runs the paper's pseudo-code as printed instead: n from the number of
     subword tokens, phrase sizes in tokens, up to 2n - 1 per phrase
-    ([`~mgsa_hf.syntax.ConstituencyTree.algorithm1_phrases_as_printed`]). Special tokens
+    ([`~mgsa_hf.syntax_trees.ConstituencyTree.algorithm1_phrases_as_printed`]). Special tokens
     (EOS, and any other the tokenizer adds) each get their own word and phrase after all others, in order of position;
     a token in a text without words is treated like one.
 
@@ -106,7 +101,7 @@ class MgsaProcessor(ProcessorMixin):
         phrase_levels (`int`, defaults to 3):
             Number K of granularity levels (MG-SA's top K levels of the tree).
         phrase_tags (`list[str]`, *optional*):
-            Tag vocabulary of `phrase_tags`, at most 64 entries; defaults to [`~mgsa_hf.syntax.PHRASE_TAGS`].
+            Tag vocabulary of `phrase_tags`, at most 64 entries; defaults to [`~mgsa_hf.syntax_trees.PHRASE_TAGS`].
         pr_max_phrase_words (`int`, defaults to 8), pr_min_phrase_words (`int`, defaults to 3), pr_length_ratio
         (`int`, defaults to 6):
             Algorithm 1's maximum phrase size rule above.
@@ -122,7 +117,7 @@ class MgsaProcessor(ProcessorMixin):
         n_process (`int`, defaults to 1):
             `n_process` of spaCy's `nlp.pipe` (-1: all cores). With 1, a call with more than `parser_batch_size`
             sentences is parsed beside the tokenizer and the fields, in a child process forked once on Linux, else on
-            a second thread (see [`~mgsa_hf.syntax.SyntaxParser.pipe`]).
+            a second thread (see [`~mgsa_hf.syntax_parser.SyntaxParser.pipe`]).
         with_syntax (`bool`, defaults to `True`):
             Make the source syntax fields. `False` for a model that reads none (`encoder_type="transformer"`): the
             processor then returns only `input_ids`, `attention_mask` (and `labels`) and never loads spaCy.
@@ -325,7 +320,7 @@ class MgsaProcessor(ProcessorMixin):
                 the `tree_parser`'s tree, by default the one derived from the dependency parse). Its leaves are the
                 words and must spell the text: each starts at the next non-space character after the previous one
                 (PTB escapes such as `-LRB-` and `` `` `` stand for `(` and `"`), and no text may be left over (see
-                [`~mgsa_hf.syntax.match_words`]).
+                [`~mgsa_hf.syntax_trees.match_words`]).
             max_length, truncation: as for the tokenizer, applied to source and (unless `max_target_length` is
                 given) target.
             padding (`bool` or `"longest"` / `"max_length"`, *optional*): pad to the longest sentence (or to
@@ -338,8 +333,8 @@ class MgsaProcessor(ProcessorMixin):
 
         Raises:
             `TypeError` for inputs that are not strings; `ValueError` for mismatched lengths, bad options and trees
-            that cannot be read or do not spell their text ([`~mgsa_hf.syntax.TreeError`], naming the sentence and
-            the first mismatch).
+            that cannot be read or do not spell their text ([`~mgsa_hf.syntax_trees.TreeError`], naming the
+            sentence and the first mismatch).
         """
         texts, is_batched = _as_batch(text, "text")
         tree_list = _check_trees(trees, texts, is_batched)
@@ -387,7 +382,7 @@ class MgsaProcessor(ProcessorMixin):
     def _encode_source(self, texts, trees, max_length, truncation) -> dict[str, list]:
         """Tokenizes and parses the sources; each analysis is turned into token fields (and dropped) as the parse
         goes, which keeps few objects alive for the garbage collector. The parse starts first: a long batch is parsed
-        beside this thread (see [`~mgsa_hf.syntax.SyntaxParser.pipe`]) while the tokenizer runs here."""
+        beside this thread (see [`~mgsa_hf.syntax_parser.SyntaxParser.pipe`]) while the tokenizer runs here."""
         syntaxes = self.parser.pipe(texts, trees, self.parser_batch_size, self.n_process) if self.with_syntax else None
         fast = self.tokenizer.is_fast
         encoding = self.tokenizer(
@@ -547,8 +542,10 @@ class MgsaProcessor(ProcessorMixin):
 
         parser = self.parser.resolved_name if self.with_syntax else None
         plugin_code = self.parser.code_fingerprint() if self.with_syntax else None
-        modules = ("processing_mgsa.py", "syntax.py", "constituency_conversion.py", "tokenization_utils.py")
-        code = b"".join(Path(__file__).with_name(name).read_bytes() for name in modules)
+        here = Path(__file__).parent
+        modules = ["processing_mgsa.py", "constituency_conversion.py", "tokenization_utils.py",
+                   *sorted(path.name for path in here.glob("syntax_*.py"))]
+        code = b"".join((here / name).read_bytes() for name in modules)
         if self.uses_conversion:
             code += self.conversion_path.read_bytes()
         return Hasher.hash(

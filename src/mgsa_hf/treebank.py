@@ -15,14 +15,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .syntax import _PTB_UNESCAPE, ConstituencyTree, parse_ptb
+from .syntax_trees import PTB_UNESCAPE, ConstituencyTree, parse_ptb
 
 
 # leaves written without a space before them, and after them, when a PTB sentence is turned back into text
 _NO_SPACE_BEFORE = frozenset({",", ".", ":", ";", "!", "?", "%", "''", "-RRB-", "-RCB-", "-RSB-", "n't", "'s", "'re",
                               "'ve", "'ll", "'d", "'m", "'S", "'RE", "'VE", "'LL", "'D", "'M", "N'T"})  # fmt: skip
 _NO_SPACE_AFTER = frozenset({"$", "#", "``", "-LRB-", "-LCB-", "-LSB-"})
-_TEXT_FORM = {leaf: forms[0] for leaf, forms in _PTB_UNESCAPE.items() if leaf not in ("`", "'")} | {"``": '"'}
+_TEXT_FORM = {leaf: forms[0] for leaf, forms in PTB_UNESCAPE.items() if leaf not in ("`", "'")} | {"``": '"'}
 
 
 def read_ptb_file(path) -> list[str]:
