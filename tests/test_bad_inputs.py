@@ -942,7 +942,8 @@ def test_wrongly_typed_training_value(tmp_path, key, value, match):
 @pytest.mark.parametrize("arguments", [["--jobs", "0"], ["--jobs", "-2"], ["--threads", "0"]])
 def test_bench_quality_needs_at_least_one_job(capsys, arguments):
     """`--jobs 0` would start no run and wait for one forever: argparse refuses it, naming the option."""
-    bench_quality = load_script("bench_quality")
+    from mgsa_hf.benchmarking_quality import parse_args
+
     with pytest.raises(SystemExit):
-        bench_quality.parse_args(["train", "--budget", "dry-run", *arguments])
+        parse_args(["train", "--budget", "dry-run", *arguments])
     assert f"argument {arguments[0]}:" in capsys.readouterr().err

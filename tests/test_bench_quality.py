@@ -1,9 +1,8 @@
-"""scripts/bench_quality.py and mgsa_hf.prepared_training: the paired bootstrap test against sacreBLEU's, the
+"""mgsa_hf.benchmarking_quality (scripts/bench_quality.py) and mgsa_hf.prepared_training: the paired bootstrap test against sacreBLEU's, the
 BENCHMARKS.md section update, and the whole benchmark path on real Multi30k sentences with the dry-run budget
 (prepare with spaCy → train in parallel processes → resume → average → beam search → report), including a run in a
 process where spaCy and `datasets` cannot be imported, as on a GPU machine."""
 
-import importlib.util
 import json
 import random
 import subprocess
@@ -15,15 +14,15 @@ import torch
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
+from mgsa_hf import benchmarking_quality as bench_quality
+from mgsa_hf.benchmarking_rows import resolve_rows
+from mgsa_hf.evaluation import paired_bootstrap
 from mgsa_hf.tokenization_utils import read_lines
 
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "multi30k"
 
-spec = importlib.util.spec_from_file_location("bench_quality", REPO / "scripts" / "bench_quality.py")
-bench_quality = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench_quality)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +39,7 @@ def degrade(sentences, rate, seed):
 @pytest.mark.parametrize("metric", [BLEU(), CHRF()], ids=["bleu", "chrf"])
 def test_one_seed_is_sacrebleu_paired_bootstrap(references, metric):
     baseline, system = degrade(references, 0.30, 0), degrade(references, 0.25, 1)
-    ours = bench_quality.paired_bootstrap([baseline], [system], references, metric)
+    ours = paired_bootstrap([baseline], [system], references, metric)
     _, scores = PairedTest([("baseline", baseline), ("system", system)], {"m": metric}, [references],
                            test_type="bs", n_samples=1000)()
     name = next(key for key in scores if key != "System")
@@ -62,39 +61,39 @@ def test_public_corpus_score_gives_the_same_test(references, metric):
     """Without sacreBLEU's per-sentence statistics methods the test scores every resample with `corpus_score`, and
     gets the same result."""
     baseline, system = degrade(references[:100], 0.30, 0), degrade(references[:100], 0.25, 1)
-    fast = bench_quality.paired_bootstrap([baseline], [system], references[:100], metric, n_samples=50)
-    public = bench_quality.paired_bootstrap([baseline], [system], references[:100], PublicOnly(metric), n_samples=50)
+    fast = paired_bootstrap([baseline], [system], references[:100], metric, n_samples=50)
+    public = paired_bootstrap([baseline], [system], references[:100], PublicOnly(metric), n_samples=50)
     assert fast == public
 
 
 def test_identical_systems_are_not_different(references):
     system = degrade(references, 0.3, 0)
-    result = bench_quality.paired_bootstrap([system], [list(system)], references, BLEU())
+    result = paired_bootstrap([system], [list(system)], references, BLEU())
     assert result["delta"] == 0.0 and result["p_value"] == 1.0
     assert result["delta_95ci"] == [0.0, 0.0]
 
 
 def test_clearly_better_and_worse_systems_are_significant(references):
     baseline = degrade(references, 0.3, 0)
-    better = bench_quality.paired_bootstrap([baseline], [degrade(references, 0.1, 1)], references, BLEU())
-    worse = bench_quality.paired_bootstrap([baseline], [degrade(references, 0.5, 2)], references, BLEU())
+    better = paired_bootstrap([baseline], [degrade(references, 0.1, 1)], references, BLEU())
+    worse = paired_bootstrap([baseline], [degrade(references, 0.5, 2)], references, BLEU())
     assert better["delta"] > 5 and better["p_value"] < 0.05 and better["delta_95ci"][0] > 0
     assert worse["delta"] < -5 and worse["p_value"] < 0.05 and worse["delta_95ci"][1] < 0
     # two systems of the same quality, differing only by chance: no significant difference
-    same = bench_quality.paired_bootstrap([baseline], [degrade(references, 0.3, 3)], references, BLEU())
+    same = paired_bootstrap([baseline], [degrade(references, 0.3, 3)], references, BLEU())
     assert same["p_value"] > 0.05 and same["delta_95ci"][0] < 0 < same["delta_95ci"][1]
 
 
 def test_seeds_are_averaged(references):
     seeds = [degrade(references, rate, seed) for seed, rate in enumerate((0.2, 0.4))]
     baseline = [degrade(references, 0.3, 5), degrade(references, 0.3, 6)]
-    result = bench_quality.paired_bootstrap(baseline, seeds, references, BLEU())
+    result = paired_bootstrap(baseline, seeds, references, BLEU())
     mean = sum(BLEU().corpus_score(s, [references]).score for s in seeds) / 2
     assert result["system"] == pytest.approx(mean, abs=0.01)
     with pytest.raises(ValueError, match="same number"):
-        bench_quality.paired_bootstrap(baseline, seeds[:1], references, BLEU())
+        paired_bootstrap(baseline, seeds[:1], references, BLEU())
     with pytest.raises(ValueError, match="hypotheses for"):
-        bench_quality.paired_bootstrap([references[:10]], [references[:10]], references, BLEU())
+        paired_bootstrap([references[:10]], [references[:10]], references, BLEU())
 
 
 def test_markdown_section_is_replaced_and_others_kept():
@@ -170,7 +169,7 @@ def test_mgsa_default_row_is_the_final_system_and_other_runs_are_refused(tmp_pat
     folder under that name holding another row (the n-gram row, once the default) is refused, not reused."""
     from mgsa_hf import MgsaConfig
 
-    fields = bench_quality.resolve_rows(["defaults"])["phrase_memory"]
+    fields = resolve_rows(["defaults"])["phrase_memory"]
     config = MgsaConfig(**fields)
     assert MgsaConfig(encoder_type="phrase_memory").to_diff_dict() == config.to_diff_dict()
     assert (config.phrase_partition, config.phrase_tag_supervision, config.phrase_interaction) == (

@@ -18,7 +18,7 @@ from .tokenization_utils import read_lines
 TREE_COLUMN = "source_tree"
 
 
-def _find_split_file(folder: Path, split: str, lang: str) -> Path:
+def find_split_file(folder: Path, split: str, lang: str) -> Path:
     for candidate in (folder / f"{split}.{lang}", folder / f"{split}.{lang}.gz"):
         if candidate.is_file():
             return candidate
@@ -38,7 +38,7 @@ def read_parallel_split(folder: str | Path, split: str, src_lang: str, tgt_lang:
     r"""Read `{split}.{src_lang}[.gz]` and `{split}.{tgt_lang}[.gz]` (UTF-8, aligned line by line; lines end at `\n`
     alone, see [`~mgsa_hf.tokenization_utils.read_lines`]) as a `translation` Dataset."""
     folder = Path(folder)
-    source_file, target_file = _find_split_file(folder, split, src_lang), _find_split_file(folder, split, tgt_lang)
+    source_file, target_file = find_split_file(folder, split, src_lang), find_split_file(folder, split, tgt_lang)
     source, target = _text_lines(source_file), _text_lines(target_file)
     if len(source) != len(target):
         raise ValueError(

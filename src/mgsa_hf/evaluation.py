@@ -1,4 +1,5 @@
-"""Offline translation metrics (sacreBLEU BLEU and chrF) and checkpoint averaging."""
+"""Offline translation metrics (sacreBLEU BLEU and chrF), the paired bootstrap test between systems, and checkpoint
+averaging."""
 
 import json
 from pathlib import Path
@@ -9,6 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from .weights_checksums import verify_weights_checksums
+
+
+BOOTSTRAP_SAMPLES = 1000
+BOOTSTRAP_SEED = 12345  # sacreBLEU's default SACREBLEU_SEED
 
 
 def translation_scores(predictions: list[str], references: list[str]) -> dict:
@@ -27,6 +32,74 @@ def translation_scores(predictions: list[str], references: list[str]) -> dict:
         "chrf_signature": str(chrf.get_signature()),
         "distinct_fraction": len(set(predictions)) / max(len(predictions), 1),
     }
+
+
+def paired_bootstrap(baseline: list[list[str]], system: list[list[str]], references: list[str], metric,
+                     n_samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED) -> dict:
+    """
+    Paired bootstrap resampling (Koehn, 2004) of a system against the baseline, both given as the hypotheses of one
+    or more training seeds (paired by position). Each resample draws test sentences with replacement, the same for
+    every seed and both systems, and compares the seed-averaged corpus scores.
+
+    With one seed this is sacreBLEU's `paired_bs` test (`PairedTest(..., test_type="bs")`, same resamples, same
+    statistic: p = share of resampled |differences|, centred on their mean, above the observed one), except that a
+    difference of exactly zero gives p = 1 rather than 1 / (n_samples + 1). sacreBLEU's test takes one hypothesis
+    set per system, hence this version for seed averages.
+
+    Returns: `delta` (system − baseline, seed-averaged score), `p_value`, and the 95% bootstrap interval of `delta`.
+    """
+    if len(baseline) != len(system) or not baseline:
+        raise ValueError(f"need the same number (≥ 1) of seeds for both systems, got {len(baseline)} and "
+                         f"{len(system)}.")
+    for hypotheses in (*baseline, *system):
+        if len(hypotheses) != len(references):
+            raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references.")
+    refs = [references]
+    indices = np.random.default_rng(seed).choice(len(references), size=(n_samples, len(references)), replace=True)
+
+    # per-sentence statistics summed per resample, as sacreBLEU's own PairedTest does through these two methods; a
+    # sacreBLEU without them gets the public corpus_score of every resampled corpus (the same scores, slower)
+    statistics_methods = ("_extract_corpus_statistics", "_compute_score_from_stats")
+    from_statistics = all(hasattr(metric, name) for name in statistics_methods)
+
+    def scores(hypothesis_sets):
+        """Seed-averaged corpus score on the full test set and on every resample."""
+        full, resampled = [], []
+        for hypotheses in hypothesis_sets:
+            if from_statistics:
+                stats = np.array(metric._extract_corpus_statistics(hypotheses, refs), dtype="float32")
+                full.append(metric._compute_score_from_stats(stats.sum(0)).score)
+                resampled.append([metric._compute_score_from_stats(row.sum(0)).score for row in stats[indices]])
+            else:
+                full.append(metric.corpus_score(hypotheses, refs).score)
+                resampled.append([
+                    metric.corpus_score([hypotheses[i] for i in row], [[references[i] for i in row]]).score
+                    for row in indices
+                ])
+        return float(np.mean(full)), np.mean(resampled, axis=0)
+
+    base_score, base_samples = scores(baseline)
+    sys_score, sys_samples = scores(system)
+    observed = abs(sys_score - base_score)
+    differences = np.abs(sys_samples - base_samples)
+    centred = differences - differences.mean()
+    p_value = (np.sum(centred >= observed) + 1) / (n_samples + 1) if observed == 0 else \
+        (np.sum(centred > observed) + 1) / (n_samples + 1)
+    signed = sys_samples - base_samples
+    return {
+        "baseline": round(base_score, 2),
+        "system": round(sys_score, 2),
+        "delta": round(sys_score - base_score, 2),
+        "delta_95ci": [round(float(np.percentile(signed, 2.5)), 2), round(float(np.percentile(signed, 97.5)), 2)],
+        "p_value": round(float(p_value), 4),
+    }
+
+
+def mean_std(values: list[float]) -> dict:
+    values = np.asarray(values, dtype=float)
+    return {"mean": round(float(values.mean()), 2),
+            "std": round(float(values.std(ddof=1)), 2) if len(values) > 1 else None,
+            "values": [round(float(v), 2) for v in values]}
 
 
 def encoder_token_spread(model, batch: dict) -> float:

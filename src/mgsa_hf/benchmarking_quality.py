@@ -1,0 +1,750 @@
+"""Translation quality of every encoder type under one protocol, with seeds and significance against the plain
+Transformer.
+
+Multi30k en→de, one prepared corpus per budget (a joint tokenizer and every syntax field, parsed once), the same
+recipe for every row (only the variant's own config fields differ), equal steps, several seeds, the average of the
+last checkpoints, beam search, sacreBLEU BLEU and chrF on validation and test 2016, the number of distinct test
+outputs, and a paired bootstrap test of each row against `transformer` on test 2016. Training is
+`mgsa_hf.prepared_training`: it needs only torch, transformers and sacreBLEU, so the `train` step runs on a GPU
+machine without spaCy or `datasets`; `prepare` runs where the package is installed.
+
+    # the CPU table: 2 seeds of the five defaults at two learning rates, two runs at a time with one thread each,
+    # every row at the rate of its better validation BLEU (a selection budget)
+    python scripts/bench_quality.py all --budget cpu --seeds 1 2 --jobs 2 --threads 1
+    # the GPU table: prepare here, carry runs/bench-quality/base/prepared to the GPU machine, train there
+    python scripts/bench_quality.py prepare --budget base
+    python scripts/bench_quality.py train --budget base --rows defaults best --seeds 1 2 3 --jobs 5   # on the GPU
+    python scripts/bench_quality.py report --budget base
+    # a selection again from its budgets' reported results (benchmarks/quality-cpu-lr-*.json), training nothing
+    python scripts/bench_quality.py report --budget cpu
+    # gold (or another parser's) trees instead of the derived ones: one PTB tree per source line, empty: derived
+    python scripts/bench_quality.py prepare --budget cpu --train-trees trees/train.ptb --validation-trees trees/val.ptb
+
+Budgets are JSON files in `configs/quality/` (`prepare` settings and the `Recipe`). Runs live in
+`<root>/<budget>/<row>/seed-<seed>/`; a finished run is reused and an interrupted one resumes from its last
+checkpoint. `report` writes `benchmarks/quality-<budget>.json` (one record per run under `runs`), the test
+hypotheses beside it, a plot of validation loss against steps, and the budget's table in `benchmarks/BENCHMARKS.md`.
+
+A selection budget (`"select": {"from": [budgets], "by": "validation_bleu"}`) keeps for every row the budget with the
+best mean validation score over the seeds they share (the same rule for every row, the transformer included: a
+learning rate tuned per row on validation, say) and tests the rows chosen against the transformer chosen. Its
+`prepare` and `train` run those steps for each of its budgets (one prepared corpus, `<root>/<selection>/prepared`,
+when they prepare alike; their runs in one queue); `all` also reports each of them; its `report` reads their reported
+results (`benchmarks/quality-<budget>.json` and the test hypotheses beside them).
+"""
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .benchmarking_rows import BASELINE, REPOSITORY, resolve_rows
+from .cli import positive_int
+from .evaluation import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, mean_std, paired_bootstrap
+
+
+SECTION = "## Translation quality"
+
+# What the papers report for their own models (Transformer-base on WMT En→De, 4.5M sentence pairs): the row, the
+# baseline's and the row's BLEU, parameters (M) and training speed where given.
+PAPER_RESULTS = {
+    "phrase_memory": {"paper": "MG-SA (Hao et al., EMNLP 2019), Tables 3-4", "row": "syntactic + tag + ON-LSTM",
+                      "baseline_bleu": 27.31, "bleu": 28.28, "params": "88.0 → 89.9",
+                      "speed": "1.28 → 1.19 steps/s"},
+    "phrase_memory/syntactic_tag_on_lstm": {"paper": "MG-SA, Table 3", "row": "syntactic + tag + ON-LSTM",
+                                            "baseline_bleu": 27.31, "bleu": 28.28, "params": "88.0 → 89.9",
+                                            "speed": "1.28 → 1.19 steps/s"},
+    "phrase_representation": {"paper": "PR (ACL 2020), Table 2", "row": "+Max+Attn+TA", "baseline_bleu": 27.38,
+                              "bleu": 28.67, "params": "88.1 → 173.0", "speed": "1.75× training time"},
+    "phrase_representation/max_attn_ta_parse": {"paper": "PR, Table 2", "row": "+Max+Attn+TA+Parsing Phrase",
+                                                 "baseline_bleu": 27.38, "bleu": 28.76, "params": "88.1 → 173.0",
+                                                 "speed": "1.83× training time"},
+    "hybrid": {"paper": "Hybrid (Xu et al., ACL 2019), Table 1", "row": "HYBRID (Gate), m = 1",
+               "baseline_bleu": 27.67, "bleu": 28.31, "params": "+0.0", "speed": "not reported"},
+    "rhe": {"paper": "RHE (EMNLP 2021), Table 1", "row": "LPEA + RHE", "baseline_bleu": 27.31, "bleu": 28.27,
+            "params": "not reported", "speed": "1.21 → 1.17 steps/s"},
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line of `scripts/bench_quality.py` (and of its `run-one` processes)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("step", choices=["prepare", "train", "report", "all", "run-one"])
+    parser.add_argument("--budget", default="cpu", help="a name in configs/quality/ or a budget JSON file")
+    parser.add_argument("--data", default=str(REPOSITORY.parent / "shared" / "data" / "multi30k"),
+                        help="the corpus folder (prepare)")
+    parser.add_argument("--root", default="runs/bench-quality", help="folder of the prepared corpus and the runs")
+    parser.add_argument("--prepared", help="the prepared corpus folder (default: <root>/<budget>/prepared)")
+    for split in ("train", "validation", "test"):
+        parser.add_argument(f"--{split}-trees", metavar="FILE",
+                            help=f"prepare: PTB trees of the {split} source sentences, one line per sentence of the "
+                                 "whole split (an empty line: the processor's own tree); also the budget's "
+                                 "`prepare.trees`")
+    parser.add_argument("--tree-column", help="prepare: the field of the JSONL records holding each source "
+                                              "sentence's PTB tree")
+    parser.add_argument("--rows", nargs="+", default=["defaults"], metavar="ROW",
+                        help="`defaults` (the five encoder types), `best` (each paper's best row), encoder types, "
+                             "or JSON files of MgsaConfig fields; `transformer` always runs")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1])
+    # at least 1: `--jobs 0` would start no run and wait for one forever
+    parser.add_argument("--jobs", type=positive_int, default=1, help="runs trained at once (processes)")
+    parser.add_argument("--threads", type=positive_int, help="torch CPU threads per run")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--max-steps", type=int, help="override the recipe's max_steps")
+    parser.add_argument("--at-common-step", action="store_true",
+                        help="train: finish every run at the last checkpoint step that all of them reached (a "
+                             "comparison cut short by a time limit, still at equal steps; needs the budget's "
+                             "`keep_checkpoints`)")
+    parser.add_argument("--results", help="results JSON (default: benchmarks/quality-<budget>.json)")
+    parser.add_argument("--markdown", help="markdown file whose quality section is rewritten "
+                                           "(default: benchmarks/BENCHMARKS.md)")
+    # run-one (internal: one run in its own process)
+    parser.add_argument("--row-json", help=argparse.SUPPRESS)
+    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def load_budget(spec: str) -> tuple[str, dict]:
+    path = Path(spec) if spec.endswith(".json") else REPOSITORY / "configs" / "quality" / f"{spec}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in (REPOSITORY / "configs" / "quality").glob("*.json"))
+        raise SystemExit(f"budget {spec!r}: no file {path}; known budgets: {known}.")
+    return path.stem, json.loads(path.read_text())
+
+
+def recipe_of(budget: dict, max_steps: int | None):
+    from .prepared_training import Recipe
+
+    if "select" in budget:
+        raise SystemExit(f"a selection budget has no recipe of its own: name one of {budget['select']['from']}.")
+    recipe = Recipe(**{k: (tuple(v) if k == "adam_betas" else v) for k, v in budget["recipe"].items()})
+    if max_steps is not None:
+        recipe.max_steps = max_steps
+    clash = sorted(set(recipe.model) & {"encoder_type"})
+    if clash:
+        raise SystemExit(f"the budget's model section may not set {clash}: rows set them.")
+    return recipe
+
+
+# ---------------------------------------------------------------------------------------------------- the steps
+
+
+def prepare(args, name: str, budget: dict) -> Path:
+    """The prepared corpus of the budget (`prepare_corpus` with its `prepare` settings and the tree options); an
+    existing one is reused when it was prepared with the same trees (given ones, and what derived the others)."""
+    from .prepared_training import prepare_corpus
+
+    settings = dict(budget.get("prepare", {}))
+    trees = {split: getattr(args, f"{split}_trees") for split in ("train", "validation", "test")}
+    settings["trees"] = {**settings.get("trees", {}), **{split: path for split, path in trees.items() if path}}
+    if args.tree_column:
+        settings["tree_column"] = args.tree_column
+    folder = prepared_folder(args, name)
+    if (folder / "manifest.json").is_file():
+        from .processing_mgsa import derived_tree_source
+
+        manifest = json.loads((folder / "manifest.json").read_text())
+        processor_kwargs = settings.get("processor_kwargs") or {}
+        wanted = {"trees": {split: str(path) for split, path in settings["trees"].items()},
+                  "tree_column": settings.get("tree_column"),
+                  # a corpus whose derived trees came from another conversion (or rules, or plug-in) is stale
+                  "derived_trees": derived_tree_source(processor_kwargs.get("tree_parser"))
+                  if manifest.get("with_syntax", True) else None}
+        found = {key: manifest.get(key, {} if key == "trees" else None) for key in wanted}
+        if found != wanted:
+            raise SystemExit(f"prepared corpus {folder} was prepared with {found}, not {wanted}: remove it, or "
+                             "name another folder with --prepared.")
+        print(f"[bench_quality] prepared corpus {folder} exists", flush=True)
+        return folder
+    return prepare_corpus(args.data, folder, **settings)
+
+
+def prepared_folder(args, name: str) -> Path:
+    return Path(args.prepared) if args.prepared else Path(args.root) / name / "prepared"
+
+
+def train(args, name: str, budget: dict) -> None:
+    """Every row × seed, `--jobs` processes at a time; finished runs are skipped, interrupted ones resume."""
+    run_pending(args, pending_runs(args, name, budget))
+
+
+def pending_runs(args, name: str, budget: dict) -> list[tuple[str, Path, list[str]]]:
+    """`(label, run folder, command)` of every row × seed of the budget not finished yet."""
+    rows = resolve_rows(args.rows)
+    if args.at_common_step:
+        args.max_steps = common_step([Path(args.root) / name / row / f"seed-{seed}" for row in rows
+                                      for seed in args.seeds])
+        print(f"[bench_quality] every run finishes at step {args.max_steps}", flush=True)
+    recipe_of(budget, args.max_steps)  # validate before starting anything
+    pending = []
+    for row, fields in rows.items():
+        for seed in args.seeds:
+            run_dir = Path(args.root) / name / row / f"seed-{seed}"
+            if (run_dir / "result.json").is_file():
+                trained = json.loads((run_dir / "result.json").read_text()).get("row")
+                if trained != fields:
+                    raise SystemExit(f"{run_dir} holds a run of {trained}, not of row {row!r} ({fields}): move it "
+                                     "away to train this row.")
+                print(f"[bench_quality] {name}: {row} seed {seed}: finished already", flush=True)
+                continue
+            command = [sys.executable, "-m", "mgsa_hf.benchmarking_quality", "run-one", "--budget", args.budget,
+                       "--root", args.root, "--prepared", str(prepared_folder(args, name)),
+                       "--row-json", json.dumps(fields), "--run-dir", str(run_dir), "--seeds", str(seed)]
+            command += ["--threads", str(args.threads)] if args.threads else []
+            command += ["--device", args.device] if args.device else []
+            command += ["--max-steps", str(args.max_steps)] if args.max_steps else []
+            pending.append((f"{name}: {row} seed {seed}", run_dir, command))
+    return pending
+
+
+def run_pending(args, pending: list[tuple[str, Path, list[str]]]) -> None:
+    """Run the commands of `pending_runs`, `--jobs` processes at a time, each writing its run folder's stdout.log."""
+    pending = list(pending)
+    # the runs import this package from where it is (the GPU machine has the repository, not the install)
+    package_parent = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
+    if args.threads:
+        env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    running, failed = [], []
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            label, run_dir, command = pending.pop(0)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            log = open(run_dir / "stdout.log", "a")
+            print(f"[bench_quality] start {label} → {run_dir}", flush=True)
+            running.append((label, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), log,
+                            time.time()))
+        time.sleep(1)
+        for entry in list(running):
+            label, process, log, started = entry
+            if process.poll() is None:
+                continue
+            running.remove(entry)
+            log.close()
+            status = "done" if process.returncode == 0 else f"FAILED (exit {process.returncode})"
+            print(f"[bench_quality] {status}: {label} in {(time.time() - started) / 60:.1f} min", flush=True)
+            if process.returncode:
+                failed.append(label)
+    if failed:
+        raise SystemExit(f"runs failed: {failed} (see their stdout.log)")
+
+
+def common_step(run_dirs: list[Path]) -> int:
+    """The last checkpoint step that every run has reached (its checkpoint still on disk)."""
+    from .prepared_training import checkpoint_steps
+
+    reached = []
+    for run_dir in run_dirs:
+        steps = set(checkpoint_steps(run_dir))
+        if not steps:
+            raise SystemExit(f"{run_dir} has no checkpoint: nothing to finish at.")
+        reached.append(steps)
+    common = set.intersection(*reached)
+    if not common:
+        raise SystemExit("the runs share no checkpoint step: raise the budget's keep_checkpoints.")
+    return max(common)
+
+
+def run_one(args, name: str, budget: dict) -> None:
+    from .prepared_training import PreparedCorpus, train_run
+
+    corpus = PreparedCorpus(prepared_folder(args, name))
+    result = train_run(corpus, args.run_dir, recipe_of(budget, args.max_steps), json.loads(args.row_json),
+                       args.seeds[0], device=args.device, threads=args.threads)
+    print(json.dumps({split: {k: result[split][k] for k in ("bleu", "chrf", "distinct_fraction")}
+                      for split in ("validation", "test")}), flush=True)
+
+
+# ------------------------------------------------------------------------------------------ scores and the test
+
+
+def read_hypotheses(path: Path) -> list[str]:
+    """The lines of a file written as one line per sentence, empty ones included (a model may translate a sentence
+    as nothing)."""
+    text = path.read_text(encoding="utf-8")
+    return (text[:-1] if text.endswith("\n") else text).split("\n")
+
+
+def collect_runs(root: Path) -> list[dict]:
+    """Every finished run under a budget's folder, as its `result.json` plus where it lives."""
+    runs = []
+    for path in sorted(root.glob("**/seed-*/result.json")):
+        record = json.loads(path.read_text())
+        record["name"] = str(path.parent.parent.relative_to(root))
+        record["run_dir"] = str(path.parent)
+        runs.append(record)
+    return runs
+
+
+def hypotheses_path(record: dict, target_lang: str) -> Path:
+    """Where a run's test translations are: beside its result in its run folder, or (a run read back from a reported
+    budget) the copy the report keeps."""
+    return Path(record["test_hypotheses"]) if "test_hypotheses" in record else \
+        Path(record["run_dir"]) / f"test.hyp.{target_lang}"
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Per row: BLEU and chrF on each split and distinct test outputs, mean ± std over seeds; steps, steps/s and
+    parameters."""
+    summary = {}
+    for name in sorted({r["name"] for r in runs}, key=lambda n: (n != BASELINE, n)):
+        records = [r for r in runs if r["name"] == name]
+        row = {"seeds": sorted(r["seed"] for r in records), "steps": records[0]["steps"],
+               "parameters": records[0]["parameters"],
+               "steps_per_second": mean_std([r["steps_per_second"] for r in records]),
+               "train_minutes": mean_std([r["train_seconds"] / 60 for r in records])}
+        for split in ("validation", "test"):
+            for metric in ("bleu", "chrf", "distinct_fraction"):
+                row[f"{split}_{metric}"] = mean_std([r[split][metric] for r in records])
+        summary[name] = row
+    return summary
+
+
+def significance(runs: list[dict], references: list[str], target_lang: str) -> dict:
+    """Paired bootstrap of every row against the baseline on test, over the seeds both finished."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    def hypotheses(name):
+        return {r["seed"]: read_hypotheses(hypotheses_path(r, target_lang)) for r in runs if r["name"] == name}
+
+    baseline = hypotheses(BASELINE)
+    tests = {}
+    for name in sorted({r["name"] for r in runs} - {BASELINE}):
+        system = hypotheses(name)
+        seeds = sorted(set(baseline) & set(system))
+        if not seeds:
+            continue
+        tests[name] = {"seeds": seeds}
+        for metric_name, metric in (("bleu", BLEU()), ("chrf", CHRF())):
+            tests[name][metric_name] = paired_bootstrap([baseline[s] for s in seeds], [system[s] for s in seeds],
+                                                        references, metric)
+    return tests
+
+
+# -------------------------------------------------------------------------------------------------- reporting
+
+
+def _cell(stats: dict | None, scale: float = 1.0, digits: int = 2) -> str:
+    if not stats:
+        return "–"
+    text = f"{stats['mean'] * scale:.{digits}f}"
+    return text + (f" ± {stats['std'] * scale:.{digits}f}" if stats["std"] is not None else "")
+
+
+def _verdict(test: dict) -> str:
+    if test["p_value"] >= 0.05:
+        return "no significant difference"
+    return "better (p < 0.05)" if test["delta"] > 0 else "worse (p < 0.05)"
+
+
+def render_budget(report: dict) -> str:
+    """The markdown table of one budget."""
+    summary, tests = report["summary"], report["significance"]
+    base = summary.get(BASELINE)
+    lines = [
+        f"### Budget `{report['budget']}`",
+        "",
+        f"Command: `{report['command']}` (at commit `{(report.get('commit') or 'unknown')[:10]}`)  ",
+        f"Recipe: `{report['budget_file']}` ({report['protocol']}); {report['environment']['device']}.",
+        "",
+        "| row | seeds | steps | params (M) | steps/s (ratio) | valid BLEU | test BLEU | test chrF | "
+        "Δ test BLEU [95% CI] | p (BLEU) | Δ chrF | p (chrF) | distinct test outputs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, row in summary.items():
+        test = tests.get(name)
+        if test:
+            bleu, chrf = test["bleu"], test["chrf"]
+            delta = (f"{bleu['delta']:+.2f} [{bleu['delta_95ci'][0]:+.2f}, {bleu['delta_95ci'][1]:+.2f}] | "
+                     f"{bleu['p_value']:.3f} | {chrf['delta']:+.2f} | {chrf['p_value']:.3f}")
+        else:
+            delta = "– | – | – | –"
+        ratio = row["steps_per_second"]["mean"] / base["steps_per_second"]["mean"] if base else float("nan")
+        lines.append(
+            f"| `{name}` | {len(row['seeds'])} | {row['steps']} | {row['parameters'] / 1e6:.1f} | "
+            f"{row['steps_per_second']['mean']:.2f} ({ratio:.2f}) | {_cell(row['validation_bleu'])} | "
+            f"{_cell(row['test_bleu'])} | {_cell(row['test_chrf'])} | {delta} | "
+            f"{_cell(row['test_distinct_fraction'], 100, 1)}% |"
+        )
+    lines += ["", f"BLEU: `{report['signatures']['bleu']}`  ", f"chrF: `{report['signatures']['chrf']}`  ",
+              f"Significance: {report['signatures']['significance']}", ""]
+    verdicts = [f"`{name}` {_verdict(test['bleu'])} (Δ BLEU {test['bleu']['delta']:+.2f}, p = "
+                f"{test['bleu']['p_value']:.3f})" for name, test in tests.items()]
+    if verdicts:
+        lines += ["Against `transformer` on test 2016: " + "; ".join(verdicts) + ".", ""]
+    if report.get("plot"):
+        lines += [f"![validation loss against steps]({Path(report['plot']).name})", ""]
+    if report.get("selection"):
+        lines += render_selection(report)
+    return "\n".join(lines)
+
+
+def render_selection(report: dict) -> list[str]:
+    """The scores every row had in each budget of a selection, and the budget chosen."""
+    selection = report["selection"]
+    budgets = list(next(iter(selection.values()))["scores"])
+    by = SELECTION_METRICS[next(iter(selection.values()))["by"]][2]
+    header = " | ".join(f"`{budget}`: valid / test" for budget in budgets)
+    lines = [f"Each row's budget, chosen by the mean {by} over the seeds shown (the test scores beside it are not "
+             "used to choose):", "", f"| row | seeds | {header} | chosen |",
+             "| --- | --- | " + " | ".join("---" for _ in budgets) + " | --- |"]
+    for name, row in selection.items():
+        cells = " | ".join(f"{row['scores'][b]['validation']:.2f} / {row['scores'][b]['test']:.2f}" for b in budgets)
+        recipe = ", ".join(f"{key} {value}" for key, value in row["recipe"].items())
+        lines.append(f"| `{name}` | {', '.join(map(str, row['seeds']))} | {cells} | `{row['chosen']}` ({recipe}) |")
+    return lines + [""]
+
+
+def render_papers() -> str:
+    lines = ["### The papers' own figures (Transformer-base, WMT En→De; for reference, not comparable in size)", "",
+             "| row | paper | paper's row | baseline BLEU | BLEU | Δ BLEU | parameters (M) | training speed |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, paper in PAPER_RESULTS.items():
+        lines.append(f"| `{name}` | {paper['paper']} | {paper['row']} | {paper['baseline_bleu']:.2f} | "
+                     f"{paper['bleu']:.2f} | {paper['bleu'] - paper['baseline_bleu']:+.2f} | {paper['params']} | "
+                     f"{paper['speed']} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_section(reports: list[dict]) -> str:
+    parts = [SECTION, "",
+             "`scripts/bench_quality.py`: Multi30k en→de, one prepared corpus per budget, the same recipe and number "
+             "of steps for every row (only the variant's own fields differ), the last checkpoints averaged, beam "
+             "search, sacreBLEU BLEU/chrF on validation (val, 1014 sentences) and test 2016 (flickr, 1000 sentences) "
+             "from detokenized output against the raw references, mean ± std over seeds, the share of distinct test "
+             "translations, and the paired bootstrap test (1000 resamples, seed-averaged) of each row against "
+             "`transformer` on test 2016 (Δ = row − transformer).", ""]
+    parts += [render_budget(report) for report in reports]
+    parts.append(render_papers())
+    return "\n".join(parts)
+
+
+def replace_section(text: str, section: str) -> str:
+    """`text` with its "## Translation quality" section (up to the next `## ` heading) replaced by `section`,
+    or with `section` appended; every other section is kept as it is."""
+    lines = text.split("\n")
+    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
+    if start is None:
+        return text.rstrip("\n") + ("\n\n" if text.strip() else "") + section.rstrip("\n") + "\n"
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    rest = "\n".join(lines[end:])
+    return "\n".join(lines[:start]) + ("\n" if start else "") + section.rstrip("\n") + "\n" + \
+        ("\n" + rest if rest.strip() else "")
+
+
+def update_markdown(path: Path, reports: list[dict]) -> None:
+    text = path.read_text() if path.is_file() else "# Benchmarks\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(replace_section(text, render_section(reports)))
+
+
+def plot_curves(runs: list[dict], path: Path) -> str | None:
+    """Validation loss (and greedy validation BLEU where logged) against steps, one line per row (seed mean)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    curves: dict[str, dict[int, list]] = {}
+    for record in runs:
+        log = Path(record["run_dir"]) / "log.jsonl"
+        for line in log.read_text().splitlines() if log.is_file() else []:
+            entry = json.loads(line)
+            if "validation_loss" in entry:
+                curves.setdefault(record["name"], {}).setdefault(entry["step"], []).append(entry)
+    if not curves:
+        return None
+    with_bleu = any("validation_bleu_greedy" in e for c in curves.values() for es in c.values() for e in es)
+    figure, axes = plt.subplots(1, 2 if with_bleu else 1, figsize=(12 if with_bleu else 6, 4), squeeze=False)
+    for name, by_step in curves.items():
+        steps = sorted(by_step)
+        axes[0][0].plot(steps, [np.mean([e["validation_loss"] for e in by_step[s]]) for s in steps], label=name)
+        if with_bleu:
+            axes[0][1].plot(steps, [np.mean([e.get("validation_bleu_greedy", np.nan) for e in by_step[s]])
+                                    for s in steps], label=name)
+    axes[0][0].set(xlabel="step", ylabel="validation loss (nats/token)", title="validation loss")
+    axes[0][0].legend(fontsize=7)
+    if with_bleu:
+        axes[0][1].set(xlabel="step", ylabel="BLEU", title="validation BLEU (greedy)")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return str(path)
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPOSITORY, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def report(args, name: str, budget: dict, argv) -> dict:
+    from .prepared_training import PreparedCorpus
+
+    root = Path(args.root) / name
+    runs = collect_runs(root)
+    if not runs:
+        raise SystemExit(f"no finished runs under {root}: run the train step first.")
+    corpus = PreparedCorpus(prepared_folder(args, name))
+    target_lang = corpus.manifest["target_lang"]
+    recipe = budget["recipe"]
+    model = recipe.get("model", {})
+    results_path = results_file(args, name)
+    first = runs[0]
+    result = {
+        **result_header(args, name, argv),
+        "protocol": f"{model.get('d_model')}d {model.get('encoder_layers')}+{model.get('decoder_layers')} layers, "
+                    f"{first['steps']} steps of ≤ {recipe.get('max_tokens')} tokens, lr {recipe.get('learning_rate')} "
+                    f"after {recipe.get('warmup_steps')} warm-up steps, label smoothing "
+                    f"{recipe.get('label_smoothing')}, last {recipe.get('average_last')} checkpoints averaged, beam "
+                    f"{first['num_beams']}, vocabulary {corpus.manifest['vocab_size']}",
+        "environment": {"device": f"{first['device']}, {first['threads']} torch thread(s) per run"
+                        if first["device"] == "cpu" else first["device"],
+                        "python": platform.python_version()},
+        "signatures": {"bleu": first["test"]["bleu_signature"], "chrf": first["test"]["chrf_signature"],
+                       "significance": f"paired bootstrap, {BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, "
+                                       "two-sided, seed-averaged"},
+        "summary": summarize(runs),
+        "significance": significance(runs, corpus.references("test"), target_lang),
+        "papers": {k: v for k, v in PAPER_RESULTS.items() if k in {r["name"] for r in runs}},
+        "runs": [{k: v for k, v in r.items() if k != "run_dir"} for r in runs],
+    }
+    result["plot"] = plot_curves(runs, results_path.with_suffix("").parent / f"quality-{name}-curves.png")
+    if result["plot"]:
+        result["plot"] = os.path.relpath(result["plot"], results_path.parent)
+    shutil.rmtree(results_path.with_suffix(""), ignore_errors=True)
+    for record in runs:
+        target = kept_hypotheses(results_path, record, target_lang)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(record["run_dir"]) / f"test.hyp.{target_lang}", target)
+    write_results(args, result, results_path)
+    return result
+
+
+def results_file(args, name: str) -> Path:
+    """The budget's results JSON: `--results`, or `benchmarks/quality-<budget>.json`."""
+    return Path(args.results) if args.results else REPOSITORY / "benchmarks" / f"quality-{name}.json"
+
+
+def result_header(args, name: str, argv) -> dict:
+    """What every results JSON opens with: the budget, the command that made it, the commit and the budget file."""
+    return {"budget": name,
+            "command": "python scripts/bench_quality.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+            "commit": git_commit(),
+            "budget_file": os.path.relpath(load_budget_path(args.budget), REPOSITORY)}
+
+
+def kept_hypotheses(results_path: Path, record: dict, target_lang: str) -> Path:
+    """Where a report keeps a run's test translations: `<results minus .json>/<row>.seed-<seed>.test.hyp.<lang>`."""
+    name = record["name"].replace("/", "-")
+    return results_path.with_suffix("") / f"{name}.seed-{record['seed']}.test.hyp.{target_lang}"
+
+
+def write_results(args, result: dict, results_path: Path) -> None:
+    """The results JSON, and the quality section of BENCHMARKS.md with every reported budget's table."""
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    markdown = Path(args.markdown) if args.markdown else REPOSITORY / "benchmarks" / "BENCHMARKS.md"
+    others = sorted(p for p in results_path.parent.glob("quality-*.json") if p != results_path)
+    reports = [result, *(json.loads(p.read_text()) for p in others if args.markdown is None)]
+    update_markdown(markdown, sorted(reports, key=lambda report: report["budget"]))  # the same order every time
+    print(render_budget(result))
+
+
+# ------------------------------------------------------------------------------------------ selection budgets
+
+
+# a selection's criterion → (split, metric) of the run records, and how tables name it
+SELECTION_METRICS = {"validation_bleu": ("validation", "bleu", "validation BLEU"),
+                     "validation_chrf": ("validation", "chrf", "validation chrF")}
+
+
+def reported_runs(results_path: Path, target_lang: str) -> tuple[dict, list[dict]]:
+    """A reported budget's results JSON and its runs, each pointing at the copy of its test translations kept beside
+    the JSON (`<results>/<row>.seed-<seed>.test.hyp.<lang>`)."""
+    if not results_path.is_file():
+        raise SystemExit(f"{results_path} does not exist: report that budget first.")
+    reported = json.loads(results_path.read_text())
+    runs = []
+    for record in reported["runs"]:
+        hypotheses = kept_hypotheses(results_path, record, target_lang)
+        if not hypotheses.is_file():
+            raise SystemExit(f"{hypotheses} is missing: the paired test needs every run's test translations.")
+        runs.append({**record, "budget": reported["budget"], "test_hypotheses": str(hypotheses)})
+    return reported, runs
+
+
+def select_runs(runs_by_budget: dict[str, list[dict]], by: str) -> tuple[list[dict], dict]:
+    """
+    For every row that all the budgets ran, the runs of the budget with the highest mean `by` (validation BLEU or
+    chrF) over the seeds the budgets share for that row (ties: the first budget); the transformer by the same rule.
+
+    Returns the chosen runs (those seeds) and, per row, every budget's mean validation and test scores and the choice.
+    """
+    split, metric, _ = SELECTION_METRICS[by]
+    budgets = list(runs_by_budget)
+    names = set.intersection(*({r["name"] for r in runs} for runs in runs_by_budget.values()))
+    if BASELINE not in names:
+        raise SystemExit(f"every selected budget needs `{BASELINE}` runs.")
+    chosen, selection = [], {}
+    for name in sorted(names, key=lambda n: (n != BASELINE, n)):
+        seeds = sorted(set.intersection(*({r["seed"] for r in runs if r["name"] == name}
+                                          for runs in runs_by_budget.values())))
+        scores = {}
+        for budget in budgets:
+            records = [r for r in runs_by_budget[budget] if r["name"] == name and r["seed"] in seeds]
+            scores[budget] = {"validation": round(float(np.mean([r[split][metric] for r in records])), 2),
+                              "test": round(float(np.mean([r["test"][metric] for r in records])), 2)}
+        best = max(budgets, key=lambda budget: scores[budget]["validation"])  # max keeps the first of equals
+        selection[name] = {"seeds": seeds, "by": by, "scores": scores, "chosen": best}
+        chosen += [r for r in runs_by_budget[best] if r["name"] == name and r["seed"] in seeds]
+    return chosen, selection
+
+
+def recipe_differences(budgets: dict[str, dict]) -> dict[str, dict]:
+    """Budget name → the recipe fields (`model.<field>` for the model's) in which the budgets differ: what the
+    selection chooses between."""
+
+    def flat(recipe: dict) -> dict:
+        model = {f"model.{key}": value for key, value in recipe.get("model", {}).items()}
+        return {**{key: value for key, value in recipe.items() if key != "model"}, **model}
+
+    recipes = {name: flat(budget.get("recipe", {})) for name, budget in budgets.items()}
+    fields = sorted({key for recipe in recipes.values() for key in recipe})
+    differing = [key for key in fields if len({json.dumps(recipe.get(key)) for recipe in recipes.values()}) > 1]
+    return {name: {key: recipes[name].get(key) for key in differing} for name in budgets}
+
+
+def selection_sources(name: str, budget: dict) -> dict[str, tuple[str, dict]]:
+    """Name → (the budget as `select.from` names it, the budget) of every budget a selection budget chooses among;
+    checks the selection's criterion too, before anything trains."""
+    by = budget["select"].get("by", "validation_bleu")
+    if by not in SELECTION_METRICS:
+        raise SystemExit(f"budget {name}: `select.by` must be one of {sorted(SELECTION_METRICS)}, not {by!r}.")
+    sources = {}
+    for spec in budget["select"]["from"]:
+        source, source_budget = load_budget(spec)
+        if "select" in source_budget:
+            raise SystemExit(f"budget {name}: a selection chooses among budgets that train, and {source} is none.")
+        sources[source] = (spec, source_budget)
+    return sources
+
+
+def source_arguments(args, name: str, sources: dict[str, tuple[str, dict]]) -> dict[str, argparse.Namespace]:
+    """The arguments each budget of a selection runs with: its own budget, the selection's prepared corpus when they
+    all prepare alike (`--prepared`, or `<root>/<selection>/prepared`; otherwise each its own), and its results JSON
+    beside the selection's, where `report_selection` reads it."""
+    shared = len({json.dumps(budget.get("prepare", {}), sort_keys=True) for _, budget in sources.values()}) == 1
+    results_folder = results_file(args, name).parent
+    return {source: argparse.Namespace(**{
+        **vars(args), "budget": spec, "results": str(results_folder / f"quality-{source}.json"),
+        "prepared": str(prepared_folder(args, name)) if shared else None}) for source, (spec, _) in sources.items()}
+
+
+def run_selection(args, name: str, budget: dict, argv) -> dict | None:
+    """
+    The steps of a selection budget. `prepare` and `train` run those steps for every budget it selects from (one
+    prepared corpus when their `prepare` settings agree; the runs of all of them in one queue, `--jobs` at a time);
+    `all` does both, reports each of those budgets, then the selection; `report` reports the selection from their
+    reported results (`benchmarks/quality-<budget>.json` and the test translations beside them).
+    """
+    sources = selection_sources(name, budget)
+    arguments = source_arguments(args, name, sources)
+    if args.step in ("prepare", "all"):
+        for source, (_, source_budget) in sources.items():
+            prepare(arguments[source], source, source_budget)
+    if args.step in ("train", "all"):  # every source's runs listed (and its recipe checked) before any starts
+        run_pending(args, [run for source, (_, source_budget) in sources.items()
+                           for run in pending_runs(arguments[source], source, source_budget)])
+    if args.step == "all":
+        for source, (_, source_budget) in sources.items():
+            report(arguments[source], source, source_budget, argv)
+    if args.step in ("report", "all"):
+        return report_selection(args, name, budget, argv)
+    return None
+
+
+def report_selection(args, name: str, budget: dict, argv) -> dict:
+    """`report` of a selection budget: the chosen runs of its budgets' reported results, tested against the chosen
+    transformer, written as a budget's results are (JSON, BENCHMARKS.md table) with the selection beside them."""
+    budgets = {source: source_budget for source, (_, source_budget) in selection_sources(name, budget).items()}
+    sources, by = list(budgets), budget["select"].get("by", "validation_bleu")
+    results_path = results_file(args, name)
+    target_lang = budgets[sources[0]].get("prepare", {}).get("target_lang", "de")
+    reported, runs_by_budget = {}, {}
+    for source in sources:
+        reported[source], runs_by_budget[source] = reported_runs(
+            results_path.parent / f"quality-{source}.json", target_lang)
+    signatures = {json.dumps(report["signatures"], sort_keys=True) for report in reported.values()}
+    if len(signatures) > 1:
+        raise SystemExit(f"budgets {sources} were scored with different metrics: {sorted(signatures)}.")
+    runs, selection = select_runs(runs_by_budget, by)
+    settings = recipe_differences(budgets)
+    for row in selection.values():
+        row["recipe"] = settings[row["chosen"]]
+    from .data import find_split_file
+    from .prepared_training import SPLITS
+    from .tokenization_utils import read_lines
+
+    # the references the budgets' prepared corpus kept: the first `max_samples` of the split, or all of it
+    max_samples = budgets[sources[0]].get("prepare", {}).get("max_samples")
+    references = list(read_lines(find_split_file(Path(args.data), SPLITS["test"], target_lang), max_samples))
+    first = reported[sources[0]]
+    described = [f"`{source}` ({', '.join(f'{k} {v}' for k, v in settings[source].items())})" for source in sources]
+    choices = described[0] if len(described) == 1 else f"{', '.join(described[:-1])} and {described[-1]}"
+    result = {
+        **result_header(args, name, argv),
+        "protocol": f"per row, whichever of {choices} has the higher mean {SELECTION_METRICS[by][2]} over their "
+                    f"shared seeds; otherwise {first['protocol']}",
+        "environment": first["environment"],
+        "signatures": first["signatures"],
+        "sources": {source: {"commit": report.get("commit"), "command": report["command"]}
+                    for source, report in reported.items()},
+        "selection": selection,
+        "summary": summarize(runs),
+        "significance": significance(runs, references, target_lang),
+        "papers": {k: v for k, v in PAPER_RESULTS.items() if k in {r["name"] for r in runs}},
+        "runs": [{**{k: v for k, v in r.items() if k != "test_hypotheses"},
+                  "test_hypotheses": os.path.relpath(r["test_hypotheses"], results_path.parent)} for r in runs],
+        "plot": None,
+    }
+    write_results(args, result, results_path)
+    return result
+
+
+def load_budget_path(spec: str) -> Path:
+    return Path(spec) if spec.endswith(".json") else REPOSITORY / "configs" / "quality" / f"{spec}.json"
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    name, budget = load_budget(args.budget)
+    if args.step == "run-one":
+        return run_one(args, name, budget)
+    if "select" in budget:
+        return run_selection(args, name, budget, argv)
+    if args.step in ("prepare", "all"):
+        prepare(args, name, budget)
+    if args.step in ("train", "all"):
+        train(args, name, budget)
+    if args.step in ("report", "all"):
+        return report(args, name, budget, argv)
+    return None
+
+
+if __name__ == "__main__":  # the `run-one` processes of `run_pending`
+    main()

@@ -1,0 +1,67 @@
+"""The rows the benchmarks compare, read from the repository's `configs/` folder.
+
+A row is a set of [`MgsaConfig`] fields of one encoder type (the benchmark's recipe gives the sizes). Each encoder
+type's default is the row named by the type (`"hybrid"`); every other row is a config file of its variant's folder,
+named `<encoder_type>/<file stem>` (`"phrase_representation/max_attn_ta_parse"`), so a new row is a new file.
+"""
+
+import json
+from pathlib import Path
+
+from .configuration_mgsa import ENCODER_TYPES
+
+
+# the source checkout (`src/mgsa_hf/` → the repository), whose `configs/` and `benchmarks/` the benchmarks use
+REPOSITORY = Path(__file__).resolve().parents[2]
+CONFIGS = REPOSITORY / "configs"
+BASELINE = "transformer"
+# the config file of each encoder type's default, where its fields are written out: a run folder of an earlier
+# default under the same name (MG-SA's was the n-gram row) is then told apart by its fields
+DEFAULT_ROW_FILES = {"phrase_memory": "phrase_memory/syntactic_tag_on_lstm"}
+# each paper's best row besides the defaults (the defaults of MG-SA, hybrid and RHE are their papers' best rows)
+BEST_ROWS = ("phrase_representation/max_attn_ta_parse",)
+
+
+def config_row(name: str) -> dict:
+    """The fields of the config file `configs/<name>.json` (`name` as `<encoder_type>/<file stem>`)."""
+    path = CONFIGS / f"{name}.json"
+    if not path.is_file():
+        raise SystemExit(f"row {name!r}: no file {path}.")
+    return json.loads(path.read_text())
+
+
+def default_rows() -> dict[str, dict]:
+    """Every encoder type's default row, the transformer first."""
+    rows = {name: {"encoder_type": name} for name in ENCODER_TYPES}
+    rows.update({name: config_row(file) for name, file in DEFAULT_ROW_FILES.items()})
+    return rows
+
+
+def named_row(name: str) -> dict:
+    """The row `name`: an encoder type (its default) or `<encoder_type>/<file stem>` (a config file)."""
+    return default_rows()[name] if name in ENCODER_TYPES else config_row(name)
+
+
+def resolve_rows(specs: list[str]) -> dict[str, dict]:
+    """
+    Row name → config fields, the baseline first, for a command line's row specs: `defaults` (every encoder type's
+    default), `best` (each paper's best row besides them), an encoder type, a row name `<encoder_type>/<file stem>`,
+    or the path of a JSON file of config fields (named `<encoder_type>/<file stem>` too).
+    """
+    rows = {BASELINE: default_rows()[BASELINE]}
+    for spec in specs:
+        if spec == "defaults":
+            rows.update(default_rows())
+        elif spec == "best":
+            rows.update({name: config_row(name) for name in BEST_ROWS})
+        elif spec in ENCODER_TYPES or (CONFIGS / f"{spec}.json").is_file():
+            rows[spec] = named_row(spec)
+        elif Path(spec).is_file():
+            fields = json.loads(Path(spec).read_text())
+            if fields.get("encoder_type") not in ENCODER_TYPES:
+                raise SystemExit(f"{spec} must set `encoder_type` to one of {sorted(ENCODER_TYPES)}.")
+            rows[f"{fields['encoder_type']}/{Path(spec).stem}"] = fields
+        else:
+            raise SystemExit(f"row {spec!r} is neither `defaults`, `best`, an encoder type, a row of configs/ nor a "
+                             "JSON file.")
+    return rows
