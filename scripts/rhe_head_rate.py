@@ -41,7 +41,7 @@ def load_run(run_dir: Path, corpus, initial: bool = False):
 
 def head_rate(run_dir: Path, corpus, split_name: str, batch_size: int, initial: bool = False) -> dict:
     """`{"row", "checkpoints", "sentences", "layers", "redundant": [[rate per head] per RHE layer]}` for one run,
-    counted on the prepared batches (the same fields as `mgsa_hf.rhe.redundant_head_rate` gets from the
+    counted on the prepared batches (the same fields as `mgsa_hf.analysis.redundant_head_rate` gets from the
     processor)."""
     model, checkpoints = load_run(run_dir, corpus, initial)
     split = corpus.split(split_name)

@@ -1,7 +1,7 @@
-"""mgsa_hf.benchmarking_quality (scripts/bench_quality.py) and mgsa_hf.prepared_training: the paired bootstrap test against sacreBLEU's, the
-BENCHMARKS.md section update, and the whole benchmark path on real Multi30k sentences with the dry-run budget
-(prepare with spaCy → train in parallel processes → resume → average → beam search → report), including a run in a
-process where spaCy and `datasets` cannot be imported, as on a GPU machine."""
+"""mgsa_hf.benchmarking_quality (scripts/bench_quality.py) and mgsa_hf.prepared_training: the paired bootstrap test
+against sacreBLEU's, the BENCHMARKS.md section update, and the whole benchmark path on real Multi30k sentences with
+the dry-run budget (prepare with spaCy → train in parallel processes → resume → average → beam search → report),
+including a run in a process where spaCy and `datasets` cannot be imported, as on a GPU machine."""
 
 import json
 import random
@@ -337,8 +337,8 @@ def test_rhe_head_rate_of_a_run_equals_the_processor_path(dry_run, tmp_path):
     import rhe_head_rate
 
     from mgsa_hf import MgsaProcessor
+    from mgsa_hf.analysis import redundant_head_rate
     from mgsa_hf.prepared_training import PreparedCorpus
-    from mgsa_hf.rhe import redundant_head_rate
 
     root, _, _ = dry_run
     prepared = root / "dry-run" / "prepared"

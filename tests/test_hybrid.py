@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
-from mgsa_hf.hybrid import (
+from mgsa_hf.analysis import (
     UNIVERSAL_TAGS,
     GateStatistics,
-    HybridAttention,
     hybrid_gate_statistics,
     plot_gate_statistics,
     word_universal_tags,
 )
+from mgsa_hf.hybrid import HybridAttention
 from mgsa_hf.modeling_layers import MgsaAttention, MgsaSyntaxInputs
 
 

@@ -11,8 +11,9 @@ from huggingface_hub.errors import StrictDataclassError
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
+from mgsa_hf.analysis import redundant_head_rate
 from mgsa_hf.modeling_layers import MgsaAttention, MgsaSyntaxInputs
-from mgsa_hf.rhe import RheAttention, RheInputs, redundant_head_rate
+from mgsa_hf.rhe import RheAttention, RheInputs
 from mgsa_hf.syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 
 

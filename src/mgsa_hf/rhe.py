@@ -9,7 +9,6 @@ from torch import nn
 from transformers import initialization as init
 from transformers.utils import logging
 
-from .hybrid import encoder_outputs
 from .modeling_layers import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs
 
 
@@ -332,52 +331,3 @@ class RheAttention(MgsaAttention):
         weights = torch.where(important[:, :, None, None], weights, sea_weights)
         context = torch.matmul(self.attention_dropout(weights), value)
         return self.merge_heads(context), weights, contribution
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Redundant-head analysis
-
-
-@dataclass
-class RedundantHeadRate:
-    """
-    How often each head of each RHE layer was labelled redundant (Eq. 10) over a data set.
-
-    Attributes:
-        layers: the RHE layers, in the order of the model's `encoder_head_labels`.
-        rate: (len(layers), heads) fraction of sentences in which the head was redundant.
-        sentences: the number of sentences.
-    """
-
-    layers: list[int]
-    rate: torch.Tensor
-    sentences: int
-
-    def format(self) -> str:
-        """A plain-text table: one row per layer, one column per head, the redundant rate in percent."""
-        heads = self.rate.shape[1]
-        lines = ["layer  " + " ".join(f"h{head:<5}" for head in range(heads)) + " mean"]
-        for layer, rates in zip(self.layers, self.rate.tolist(), strict=True):
-            cells = " ".join(f"{100 * rate:5.1f}%" for rate in rates)
-            lines.append(f"{layer:<6} {cells} {100 * sum(rates) / heads:5.1f}%")
-        return "\n".join(lines)
-
-
-def redundant_head_rate(model, processor, texts: list[str], batch_size: int = 32) -> RedundantHeadRate:
-    """
-    The redundant-head rate per RHE layer and head over `texts`.
-
-    Args:
-        model: an [`MgsaForConditionalGeneration`] (or [`MgsaModel`]) with `encoder_type="rhe"` and `rhe_mode`
-            `"rhe"` or `"rhe_prune"` (the modes that identify heads).
-        processor: the [`MgsaProcessor`] that makes the model's inputs.
-    """
-    config = model.config
-    if config.encoder_type != "rhe" or config.rhe_mode == "sea_all":
-        raise ValueError('Head labels need a model with encoder_type="rhe" and rhe_mode "rhe" or "rhe_prune".')
-    redundant, sentences = torch.zeros(len(config.rhe_layers), config.encoder_attention_heads), 0
-    for chunk, _, output in encoder_outputs(model, processor, texts, batch_size):
-        redundant += torch.stack([(labels == 0).sum(0) for labels in output.head_labels]).float().cpu()
-        sentences += len(chunk)
-    return RedundantHeadRate(list(config.rhe_layers), redundant / max(sentences, 1), sentences)
-
