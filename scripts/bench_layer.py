@@ -25,16 +25,28 @@ import time
 from pathlib import Path
 
 import torch
-from bench_length import add_batch_arguments, build_inputs
-from bench_speed import REPO, SIZES, VARIANTS, build_model, select_device, synchronize, to_device
 
 
-# bench_speed.py's rows whose variant changes only some encoder self-attentions, and two bounds for RHE: how many
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the GPU machine has the repository only
+
+from mgsa_hf.benchmarking_rows import REPOSITORY, rows_named  # noqa: E402
+from mgsa_hf.benchmarking_speed import (  # noqa: E402
+    SIZES,
+    add_batch_arguments,
+    build_length_inputs,
+    build_model,
+    select_device,
+    synchronize,
+    to_device,
+)
+
+
+# the speed table's rows whose variant changes only some encoder self-attentions, and two bounds for RHE: how many
 # heads RHE-prune drops depends on the model's attention (with random weights most heads come out redundant), so a
 # fixed gate of 0 (every head important, Eq. 10) gives each mode's cost when no head is pruned or replaced
 LAYER_VARIANTS = {
-    **{name: VARIANTS[name] for name in ("phrase_memory", "phrase_memory (syntactic, SANs, ON-LSTM)", "hybrid",
-                                         "rhe", "rhe (DEA+RHE)", "rhe (prune)")},
+    **rows_named(["phrase_memory/ngram_sans_layer_0", "phrase_memory", "hybrid", "rhe", "rhe/dea_rhe",
+                  "rhe/rhe_prune"]),
     "rhe (every head important)": {"encoder_type": "rhe", "rhe_fixed_gate": 0.0},
     "rhe (prune, every head important)": {"encoder_type": "rhe", "rhe_mode": "rhe_prune", "rhe_fixed_gate": 0.0},
 }
@@ -159,8 +171,8 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     device = select_device(args.device)
-    inputs = torch.load(args.inputs) if args.inputs else build_inputs(args)
-    reference = build_model(inputs["vocab"], "marian", args.size, VARIANTS["transformer"], device).train()
+    inputs = torch.load(args.inputs) if args.inputs else build_length_inputs(args)
+    reference = build_model(inputs["vocab"], "marian", args.size, {"encoder_type": "transformer"}, device).train()
     runners, layers = {}, {}
     for name in args.variants:
         model = build_model(inputs["vocab"], "marian", args.size, LAYER_VARIANTS[name], device).train()
@@ -186,7 +198,7 @@ def main(argv=None):
         "torch": torch.__version__, "steps": args.steps, "warmup": args.warmup, "variants": args.variants,
         "layers": layers, "lengths": lengths,
     }
-    out = Path(args.output) if args.output else REPO / "benchmarks" / f"layer-{args.device}.json"
+    out = Path(args.output) if args.output else REPOSITORY / "benchmarks" / f"layer-{args.device}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(result))

@@ -4,7 +4,8 @@
 Sentences of exactly 16 ... 256 source and target tokens are cut from joined consecutive Multi30k captions and run
 through `MgsaProcessor` (spaCy parse included, so every syntax field is real); each batch holds the same number of
 source tokens (`--tokens`), so a flat line means cost linear in length. Step = forward + backward + AdamW step,
-median of `--steps` after `--warmup`, the variants interleaved step by step (`bench_speed.time_training`).
+median of `--steps` after `--warmup`, the variants interleaved step by step
+(`mgsa_hf.benchmarking_speed.time_training`).
 
     python scripts/bench_length.py --threads 1        # writes benchmarks/length-cpu.json and length-cpu.png
     python scripts/bench_length.py --save-inputs gpu-data/length-inputs.pt   # parse here ...
@@ -15,65 +16,33 @@ import argparse
 import json
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
-from bench_speed import (
-    DEFAULT_DATA,
-    REPO,
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the GPU machine has the repository only
+
+from mgsa_hf.benchmarking_rows import REPOSITORY, rows_named  # noqa: E402
+from mgsa_hf.benchmarking_speed import (  # noqa: E402
     SIZES,
     VARIANTS,
+    add_batch_arguments,
+    build_length_inputs,
     build_model,
-    build_processor,
-    read_sentences,
     select_device,
     time_training,
 )
 
 
 LENGTH_VARIANTS = [
-    "transformer", "phrase_memory", "phrase_memory (syntactic, SANs, ON-LSTM)", "phrase_representation",
-    "hybrid", "rhe",
+    "transformer", "phrase_memory/ngram_sans_layer_0", "phrase_memory", "phrase_representation", "hybrid", "rhe",
 ]
 
 
 def log(message: str) -> None:
     print(f"[bench_length {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def joined_texts(sentences: list[str], count: int, words: int) -> list[str]:
-    """`count` texts of `words` words each, cut from the captions joined end to end."""
-    pool = " ".join(sentences).split()
-    if len(pool) < count * words:
-        raise SystemExit(f"{len(pool)} words of data are too few for {count} texts of {words} words")
-    return [" ".join(pool[i * words : (i + 1) * words]) for i in range(count)]
-
-
-def build_inputs(args) -> dict:
-    """Per length, one batch of `tokens // length` sentences of exactly `length` tokens on both sides (texts of
-    more words than tokens, truncated by the processor)."""
-    data = Path(args.data)
-    with tempfile.TemporaryDirectory() as folder:
-        processor = build_processor(Path(folder), data)
-    total_words = 2 * args.tokens  # a word is at least one token: twice the tokens in words is always enough
-    sources = read_sentences(data, "train", "en", total_words // 5)
-    targets = read_sentences(data, "train", "de", total_words // 5)
-    batches = {}
-    for length in args.lengths:
-        count = max(1, args.tokens // length)
-        source, target = joined_texts(sources, count, length), joined_texts(targets, count, length)
-        batch = processor(source, text_target=target, max_length=length, truncation=True, padding="max_length",
-                          return_tensors="pt")
-        if not bool(batch["attention_mask"].all()):
-            raise SystemExit(f"a text of {length} words gave fewer than {length} tokens")
-        batches[length] = dict(batch)
-        log(f"length {length}: {count} sentences, parsed")
-    tokenizer = processor.tokenizer
-    vocab = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
-             "eos_token_id": tokenizer.eos_token_id}
-    return {"vocab": vocab, "batches": batches}
 
 
 def plot(result: dict, path: Path) -> None:
@@ -104,25 +73,13 @@ def plot(result: dict, path: Path) -> None:
     figure.savefig(path, dpi=120)
 
 
-def add_batch_arguments(parser: argparse.ArgumentParser, tokens: int) -> None:
-    """The options of the exact-length batches ([`build_inputs`]) and of where they are timed, shared with
-    `bench_layer.py`; `tokens` is the default number of source tokens per batch."""
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--data", default=str(DEFAULT_DATA), help="Multi30k folder ({split}.{lang}.gz)")
-    parser.add_argument("--inputs", metavar="FILE",
-                        help="batches saved by `bench_length.py --save-inputs` (no spaCy needed)")
-    parser.add_argument("--size", default="base", choices=list(SIZES["marian"]), help="Marian size")
-    parser.add_argument("--lengths", type=int, nargs="*", default=[16, 32, 64, 128, 256])
-    parser.add_argument("--tokens", type=int, default=tokens, help="source tokens per batch at every length")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_batch_arguments(parser, tokens=2048)
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="bf16: autocast")
     parser.add_argument("--save-inputs", metavar="FILE", help="parse and save the batches, then stop")
-    parser.add_argument("--variants", nargs="*", default=LENGTH_VARIANTS, choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="*", default=LENGTH_VARIANTS, choices=list(VARIANTS),
+                        help="rows of the speed table (mgsa_hf.benchmarking_rows.SPEED_ROWS)")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--output", help="results JSON (default: benchmarks/length-<device>.json, a plot beside it)")
@@ -136,15 +93,15 @@ def main(argv=None):
     if args.inputs:
         inputs = torch.load(args.inputs)
     else:
-        inputs = build_inputs(args)
+        inputs = build_length_inputs(args)
         if args.save_inputs:
             Path(args.save_inputs).parent.mkdir(parents=True, exist_ok=True)
             torch.save(inputs, args.save_inputs)
             log(f"saved {args.save_inputs}")
             return
     device = select_device(args.device)
-    models = {name: build_model(inputs["vocab"], "marian", args.size, VARIANTS[name], device)
-              for name in args.variants}
+    models = {name: build_model(inputs["vocab"], "marian", args.size, fields, device)
+              for name, fields in rows_named(args.variants).items()}
     lengths = {}
     for length, batch in inputs["batches"].items():
         log(f"length {length}: timing")
@@ -159,7 +116,7 @@ def main(argv=None):
         "device": args.device, "dtype": args.dtype, "threads": torch.get_num_threads(),
         "machine": platform.platform(), "torch": torch.__version__, "variants": args.variants, "lengths": lengths,
     }
-    out = Path(args.output) if args.output else REPO / "benchmarks" / f"length-{args.device}.json"
+    out = Path(args.output) if args.output else REPOSITORY / "benchmarks" / f"length-{args.device}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, out.with_suffix(".png"))

@@ -20,9 +20,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "src"))  # the GPU machine has the repository only
 
-import bench_speed  # noqa: E402  (the benchmark's batches, model sizes and variant rows)
+from mgsa_hf import benchmarking_speed as bench_speed  # noqa: E402  (the batches, model sizes and rows)
 
 
 def step_flops(model, batches: list[dict]) -> int:
@@ -47,7 +47,7 @@ def generation_flops(model, batch: dict, new_tokens: int) -> int:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", nargs="*", default=list(bench_speed.VARIANTS),
-                        help="rows of scripts/bench_speed.py")
+                        help="rows of the speed table")
     parser.add_argument("--backbone", default="marian", choices=list(bench_speed.SIZES))
     parser.add_argument("--size", default="base", choices=["small", "base", "big"])
     parser.add_argument("--inputs", help="batches saved by `bench_speed.py --save-inputs` (else built here)")

@@ -22,7 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_quality import REPO, load_budget, prepared_folder, recipe_of, resolve_rows
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the GPU machine has the repository only
+
+from mgsa_hf.benchmarking_quality import load_budget, prepared_folder, recipe_of  # noqa: E402
+from mgsa_hf.benchmarking_rows import REPOSITORY, resolve_rows  # noqa: E402
 
 
 PROBED = ("self_attn", "encoder_attn", "phrase_combination")
@@ -94,7 +99,7 @@ def main(argv=None):
         results = {label: future.result() for label, future in futures.items()}
     report = {"command": "python scripts/probe_sublayers.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "budget": name, "recipe": budget["recipe"], "threads": args.threads, "rows": results}
-    output = Path(args.output) if args.output else REPO / "benchmarks" / f"sublayer-probe-{name}.json"
+    output = Path(args.output) if args.output else REPOSITORY / "benchmarks" / f"sublayer-probe-{name}.json"
     output.write_text(json.dumps(report, indent=2) + "\n")
     print(f"[probe_sublayers] wrote {output}", file=sys.stderr)
     return report

@@ -24,9 +24,9 @@ import torch
 
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "src"))  # the GPU machine has the repository only
 
-import bench_speed  # noqa: E402  (the benchmark's batches, model sizes and variant rows)
+from mgsa_hf import benchmarking_speed as bench_speed  # noqa: E402  (the batches, model sizes and rows)
 
 
 def layer_parts(model) -> dict[str, tuple[str, torch.nn.Module]]:
@@ -98,7 +98,7 @@ def markdown(results: dict, command: str) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", nargs="+", default=["transformer", "phrase_representation"],
-                        help=f"rows of scripts/bench_speed.py: {list(bench_speed.VARIANTS)}")
+                        help=f"rows of the speed table: {list(bench_speed.VARIANTS)}")
     parser.add_argument("--backbone", default="marian", choices=["marian"],
                         help="the Marian family (T5 blocks nest their parts one level deeper)")
     parser.add_argument("--size", default="base", choices=["small", "base", "big"])

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .benchmarking_rows import BASELINE, REPOSITORY, resolve_rows
+from .benchmarking_rows import BASELINE, REPOSITORY, package_environment, resolve_rows
 from .cli import positive_int
 from .evaluation import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, mean_std, paired_bootstrap
 
@@ -208,10 +208,7 @@ def pending_runs(args, name: str, budget: dict) -> list[tuple[str, Path, list[st
 def run_pending(args, pending: list[tuple[str, Path, list[str]]]) -> None:
     """Run the commands of `pending_runs`, `--jobs` processes at a time, each writing its run folder's stdout.log."""
     pending = list(pending)
-    # the runs import this package from where it is (the GPU machine has the repository, not the install)
-    package_parent = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
+    env = {**package_environment(), "TOKENIZERS_PARALLELISM": "false"}
     if args.threads:
         env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     running, failed = [], []

@@ -6,6 +6,7 @@ named `<encoder_type>/<file stem>` (`"phrase_representation/max_attn_ta_parse"`)
 """
 
 import json
+import os
 from pathlib import Path
 
 from .configuration_mgsa import ENCODER_TYPES
@@ -20,6 +21,10 @@ BASELINE = "transformer"
 DEFAULT_ROW_FILES = {"phrase_memory": "phrase_memory/syntactic_tag_on_lstm"}
 # each paper's best row besides the defaults (the defaults of MG-SA, hybrid and RHE are their papers' best rows)
 BEST_ROWS = ("phrase_representation/max_attn_ta_parse",)
+# the rows the speed benchmarks time, the reference first: the defaults, MG-SA's n-gram row (Table 3 row 2), PR's best
+# row and RHE's other modes
+SPEED_ROWS = ("transformer", "phrase_memory/ngram_sans_layer_0", "phrase_memory", "phrase_representation",
+              "phrase_representation/max_attn_ta_parse", "hybrid", "rhe", "rhe/dea_rhe", "rhe/rhe_prune")
 
 
 def config_row(name: str) -> dict:
@@ -40,6 +45,11 @@ def default_rows() -> dict[str, dict]:
 def named_row(name: str) -> dict:
     """The row `name`: an encoder type (its default) or `<encoder_type>/<file stem>` (a config file)."""
     return default_rows()[name] if name in ENCODER_TYPES else config_row(name)
+
+
+def rows_named(names) -> dict[str, dict]:
+    """Row name → config fields of each of `names` (see [`named_row`])."""
+    return {name: named_row(name) for name in names}
 
 
 def resolve_rows(specs: list[str]) -> dict[str, dict]:
@@ -65,3 +75,10 @@ def resolve_rows(specs: list[str]) -> dict[str, dict]:
             raise SystemExit(f"row {spec!r} is neither `defaults`, `best`, an encoder type, a row of configs/ nor a "
                              "JSON file.")
     return rows
+
+
+def package_environment() -> dict[str, str]:
+    """This process's environment with this package's folder on `PYTHONPATH`, for the benchmarks' child processes
+    (`python -m mgsa_hf.benchmarking_...`): the GPU machine has the repository, not the installed package."""
+    package_parent = str(Path(__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
