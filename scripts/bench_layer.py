@@ -16,7 +16,6 @@ the variants are interleaved step by step and every figure is a median over `--s
 """
 
 import argparse
-import dataclasses
 import json
 import platform
 import statistics
@@ -72,7 +71,7 @@ class VariantAttention:
     def inputs(self, batch: dict) -> tuple[list[tuple], object]:
         """`([(hidden states (B, L, D), attention mask) entering each of the self-attentions], the raw syntax)`,
         captured from one encoder forward without gradients."""
-        from mgsa_hf.modeling_layers import MgsaSyntaxInputs
+        from mgsa_hf.modeling_common import SYNTAX_INPUT_NAMES, MgsaSyntaxInputs
 
         captured = []
 
@@ -83,8 +82,7 @@ class VariantAttention:
 
         handles = [self.encoder.layers[index].self_attn.register_forward_pre_hook(capture, with_kwargs=True)
                    for index in self.layers]
-        names = [field.name for field in dataclasses.fields(MgsaSyntaxInputs) if field.name != "padding_mask"]
-        fields = {name: batch[name] for name in names if name in batch}
+        fields = {name: batch[name] for name in SYNTAX_INPUT_NAMES if name in batch}
         try:
             with torch.no_grad():
                 self.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **fields)
@@ -94,23 +92,21 @@ class VariantAttention:
             for handle in handles:
                 handle.remove()
         embeds = self.encoder.embed_tokens(batch["input_ids"])
-        return captured, MgsaSyntaxInputs.for_batch(embeds, batch["attention_mask"], **fields)
+        return captured, MgsaSyntaxInputs.pack(fields).with_padding(embeds, batch["attention_mask"])
 
     def forward(self, captured: list[tuple], syntax) -> tuple[list[torch.Tensor], torch.Tensor, float | None]:
         """The syntax preparation and the self-attentions on the captured inputs: `(each attention's output (B, L, D),
         the loss to differentiate (outputs summed, MG-SA's tag loss added), the fraction of (sentence, head) pairs RHE
         labelled important or None)`."""
-        from mgsa_hf.modeling_mgsa import variant_inputs
-
-        layer_syntax = variant_inputs(self.model.config, syntax, captured[0][0])
+        config = self.model.config
+        layer_syntax = config.variant.layer_inputs(config, syntax, captured[0][0])
         outputs, loss, labels = [], 0.0, []
         for index, (hidden, mask) in zip(self.layers, captured, strict=True):
             hidden = hidden.detach().requires_grad_(self.model.training)
-            output, _, *contribution = self.encoder.layers[index].self_attn(hidden, attention_mask=mask,
-                                                                             syntax=layer_syntax)
+            output, _, contribution = self.encoder.layers[index].self_attn(hidden, attention_mask=mask,
+                                                                           syntax=layer_syntax)
             outputs.append(output)
             loss = loss + output.sum()
-            contribution = contribution[0] if contribution else None  # a plain attention returns (output, weights)
             if contribution is not None and contribution.tag_loss is not None:
                 loss = loss + contribution.tag_loss.sum()
             if contribution is not None and contribution.head_labels is not None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .modeling_layers import SYNTAX_INPUT_NAMES
+from .modeling_common import SYNTAX_INPUT_NAMES
 
 
 # Hybrid gates (the hybrid paper's Figures 3 and 4)

@@ -21,8 +21,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .rhe import required_syntax_fields
-
 
 # the source syntax fields a graph can take, in the order of its inputs (`syntax_fields.py`); `phrase_tags` feeds only
 # MG-SA's tag loss, never the logits
@@ -32,17 +30,11 @@ EXPORTABLE_SYNTAX_FIELDS = (
 
 
 def onnx_syntax_fields(config) -> tuple[str, ...]:
-    """The source syntax fields that `config`'s encoder reads to compute the logits: MG-SA's `phrase_ids` with the
-    syntactic partition, PR's `pr_phrase_ids` with the parse segmentation, RHE's dependencies and local phrases (as
-    its `rhe_attention` and `rhe_mode` need them); none for the plain Transformer, hybrid, n-gram MG-SA and
-    fixed-size PR."""
-    if config.encoder_type == "phrase_memory" and config.phrase_partition == "syntactic":
-        return ("phrase_ids",)
-    if config.encoder_type == "phrase_representation" and config.pr_segmentation == "parse":
-        return ("pr_phrase_ids",)
-    if config.encoder_type == "rhe":
-        return required_syntax_fields(config)
-    return ()
+    """The source syntax fields that `config`'s encoder reads to compute the logits, as its variant says
+    ([`~mgsa_hf.modeling_common.Variant.syntax_fields`]): MG-SA's `phrase_ids` with the syntactic partition, PR's
+    `pr_phrase_ids` with the parse segmentation, RHE's dependencies and local phrases (as its `rhe_attention` and
+    `rhe_mode` need them); none for the plain Transformer, hybrid, n-gram MG-SA and fixed-size PR."""
+    return tuple(config.variant.syntax_fields(config))
 
 
 def onnx_input_names(config) -> list[str]:

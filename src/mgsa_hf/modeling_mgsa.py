@@ -2,27 +2,22 @@
 
 With `encoder_type="transformer"` the model is exactly [`~transformers.MarianMTModel`] (same parameter names, same
 computation), so opus-mt checkpoints load as they are; the other encoder types replace the self-attention of chosen
-encoder layers (MG-SA, hybrid, RHE) or add phrase sub-layers to every layer (PR).
+encoder layers (MG-SA, hybrid, RHE) or add phrase sub-layers to every layer (PR), as their
+[`~mgsa_hf.modeling_common.Variant`] says. This file holds Marian's backbone only; what both backbones share is in
+`modeling_common.py`.
 """
 
 import math
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 
 import torch
-from huggingface_hub import HfApi, ModelCard
-from huggingface_hub.errors import EntryNotFoundError
 from torch import nn
 from transformers import initialization as init
+from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
-from transformers.modeling_outputs import (
-    BaseModelOutput,
-    BaseModelOutputWithPastAndCrossAttentions,
-    Seq2SeqLMOutput,
-    Seq2SeqModelOutput,
-)
+from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions
 from transformers.modeling_utils import PreTrainedModel
 from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding, shift_tokens_right
 from transformers.processing_utils import Unpack
@@ -32,154 +27,180 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_mgsa import MgsaConfig
 from .generation_arguments import CheckedGenerationMixin
-from .hybrid import HybridAttention
-from .modeling_layers import (
+from .modeling_common import (
     OUTPUT_CACHE_FIELD,
+    BaseModelAutoMapMixin,
     MgsaAttention,
-    MgsaDecoderLayer,
-    MgsaEncoderLayer,
+    MgsaCheckpointingLayer,
+    MgsaDecoderKwargs,
+    MgsaEncoderOutput,
     MgsaLayerOutput,
+    MgsaSeq2SeqLMOutput,
+    MgsaSeq2SeqModelOutput,
     MgsaSyntaxInputs,
     VariantUpgradeMixin,
+    check_length,
+    check_tag_supervision_inputs,
+    encoder_decoder_forward,
+    encoder_output,
+    language_model_output,
     resolve_cache,
-    source_syntax_fields,
 )
-from .phrase_memory import PhraseMemoryAttention, PhraseMemoryInputs
-from .phrase_representation import (
-    PhraseRepresentationDecoderLayer,
-    PhraseRepresentationEncoderLayer,
-    PhraseRepresentationInputs,
-)
-from .rhe import RheAttention, RheInputs
 from .weights_checksums import WeightsChecksumMixin
 
 
 logger = logging.get_logger(__name__)
 
-# encoder_type -> the self-attention of the variant's encoder layers (`config.variant_layers`)
-ENCODER_SELF_ATTENTIONS = {"phrase_memory": PhraseMemoryAttention, "hybrid": HybridAttention, "rhe": RheAttention}
-# encoder_type -> layer classes that replace whole encoder / decoder layers
-ENCODER_LAYERS = {"phrase_representation": PhraseRepresentationEncoderLayer}
-DECODER_LAYERS = {"phrase_representation": PhraseRepresentationDecoderLayer}
+
+class MgsaPostNormLayer(MgsaCheckpointingLayer):
+    """What Marian's encoder and decoder layers share: post-LN residual blocks and the feed-forward sub-layer
+    (`fc1`, `fc2`, `final_layer_norm`)."""
+
+    def __init__(self, config, ffn_dim: int, layer_idx: int):
+        super().__init__()
+        self.embed_dim = config.d_model
+        self.layer_idx = layer_idx
+        self.dropout = config.dropout
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.activation_dropout = config.activation_dropout
+        self.fc1 = nn.Linear(self.embed_dim, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, self.embed_dim)
+        self.final_layer_norm = nn.LayerNorm(self.embed_dim)
+
+    def residual_block(self, residual: torch.Tensor, update: torch.Tensor, layer_norm: nn.LayerNorm) -> torch.Tensor:
+        """Post-LN residual connection: LayerNorm(residual + dropout(update))."""
+        update = nn.functional.dropout(update, p=self.dropout, training=self.training)
+        return layer_norm(residual + update)
+
+    # a sub-layer's residual passes around its norm (pre-norm) or the norm follows the residual (post-LN, Marian)
+    pre_norm = False
+
+    def sublayer(
+        self, hidden_states: torch.Tensor, function: Callable[[torch.Tensor], torch.Tensor], layer_norm: nn.LayerNorm
+    ) -> torch.Tensor:
+        """A sub-layer the way this backbone wraps it, for variants that add one (PR): post-LN, as `residual_block`."""
+        return self.residual_block(hidden_states, function(hidden_states), layer_norm)
+
+    def make_layer_norm(self) -> nn.LayerNorm:
+        """The normalisation of a sub-layer a variant adds."""
+        return nn.LayerNorm(self.embed_dim)
+
+    def make_output_layer_norm(self) -> None:
+        """Post-LN layer outputs are normalised already: a variant reading them needs no norm of its own."""
+        return None
+
+    def feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The position-wise feed-forward sub-layer with its residual block."""
+        update = self.activation_fn(self.fc1(hidden_states))
+        update = nn.functional.dropout(update, p=self.activation_dropout, training=self.training)
+        return self.residual_block(hidden_states, self.fc2(update), self.final_layer_norm)
 
 
-def variant_inputs(config, syntax: MgsaSyntaxInputs, hidden_states: torch.Tensor):
-    """What the variant's layers read, made once per forward from the source syntax (either backbone): MG-SA's phrase
-    partition, PR's segmentation and phrase mask (for the encoder's `hidden_states`), RHE's relations; the syntax
-    itself for the others."""
-    if config.encoder_type == "phrase_memory":
-        return PhraseMemoryInputs.from_syntax(config, syntax)
-    if config.encoder_type == "phrase_representation":
-        return PhraseRepresentationInputs.from_syntax(config, syntax, hidden_states)
-    if config.encoder_type == "rhe":
-        return RheInputs.from_syntax(config, syntax)
-    return syntax
+class MgsaEncoderLayer(MgsaPostNormLayer):
+    """
+    Marian's post-LN encoder layer. Its self-attention is plain [`MgsaAttention`] or, on the variant's layers, the
+    variant's attention module (built by `modeling_mgsa.build_encoder_self_attention`).
+    """
+
+    def __init__(self, config, self_attn: MgsaAttention, layer_idx: int):
+        super().__init__(config, config.encoder_ffn_dim, layer_idx)
+        self.self_attn = self_attn
+        self.self_attn_layer_norm = nn.LayerNorm(self.embed_dim)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        syntax: MgsaSyntaxInputs | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, MgsaLayerOutput]:
+        """
+        Args:
+            hidden_states: (B, L, D); attention_mask: additive (B, 1, L, L) or None.
+            syntax: what the self-attention reads: [`MgsaSyntaxInputs`] or the variant's inputs made from them.
+
+        Returns:
+            `(hidden_states (B, L, D), what the self-attention contributed)`.
+        """
+        attn_output, _, contribution = self.self_attn(
+            hidden_states, attention_mask=attention_mask, syntax=syntax, **kwargs
+        )
+        hidden_states = self.residual_block(hidden_states, attn_output, self.self_attn_layer_norm)
+        hidden_states = self.feed_forward(hidden_states)
+        if hidden_states.dtype == torch.float16 and not torch.isfinite(hidden_states).all():
+            clamp_value = torch.finfo(hidden_states.dtype).max - 1000
+            hidden_states = torch.clamp(hidden_states, min=-clamp_value, max=clamp_value)
+        return hidden_states, contribution if contribution is not None else MgsaLayerOutput()
 
 
-def compiles_fullgraph(config) -> bool:
-    """Whether a model of `config` (either backbone) runs under `torch.compile(fullgraph=True)`, training forward and
-    static-cache decoding alike: every encoder type does except MG-SA with a recurrence (`phrase_interaction="lstm"`
-    or `"on_lstm"`, `phrase_composition="lstm"`), whose number of steps depends on the sentences, so it runs eagerly
-    between compiled graphs."""
-    if config.encoder_type != "phrase_memory":
-        return True
-    return config.phrase_interaction == "none" and config.phrase_composition != "lstm"
+class MgsaDecoderLayer(MgsaPostNormLayer):
+    """Marian's post-LN decoder layer: causal self-attention → cross-attention → feed-forward."""
 
+    def __init__(self, config, layer_idx: int):
+        super().__init__(config, config.decoder_ffn_dim, layer_idx)
+        heads = config.decoder_attention_heads
+        self.self_attn = MgsaAttention(config, heads, is_decoder=True, is_causal=True, layer_idx=layer_idx)
+        self.self_attn_layer_norm = nn.LayerNorm(self.embed_dim)
+        self.encoder_attn = MgsaAttention(config, heads, is_decoder=True, layer_idx=layer_idx)
+        self.encoder_attn_layer_norm = nn.LayerNorm(self.embed_dim)
 
-def build_encoder_self_attention(config, layer_idx: int, **kwargs) -> MgsaAttention:
-    """The self-attention of encoder layer `layer_idx`: the variant's on `config.variant_layers`, plain otherwise
-    (either backbone; `kwargs` go to the attention, e.g. T5's `has_relative_attention_bias`)."""
-    attention_class = MgsaAttention
-    if layer_idx in config.variant_layers:
-        attention_class = ENCODER_SELF_ATTENTIONS[config.encoder_type]
-    return attention_class(config, config.encoder_attention_heads, layer_idx=layer_idx, **kwargs)
+    def cross_attention(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """The cross-attention sub-layer over source tokens (PR adds a phrase sub-layer before it)."""
+        attn_output, _, _ = self.encoder_attn(
+            hidden_states,
+            key_value_states=encoder_hidden_states,
+            attention_mask=encoder_attention_mask,
+            past_key_values=past_key_values,
+        )
+        return self.residual_block(hidden_states, attn_output, self.encoder_attn_layer_norm)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = True,
+        **kwargs,
+    ) -> torch.Tensor:
+        """
+        Args:
+            hidden_states: (B, T, D) target states.
+            attention_mask: additive causal mask (B, 1, T, T_past + T) or None.
+            encoder_hidden_states: (B, S, D); encoder_attention_mask: additive (B, 1, T, S) or None.
+            kwargs: extra source memories a variant's decoder layer reads (PR: `encoder_phrase_states`,
+                `encoder_phrase_mask`); ignored here.
+        """
+        attn_output, _, _ = self.self_attn(
+            hidden_states, past_key_values=past_key_values, attention_mask=attention_mask
+        )
+        hidden_states = self.residual_block(hidden_states, attn_output, self.self_attn_layer_norm)
+        if encoder_hidden_states is not None:
+            hidden_states = self.cross_attention(
+                hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values, **kwargs
+            )
+        return self.feed_forward(hidden_states)
 
 
 def build_encoder_layer(config: MgsaConfig, layer_idx: int) -> MgsaEncoderLayer:
-    """Encoder layer `layer_idx` for `config.encoder_type`."""
-    self_attn = build_encoder_self_attention(config, layer_idx)
-    layer_class = ENCODER_LAYERS.get(config.encoder_type, MgsaEncoderLayer)
-    return layer_class(config, self_attn, layer_idx)
+    """Encoder layer `layer_idx`: Marian's, with the variant's self-attention on its layers and its mixin (PR)."""
+    variant = config.variant
+    return variant.encoder_layer_class(MgsaEncoderLayer)(
+        config, variant.encoder_self_attention(config, layer_idx), layer_idx
+    )
 
 
 def build_decoder_layer(config: MgsaConfig, layer_idx: int) -> MgsaDecoderLayer:
-    """Decoder layer `layer_idx` for `config.encoder_type`."""
-    return DECODER_LAYERS.get(config.encoder_type, MgsaDecoderLayer)(config, layer_idx)
-
-
-class MgsaDecoderKwargs(TransformersKwargs, total=False):
-    """
-    The keyword arguments of a decoder's forward: [`~transformers.utils.TransformersKwargs`] and what a variant's
-    decoder layers read from the source besides its hidden states ([`MgsaEncoderOutput.source_memories`]).
-
-    encoder_phrase_states (`torch.FloatTensor` of shape `(batch_size, encoder_layers + 1, num_phrases, d_model)`):
-        PR: the source phrases of every encoder level.
-    encoder_phrase_mask (`torch.BoolTensor` of shape `(batch_size, num_phrases)`):
-        PR: `True` for real phrases.
-    """
-
-    encoder_phrase_states: torch.FloatTensor
-    encoder_phrase_mask: torch.BoolTensor
-
-
-@dataclass
-class MgsaEncoderOutput(BaseModelOutput):
-    r"""
-    tag_loss (`torch.FloatTensor` of shape `(batch_size,)`, *optional*):
-        MG-SA phrase-tag cross-entropy per sentence (averaged over its phrases and supervised layers), when the
-        model predicts tags and the batch carries `phrase_tags`. Per sentence so that it expands with beams.
-    gates (`tuple(torch.FloatTensor)`, *optional*):
-        Hybrid: per variant layer, the local/global gate `(batch_size, seq_len)` or `(batch_size, heads, seq_len)`.
-    head_labels (`tuple(torch.LongTensor)`, *optional*):
-        RHE: per variant layer, `(batch_size, heads)` with 1 for important and 0 for redundant heads.
-    phrase_states (`torch.FloatTensor` of shape `(batch_size, encoder_layers + 1, num_phrases, d_model)`, *optional*):
-        PR: the source phrase representations of the embeddings and of every encoder layer.
-    phrase_mask (`torch.BoolTensor` of shape `(batch_size, num_phrases)`, *optional*):
-        PR: `True` for real phrases.
-    """
-
-    tag_loss: torch.FloatTensor | None = None
-    gates: tuple[torch.FloatTensor, ...] | None = None
-    head_labels: tuple[torch.LongTensor, ...] | None = None
-    phrase_states: torch.FloatTensor | None = None
-    phrase_mask: torch.BoolTensor | None = None
-
-    def source_memories(self) -> dict[str, torch.Tensor]:
-        """What a variant's decoder layers read from the source besides its hidden states, as keyword arguments for
-        the decoder (PR: `encoder_phrase_states`, `encoder_phrase_mask`); empty for the other variants."""
-        if self.phrase_states is None:
-            return {}
-        return {"encoder_phrase_states": self.phrase_states, "encoder_phrase_mask": self.phrase_mask}
-
-
-@dataclass
-class MgsaSeq2SeqModelOutput(Seq2SeqModelOutput):
-    r"""
-    encoder_tag_loss, encoder_gates, encoder_head_labels:
-        The encoder's [`MgsaEncoderOutput`] fields of the same names.
-    """
-
-    encoder_tag_loss: torch.FloatTensor | None = None
-    encoder_gates: tuple[torch.FloatTensor, ...] | None = None
-    encoder_head_labels: tuple[torch.LongTensor, ...] | None = None
-
-
-@dataclass
-class MgsaSeq2SeqLMOutput(Seq2SeqLMOutput):
-    r"""
-    translation_loss (`torch.FloatTensor`, *optional*):
-        The cross-entropy of the labels alone (label-smoothed by `config.label_smoothing`); `loss` adds
-        `phrase_tag_loss_weight * tag_loss` when there is one.
-    tag_loss (`torch.FloatTensor`, *optional*):
-        MG-SA phrase-tag loss of the batch (mean of the encoder's per-sentence `tag_loss`).
-    encoder_gates, encoder_head_labels:
-        See [`MgsaEncoderOutput`]; returned with `output_gates=True` / `output_head_labels=True`.
-    """
-
-    translation_loss: torch.FloatTensor | None = None
-    tag_loss: torch.FloatTensor | None = None
-    encoder_gates: tuple[torch.FloatTensor, ...] | None = None
-    encoder_head_labels: tuple[torch.LongTensor, ...] | None = None
+    """Decoder layer `layer_idx`: Marian's, with the variant's mixin (PR)."""
+    return config.variant.decoder_layer_class(MgsaDecoderLayer)(config, layer_idx)
 
 
 class MgsaPreTrainedModel(VariantUpgradeMixin, WeightsChecksumMixin, PreTrainedModel):
@@ -192,13 +213,13 @@ class MgsaPreTrainedModel(VariantUpgradeMixin, WeightsChecksumMixin, PreTrainedM
     _supports_flex_attn = True
     _no_split_modules = ["MgsaEncoderLayer", "MgsaDecoderLayer"]
     # the class's value holds for the default configuration (tools read it before building a model); a model's own
-    # follows its configuration (`compiles_fullgraph`)
+    # follows its configuration (its variant's `compiles_fullgraph`)
     _can_compile_fullgraph = True
 
     def __init__(self, config: MgsaConfig, *inputs, **kwargs):
         config.validate()  # a configuration changed after construction (its fields are checked one by one) as a whole
         super().__init__(config, *inputs, **kwargs)
-        self._can_compile_fullgraph = compiles_fullgraph(config)
+        self._can_compile_fullgraph = config.variant.compiles_fullgraph(config)
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -216,39 +237,6 @@ class MgsaPreTrainedModel(VariantUpgradeMixin, WeightsChecksumMixin, PreTrainedM
         pad_token = self.config.pad_token_id
         input_ids = torch.tensor([[0, 6, 10, 4, 2], [0, 8, 12, 2, pad_token]], device=self.device)
         return {"attention_mask": input_ids.ne(pad_token), "input_ids": input_ids, "decoder_input_ids": input_ids}
-
-
-def encoder_output(hidden_states: torch.Tensor, layer_outputs: list[MgsaLayerOutput]) -> MgsaEncoderOutput:
-    """The encoder output: the last hidden states and what the layers contributed, in layer order (either
-    backbone): the mean of the tag losses, the gates and head labels per variant layer, PR's phrase levels stacked."""
-    tag_losses = [output.tag_loss for output in layer_outputs if output.tag_loss is not None]
-    gates = tuple(output.gates for output in layer_outputs if output.gates is not None)
-    head_labels = tuple(output.head_labels for output in layer_outputs if output.head_labels is not None)
-    phrase_states = [states for output in layer_outputs for states in output.phrase_states]
-    phrase_masks = [output.phrase_mask for output in layer_outputs if output.phrase_mask is not None]
-    return MgsaEncoderOutput(
-        last_hidden_state=hidden_states,
-        tag_loss=torch.stack(tag_losses).mean(0) if tag_losses else None,
-        gates=gates or None,
-        head_labels=head_labels or None,
-        phrase_states=torch.stack(phrase_states, dim=1) if phrase_states else None,
-        phrase_mask=phrase_masks[0] if phrase_masks else None,
-    )
-
-
-def check_length(tokens: torch.Tensor, past_length: int | torch.Tensor, limit: int, side: str) -> None:
-    """A clear error instead of an index error deep inside the position embedding when a sequence (B, T, ...) that
-    follows `past_length` cached tokens is longer than the model's `max_position_embeddings`. A static cache counts
-    its tokens in a tensor: under `torch.compile` that count is checked on the device, without a graph break."""
-    length = past_length + tokens.shape[1]
-    if isinstance(length, torch.Tensor) and torch.compiler.is_compiling():
-        torch._assert_async(length <= limit, f"The {side} sequence is longer than `max_position_embeddings`")
-        return
-    if length > limit:
-        hint = (f"tokenize with `truncation=True, max_length={limit}`" if side == "source"
-                else f"generate at most {limit} tokens (`max_new_tokens`)")
-        raise ValueError(f"The {side} sequence has {int(length)} tokens but the model has position embeddings for "
-                         f"`max_position_embeddings` = {limit}: {hint}.")
 
 
 class MgsaEncoder(MgsaPreTrainedModel):
@@ -291,6 +279,7 @@ class MgsaEncoder(MgsaPreTrainedModel):
         local_phrase_start: torch.LongTensor | None = None,
         local_phrase_end: torch.LongTensor | None = None,
         tree_depth: torch.LongTensor | None = None,
+        syntax: MgsaSyntaxInputs | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> MgsaEncoderOutput:
         r"""
@@ -300,7 +289,11 @@ class MgsaEncoder(MgsaPreTrainedModel):
         tree_depth:
             Source syntax fields made by [`MgsaProcessor`] (see `syntax_fields.py` for shapes and padding values).
             Only the fields the configured variant reads are required.
+        syntax ([`MgsaSyntaxInputs`], *optional*):
+            The same fields packed, as the encoder-decoder passes them (instead of the fields by name).
         """
+        if syntax is None:
+            syntax = MgsaSyntaxInputs.pack(locals())
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         check_length(inputs_embeds if input_ids is None else input_ids, 0, self.config.max_position_embeddings,
@@ -310,19 +303,8 @@ class MgsaEncoder(MgsaPreTrainedModel):
         hidden_states = inputs_embeds + self.embed_positions(inputs_embeds.shape[:-1])
         hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
 
-        syntax = MgsaSyntaxInputs.for_batch(
-            inputs_embeds,
-            attention_mask,
-            word_ids=word_ids,
-            head_word_ids=head_word_ids,
-            phrase_ids=phrase_ids,
-            phrase_tags=phrase_tags,
-            pr_phrase_ids=pr_phrase_ids,
-            local_phrase_start=local_phrase_start,
-            local_phrase_end=local_phrase_end,
-            tree_depth=tree_depth,
-        )
-        layer_syntax = variant_inputs(self.config, syntax, hidden_states)
+        syntax = syntax.with_padding(inputs_embeds, attention_mask)
+        layer_syntax = self.config.variant.layer_inputs(self.config, syntax, hidden_states)
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
         )
@@ -429,170 +411,6 @@ class MgsaDecoder(MgsaPreTrainedModel):
         )
 
 
-def as_encoder_output(encoder_outputs) -> MgsaEncoderOutput:
-    """Accept what users and `generate` pass as `encoder_outputs`: our output, a `BaseModelOutput` or a tuple."""
-    if isinstance(encoder_outputs, MgsaEncoderOutput):
-        return encoder_outputs
-    if isinstance(encoder_outputs, BaseModelOutput):
-        return MgsaEncoderOutput(**encoder_outputs)
-    return MgsaEncoderOutput(
-        last_hidden_state=encoder_outputs[0],
-        hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
-        attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
-    )
-
-
-def encoder_decoder_forward(
-    model: PreTrainedModel,
-    input_ids: torch.LongTensor | None,
-    attention_mask: torch.Tensor | None,
-    decoder_input_ids: torch.LongTensor | None,
-    decoder_attention_mask: torch.Tensor | None,
-    encoder_outputs,
-    past_key_values: Cache | None,
-    inputs_embeds: torch.Tensor | None,
-    decoder_inputs_embeds: torch.Tensor | None,
-    use_cache: bool | None,
-    syntax_fields: dict[str, torch.LongTensor | None],
-    **kwargs: Unpack[TransformersKwargs],
-) -> MgsaSeq2SeqModelOutput:
-    """
-    The encoder-decoder pass of both backbones: encode the source with its syntax fields (unless `encoder_outputs`
-    are given, as `generate` does), then decode against the source states and the variant's other source memories
-    (PR's phrases).
-    """
-    past_key_values = resolve_cache(past_key_values, kwargs)
-    if encoder_outputs is None:
-        encoder_outputs = model.get_encoder()(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            **syntax_fields,
-            **kwargs,
-        )
-    encoder_outputs = as_encoder_output(encoder_outputs)
-    decoder_outputs = model.get_decoder()(
-        input_ids=decoder_input_ids,
-        attention_mask=decoder_attention_mask,
-        encoder_hidden_states=encoder_outputs.last_hidden_state,
-        encoder_attention_mask=attention_mask,
-        past_key_values=past_key_values,
-        inputs_embeds=decoder_inputs_embeds,
-        use_cache=use_cache,
-        **encoder_outputs.source_memories(),
-        **kwargs,
-    )
-    return MgsaSeq2SeqModelOutput(
-        last_hidden_state=decoder_outputs.last_hidden_state,
-        **{OUTPUT_CACHE_FIELD: getattr(decoder_outputs, OUTPUT_CACHE_FIELD)},
-        decoder_hidden_states=decoder_outputs.hidden_states,
-        decoder_attentions=decoder_outputs.attentions,
-        cross_attentions=decoder_outputs.cross_attentions,
-        encoder_last_hidden_state=encoder_outputs.last_hidden_state,
-        encoder_hidden_states=encoder_outputs.hidden_states,
-        encoder_attentions=encoder_outputs.attentions,
-        encoder_tag_loss=encoder_outputs.tag_loss,
-        encoder_gates=encoder_outputs.gates,
-        encoder_head_labels=encoder_outputs.head_labels,
-    )
-
-
-def check_tag_supervision_inputs(model, labels, phrase_tags, encoder_outputs) -> None:
-    """
-    MG-SA's tag loss (Eq. 10) needs the batch's `phrase_tags` and a loss computed by the model: a training forward
-    that runs the encoder with `labels` but no `phrase_tags` raises, and one without `labels` (a Trainer that
-    computes the loss from the logits: `label_smoothing_factor`, `compute_loss_func`) warns once that the loss leaves
-    the tag term out. Forwards in eval mode, or on given `encoder_outputs` (as in `generate`), need neither.
-    """
-    config = model.config
-    if not (config.encoder_type == "phrase_memory" and config.phrase_tag_supervision):
-        return
-    if not model.training or encoder_outputs is not None:
-        return
-    if labels is not None and phrase_tags is None:
-        raise ValueError(
-            "`phrase_tag_supervision=True` trains a tag classifier on the batch's `phrase_tags`, which this batch "
-            "lacks. Make the batches with the processor of the model's `phrase_levels` (`MgsaProcessor(..., "
-            "phrase_levels=config.phrase_levels)`, which returns `phrase_tags` beside `phrase_ids`) and batch them "
-            "with `MgsaDataCollator`, or set `phrase_tag_supervision=False`."
-        )
-    if labels is None and not getattr(model, "tag_loss_added_by_caller", False):
-        logger.warning_once(
-            "`phrase_tag_supervision=True`, but the model is training without `labels`: the caller computes the "
-            "loss from the logits (a Trainer with `label_smoothing_factor` > 0 or `compute_loss_func`), and that loss "
-            "leaves out the tag loss (the classifier does not train). Train with `MgsaSeq2SeqTrainer`, which adds it "
-            "back, or set the model's `label_smoothing` field instead of the Trainer's `label_smoothing_factor`."
-        )
-
-
-def tag_loss_per_target_token(
-    tag_loss: torch.Tensor, labels: torch.LongTensor, num_items_in_batch: torch.Tensor | int | None = None
-) -> torch.Tensor:
-    """
-    MG-SA's tag loss on the scale of a translation loss that is a mean over target tokens. Eq. 12 of Hao et al.
-    (2019) adds λ · L_tag to the translation log-likelihood, both summed per sentence; the translation loss here is
-    that sum over the batch divided by its target tokens (`labels` (B, T), -100 ignored, or `num_items_in_batch`, the
-    tokens of the whole accumulated batch), so the tag term is the batch's sum of sentence tag losses (`tag_loss`,
-    their mean, times B) over the same count.
-    """
-    tokens = num_items_in_batch if num_items_in_batch is not None else labels.ne(-100).sum()
-    if torch.is_tensor(tokens):
-        tokens = tokens.to(tag_loss.device)
-    return tag_loss * labels.shape[0] / tokens
-
-
-def language_model_output(
-    config,
-    outputs: MgsaSeq2SeqModelOutput,
-    lm_logits: torch.Tensor,
-    labels: torch.LongTensor | None,
-    output_gates: bool | None,
-    output_head_labels: bool | None,
-    num_items_in_batch: torch.Tensor | int | None = None,
-) -> MgsaSeq2SeqLMOutput:
-    """
-    Both backbones' LM output: the translation cross-entropy of `lm_logits` (B, T, V) against `labels` (B, T) (-100
-    ignored), label-smoothed by `config.label_smoothing` as the Trainer's `LabelSmoother` does, plus
-    `phrase_tag_loss_weight` times MG-SA's tag loss (Eq. 10, per target token: [`tag_loss_per_target_token`]), and the
-    analysis outputs that were asked for.
-
-    Without `num_items_in_batch` the translation loss is the mean over the batch's target tokens. The Trainer passes
-    the number of target tokens of the whole accumulated batch (over its processes) as `num_items_in_batch`: then
-    both terms are this batch's sums over that number, so that the accumulated loss is the whole batch's.
-    """
-    translation_loss = loss = None
-    tag_loss = outputs.encoder_tag_loss.mean() if outputs.encoder_tag_loss is not None else None
-    if labels is not None:
-        # label smoothing (Szegedy et al., 2016; Vaswani et al., 2017 §5.4): (1 - ε) NLL + ε · mean_v(-log p_v)
-        translation_loss = nn.functional.cross_entropy(
-            lm_logits.view(-1, lm_logits.shape[-1]), labels.view(-1), ignore_index=-100,
-            label_smoothing=config.label_smoothing, reduction="mean" if num_items_in_batch is None else "sum",
-        )
-        if num_items_in_batch is not None:
-            if torch.is_tensor(num_items_in_batch):
-                num_items_in_batch = num_items_in_batch.to(translation_loss.device)
-            translation_loss = translation_loss / num_items_in_batch
-        loss = translation_loss
-        if tag_loss is not None:
-            loss = loss + config.phrase_tag_loss_weight * tag_loss_per_target_token(tag_loss, labels,
-                                                                                     num_items_in_batch)
-    return MgsaSeq2SeqLMOutput(
-        loss=loss,
-        logits=lm_logits,
-        **{OUTPUT_CACHE_FIELD: getattr(outputs, OUTPUT_CACHE_FIELD)},
-        decoder_hidden_states=outputs.decoder_hidden_states,
-        decoder_attentions=outputs.decoder_attentions,
-        cross_attentions=outputs.cross_attentions,
-        encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-        encoder_hidden_states=outputs.encoder_hidden_states,
-        encoder_attentions=outputs.encoder_attentions,
-        translation_loss=translation_loss,
-        tag_loss=tag_loss,
-        encoder_gates=outputs.encoder_gates if output_gates else None,
-        encoder_head_labels=outputs.encoder_head_labels if output_head_labels else None,
-    )
-
-
 class MgsaModel(MgsaPreTrainedModel):
     """The bare MGSA encoder-decoder, outputting raw decoder states (Marian layout: `shared`, `encoder`, `decoder`)."""
 
@@ -677,10 +495,7 @@ class MgsaModel(MgsaPreTrainedModel):
         r"""
         Arguments are those of [`~transformers.MarianModel`] plus the source syntax fields of [`MgsaEncoder`].
         """
-        syntax_fields = source_syntax_fields(
-            word_ids, head_word_ids, phrase_ids, phrase_tags, pr_phrase_ids, local_phrase_start, local_phrase_end,
-            tree_depth,
-        )
+        syntax = MgsaSyntaxInputs.pack(locals())
         return encoder_decoder_forward(
             self,
             input_ids,
@@ -692,49 +507,9 @@ class MgsaModel(MgsaPreTrainedModel):
             inputs_embeds,
             decoder_inputs_embeds,
             use_cache,
-            syntax_fields,
+            syntax,
             **kwargs,
         )
-
-
-class BaseModelAutoMapMixin:
-    """Saving a translation model with its code (`register_for_auto_class`, which importing the package does) also
-    names its bare encoder-decoder (`base_model_class`) under `AutoModel` in the config's `auto_map`, and the
-    translation pipeline under `mgsa-translation` in `custom_pipelines`, so that `AutoModel.from_pretrained(folder,
-    trust_remote_code=True)` and `pipeline(model=folder, trust_remote_code=True)` work where this package is not
-    installed. `save_pretrained` writes only the saved class's own Auto entry and the code its module imports:
-    importing the pipeline here makes it one of those files, so every save (`Trainer.save_model`, `push_to_hub`)
-    writes it."""
-
-    base_model_class: type
-
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        if self._auto_class is not None:
-            from .pipeline_translation import remote_pipelines
-
-            base = self.base_model_class
-            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}),
-                                    "AutoModel": f"{base.__module__.rsplit('.', 1)[-1]}.{base.__name__}"}
-            self.config.custom_pipelines = {**(getattr(self.config, "custom_pipelines", None) or {}),
-                                            **remote_pipelines()}
-        return super().save_pretrained(save_directory, *args, **kwargs)
-
-    def push_to_hub(self, repo_id: str, *args, **kwargs):
-        """
-        Transformers' `push_to_hub`, which keeps the card a repository has and gives a new one its blank template:
-        a model loaded from a folder that holds this package's model card (`README.md` tagged `mgsa-hf`, with the
-        scores as `model-index`, as `mgsa-hf train` writes it) gives a repository without a card that card first.
-        """
-        card_path = Path(str(self.name_or_path)) / "README.md"
-        if card_path.is_file() and "mgsa-hf" in (ModelCard.load(card_path).data.tags or []):
-            api = HfApi(token=kwargs.get("token"))
-            repo_id = api.create_repo(repo_id, private=kwargs.get("private"), exist_ok=True).repo_id
-            try:
-                ModelCard.load(repo_id, token=kwargs.get("token"))
-            except EntryNotFoundError:
-                api.upload_file(path_or_fileobj=str(card_path), path_in_repo="README.md", repo_id=repo_id,
-                                commit_message="Add the model card")
-        return super().push_to_hub(repo_id, *args, **kwargs)
 
 
 class MgsaForConditionalGeneration(
@@ -880,10 +655,7 @@ class MgsaForConditionalGeneration(
                 )
         check_tag_supervision_inputs(self, labels, phrase_tags, encoder_outputs)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        syntax_fields = source_syntax_fields(
-            word_ids, head_word_ids, phrase_ids, phrase_tags, pr_phrase_ids, local_phrase_start, local_phrase_end,
-            tree_depth,
-        )
+        syntax = MgsaSyntaxInputs.pack(locals())
         outputs = encoder_decoder_forward(
             self.model,
             input_ids,
@@ -895,7 +667,7 @@ class MgsaForConditionalGeneration(
             inputs_embeds,
             decoder_inputs_embeds,
             use_cache,
-            syntax_fields,
+            syntax,
             **kwargs,
         )
         lm_logits = self.lm_head(outputs.last_hidden_state) + self.final_logits_bias

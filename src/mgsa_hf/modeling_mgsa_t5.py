@@ -35,32 +35,24 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_mgsa import MgsaT5Config
 from .generation_arguments import CheckedGenerationMixin
-from .modeling_layers import (
+from .modeling_common import (
     OUTPUT_CACHE_FIELD,
+    BaseModelAutoMapMixin,
     MgsaAttention,
     MgsaCheckpointingLayer,
-    MgsaLayerOutput,
-    MgsaSyntaxInputs,
-    VariantUpgradeMixin,
-    resolve_cache,
-    source_syntax_fields,
-    split_self_attention_outputs,
-)
-from .modeling_mgsa import (
-    BaseModelAutoMapMixin,
     MgsaDecoderKwargs,
     MgsaEncoderOutput,
+    MgsaLayerOutput,
     MgsaSeq2SeqLMOutput,
     MgsaSeq2SeqModelOutput,
-    build_encoder_self_attention,
+    MgsaSyntaxInputs,
+    VariantUpgradeMixin,
     check_tag_supervision_inputs,
-    compiles_fullgraph,
     encoder_decoder_forward,
     encoder_output,
     language_model_output,
-    variant_inputs,
+    resolve_cache,
 )
-from .phrase_representation import PhraseRepresentationDecoderMixin, PhraseRepresentationEncoderMixin
 from .weights_checksums import WeightsChecksumMixin
 
 
@@ -111,9 +103,10 @@ class MgsaT5LayerSelfAttention(nn.Module):
         self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs
     ) -> tuple[torch.Tensor, MgsaLayerOutput]:
         """`(hidden_states + dropout(attention(RMSNorm(hidden_states))), what the attention contributed)`."""
-        attn_output, contribution = split_self_attention_outputs(
-            self.SelfAttention(self.layer_norm(hidden_states), attention_mask=attention_mask, **kwargs)
+        attn_output, _, contribution = self.SelfAttention(
+            self.layer_norm(hidden_states), attention_mask=attention_mask, **kwargs
         )
+        contribution = contribution if contribution is not None else MgsaLayerOutput()
         return hidden_states + self.dropout(attn_output), contribution
 
 
@@ -133,7 +126,7 @@ class MgsaT5LayerCrossAttention(nn.Module):
         attention_mask: torch.Tensor | None,
         past_key_values: Cache | None,
     ) -> torch.Tensor:
-        attn_output, _ = self.EncDecAttention(
+        attn_output, _, _ = self.EncDecAttention(
             self.layer_norm(hidden_states),
             key_value_states=key_value_states,
             attention_mask=attention_mask,
@@ -261,28 +254,17 @@ class MgsaT5DecoderBlock(MgsaT5Block):
         return self.feed_forward(hidden_states)
 
 
-class MgsaT5PhraseRepresentationEncoderBlock(PhraseRepresentationEncoderMixin, MgsaT5EncoderBlock):
-    """The PR encoder layer on T5's pre-norm encoder block (see [`PhraseRepresentationEncoderMixin`])."""
-
-
-class MgsaT5PhraseRepresentationDecoderBlock(PhraseRepresentationDecoderMixin, MgsaT5DecoderBlock):
-    """The PR decoder layer on T5's pre-norm decoder block (see [`PhraseRepresentationDecoderMixin`])."""
-
-
-# encoder_type -> block classes that replace whole encoder / decoder blocks
-ENCODER_BLOCKS = {"phrase_representation": MgsaT5PhraseRepresentationEncoderBlock}
-DECODER_BLOCKS = {"phrase_representation": MgsaT5PhraseRepresentationDecoderBlock}
-
-
 def build_encoder_block(config: MgsaT5Config, layer_idx: int) -> MgsaT5EncoderBlock:
-    """Encoder block `layer_idx` for `config.encoder_type`; the first one owns the relative position bias table."""
-    self_attn = build_encoder_self_attention(config, layer_idx, has_relative_attention_bias=layer_idx == 0)
-    return ENCODER_BLOCKS.get(config.encoder_type, MgsaT5EncoderBlock)(config, self_attn, layer_idx)
+    """Encoder block `layer_idx`: T5's, with the variant's self-attention on its layers and its mixin (PR); the first
+    block owns the relative position bias table."""
+    variant = config.variant
+    self_attn = variant.encoder_self_attention(config, layer_idx, has_relative_attention_bias=layer_idx == 0)
+    return variant.encoder_layer_class(MgsaT5EncoderBlock)(config, self_attn, layer_idx)
 
 
 def build_decoder_block(config: MgsaT5Config, layer_idx: int) -> MgsaT5DecoderBlock:
-    """Decoder block `layer_idx` for `config.encoder_type`."""
-    return DECODER_BLOCKS.get(config.encoder_type, MgsaT5DecoderBlock)(config, layer_idx)
+    """Decoder block `layer_idx`: T5's, with the variant's mixin (PR)."""
+    return config.variant.decoder_layer_class(MgsaT5DecoderBlock)(config, layer_idx)
 
 
 class MgsaT5PreTrainedModel(VariantUpgradeMixin, WeightsChecksumMixin, T5PreTrainedModel):
@@ -300,7 +282,7 @@ class MgsaT5PreTrainedModel(VariantUpgradeMixin, WeightsChecksumMixin, T5PreTrai
     def __init__(self, config: MgsaT5Config, *inputs, **kwargs):
         config.validate()  # a configuration changed after construction (its fields are checked one by one) as a whole
         super().__init__(config, *inputs, **kwargs)
-        self._can_compile_fullgraph = compiles_fullgraph(config)
+        self._can_compile_fullgraph = config.variant.compiles_fullgraph(config)
 
     def t5_weight_stds(self) -> dict[int, float]:
         """The std T5 draws each of its linear and embedding weights with (module id → std): its attention scheme for
@@ -397,6 +379,7 @@ class MgsaT5Encoder(MgsaT5Stack):
         local_phrase_start: torch.LongTensor | None = None,
         local_phrase_end: torch.LongTensor | None = None,
         tree_depth: torch.LongTensor | None = None,
+        syntax: MgsaSyntaxInputs | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> MgsaEncoderOutput:
         r"""
@@ -405,23 +388,16 @@ class MgsaT5Encoder(MgsaT5Stack):
         word_ids, head_word_ids, phrase_ids, phrase_tags, pr_phrase_ids, local_phrase_start, local_phrase_end,
         tree_depth:
             Source syntax fields made by [`MgsaProcessor`]; only those the configured variant reads are required.
+        syntax ([`MgsaSyntaxInputs`], *optional*):
+            The same fields packed, as the encoder-decoder passes them (instead of the fields by name).
         """
+        if syntax is None:
+            syntax = MgsaSyntaxInputs.pack(locals())
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
-        syntax = MgsaSyntaxInputs.for_batch(
-            inputs_embeds,
-            attention_mask,
-            word_ids=word_ids,
-            head_word_ids=head_word_ids,
-            phrase_ids=phrase_ids,
-            phrase_tags=phrase_tags,
-            pr_phrase_ids=pr_phrase_ids,
-            local_phrase_start=local_phrase_start,
-            local_phrase_end=local_phrase_end,
-            tree_depth=tree_depth,
-        )
+        syntax = syntax.with_padding(inputs_embeds, attention_mask)
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
         )
@@ -429,7 +405,7 @@ class MgsaT5Encoder(MgsaT5Stack):
         bias_table = self.block[0].layer[0].SelfAttention
         position_bias = relative_position_bias(bias_table, length, length, bidirectional=True)
         hidden_states = self.dropout(inputs_embeds)
-        block_syntax = variant_inputs(self.config, syntax, hidden_states)
+        block_syntax = self.config.variant.layer_inputs(self.config, syntax, hidden_states)
         block_outputs = []
         for block in self.block:
             hidden_states, contribution = block(
@@ -571,10 +547,7 @@ class MgsaT5Model(MgsaT5PreTrainedModel):
         r"""
         Arguments are those of [`~transformers.T5Model`] plus the source syntax fields of [`MgsaT5Encoder`].
         """
-        syntax_fields = source_syntax_fields(
-            word_ids, head_word_ids, phrase_ids, phrase_tags, pr_phrase_ids, local_phrase_start, local_phrase_end,
-            tree_depth,
-        )
+        syntax = MgsaSyntaxInputs.pack(locals())
         return encoder_decoder_forward(
             self,
             input_ids,
@@ -586,7 +559,7 @@ class MgsaT5Model(MgsaT5PreTrainedModel):
             inputs_embeds,
             decoder_inputs_embeds,
             use_cache,
-            syntax_fields,
+            syntax,
             **kwargs,
         )
 
@@ -676,10 +649,7 @@ class MgsaT5ForConditionalGeneration(
                 decoder_input_ids = self._shift_right(labels)
         check_tag_supervision_inputs(self, labels, phrase_tags, encoder_outputs)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        syntax_fields = source_syntax_fields(
-            word_ids, head_word_ids, phrase_ids, phrase_tags, pr_phrase_ids, local_phrase_start, local_phrase_end,
-            tree_depth,
-        )
+        syntax = MgsaSyntaxInputs.pack(locals())
         outputs = encoder_decoder_forward(
             self,
             input_ids,
@@ -691,7 +661,7 @@ class MgsaT5ForConditionalGeneration(
             inputs_embeds,
             decoder_inputs_embeds,
             use_cache,
-            syntax_fields,
+            syntax,
             **kwargs,
         )
         sequence_output = outputs.last_hidden_state

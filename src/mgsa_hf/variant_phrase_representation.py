@@ -1,6 +1,8 @@
-"""PR: source phrase representations (encoder_type="phrase_representation").
+"""The PR variant (`encoder_type="phrase_representation"`): source phrase representations, from "Learning Source Phrase
+Representations for Neural Machine Translation" (papers/pr-source-phrase-representations.txt). Its configuration
+fields, its encoder and decoder layer mixins (put on each backbone's layers) and its [`Variant`]
+(`PHRASE_REPRESENTATION`).
 
-"Learning Source Phrase Representations for Neural Machine Translation" (papers/pr-source-phrase-representations.txt).
 Every encoder layer pools phrase vectors from its input with attentive pooling (Eq. 2-5) and attends to them before its
 self-attention (attentive combination, Eq. 7-8); every decoder layer attends to the source phrases before the source
 tokens, the phrases being a learned mix over the encoder levels 0..d (Transparent Attention, Eq. 6).
@@ -11,6 +13,7 @@ or phrases.
 """
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -18,13 +21,61 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.masking_utils import create_bidirectional_mask
 
-from .modeling_layers import (
-    MgsaAttention,
-    MgsaDecoderLayer,
-    MgsaEncoderLayer,
-    MgsaLayerOutput,
-    MgsaSyntaxInputs,
-)
+from .configuration_fields import at_least, checked_field
+from .modeling_common import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, Variant
+
+
+@dataclass(kw_only=True, repr=False)
+class PhraseRepresentationConfigFields:
+    r"""
+        pr_segmentation (`str`, defaults to `"fixed"`):
+            PR: `"fixed"` phrases of ntok = max(min(`pr_max_phrase_tokens`, len / `pr_length_ratio`),
+            `pr_min_phrase_tokens`) tokens, or `"parse"` (Algorithm 1 phrases from the processor).
+        pr_max_phrase_tokens (`int`, defaults to 8), pr_min_phrase_tokens (`int`, defaults to 3), pr_length_ratio
+        (`int`, defaults to 6):
+            PR: the fixed segmentation rule above.
+        pr_glance (`str`, defaults to `"max"`):
+            PR: glance vector of a phrase: `"max"` or `"mean"` pooling.
+        pr_attentive (`bool`, defaults to `True`):
+            PR: attentive phrase representation (else the glance vector itself is the phrase vector).
+        pr_transparent_attention (`bool`, defaults to `True`):
+            PR: decoder layers attend to a learned mix of all encoder layers' phrases (else to the last layer's).
+        pr_combination_dim (`int`, *optional*):
+            PR: hidden size of the attentive combination's 2-layer network (W3, W4 of the paper's Eq. 8, which leaves
+            it open); defaults to `3 * d_model`, the width at which Transformer-base's "+Max" row has Table 2's
+            parameter count (+40.9M; +37.7M here). `configs/phrase_representation/max_attn_ta_narrow.json` names a
+            cheaper 256-wide network (`d_model // 2` at base size).
+        pr_pooling_dim (`int`, *optional*):
+            PR: hidden size of the attentive pooling's scoring network (W1 of the paper's Eq. 3, which leaves it
+            open); defaults to `12 * d_model`, the width at which Transformer-base's "+Max+Attn" rows add Table 2's
+            +44.0M over "+Max" (7 poolings of 12 × 512 = 6144 units). A PR config saved before this field existed
+            loads with `d_model`, the width it was built with. `configs/phrase_representation/max_attn_ta_narrow*.json`
+            name cheaper widths.
+        pr_centred_sigmoid (`bool`, defaults to `True`):
+            PR: Eq. 8 as W4 (σ(h) − ½) + b4, the same functions as the paper's W4 σ(h) + b4 (½ W4 1 moves into b4) but
+            without a common-mode direction that Adam grows fast (see `AttentivePhraseCombination`); `False` computes
+            Eq. 8 as written, which a PR config saved before this field existed loads with (the function it was
+            trained with).
+    """
+
+    pr_segmentation: Literal["fixed", "parse"] = "fixed"
+    pr_max_phrase_tokens: int = checked_field(8, at_least(1))
+    pr_min_phrase_tokens: int = checked_field(3, at_least(1))
+    pr_length_ratio: int = checked_field(6, at_least(1))
+    pr_glance: Literal["max", "mean"] = "max"
+    pr_attentive: bool = True
+    pr_transparent_attention: bool = True
+    pr_combination_dim: int | None = checked_field(None, at_least(1))
+    pr_pooling_dim: int | None = checked_field(None, at_least(1))
+    pr_centred_sigmoid: bool = True
+
+    def validate_pr_phrase_tokens(self):
+        """The fixed segmentation's bounds are in order."""
+        if self.pr_min_phrase_tokens > self.pr_max_phrase_tokens:
+            raise ValueError(
+                f"`pr_min_phrase_tokens` ({self.pr_min_phrase_tokens}) must not exceed `pr_max_phrase_tokens` "
+                f"({self.pr_max_phrase_tokens})."
+            )
 
 
 @dataclass
@@ -280,7 +331,7 @@ class AttentivePhraseCombination(nn.Module):
     ) -> torch.Tensor:
         """hidden_states (B, T, D), phrase_states (B, P, D), attention_mask for (B, 1, T, P) → (B, T, D)."""
         # W3_p out_phrase + b3 (Eq. 7 with W3_p folded into the output projection)
-        phrase_part, _ = self.attn(
+        phrase_part, _, _ = self.attn(
             hidden_states,
             key_value_states=phrase_states,
             attention_mask=attention_mask,
@@ -335,12 +386,6 @@ class PhraseRepresentationEncoderMixin:
         Returns:
             `(hidden_states (B, L, D), MgsaLayerOutput with this layer's phrase_states and the phrase_mask)`.
         """
-        if not isinstance(syntax, PhraseRepresentationInputs):
-            raise ValueError(
-                'encoder_type="phrase_representation" needs the source phrases: call the layer with '
-                "`syntax=PhraseRepresentationInputs.from_syntax(config, MgsaSyntaxInputs(padding_mask=...))` (the "
-                "encoder does this)."
-            )
         segmentation = syntax.segmentation
         phrase_states = []
 
@@ -363,11 +408,6 @@ class PhraseRepresentationEncoderMixin:
         remains."""
         self.phrase_combination.init_as_identity()
         return self.pre_norm
-
-
-
-class PhraseRepresentationEncoderLayer(PhraseRepresentationEncoderMixin, MgsaEncoderLayer):
-    """The PR encoder layer on Marian's post-LN encoder layer (see [`PhraseRepresentationEncoderMixin`])."""
 
 
 class TransparentAttention(nn.Module):
@@ -483,6 +523,21 @@ class PhraseRepresentationDecoderMixin:
         return self.pre_norm
 
 
+def phrase_representation_syntax_fields(config) -> tuple[str, ...]:
+    """The source syntax PR reads: Algorithm 1's `pr_phrase_ids` with the parse segmentation (the fixed one is made in
+    the model)."""
+    return ("pr_phrase_ids",) if config.pr_segmentation == "parse" else ()
 
-class PhraseRepresentationDecoderLayer(PhraseRepresentationDecoderMixin, MgsaDecoderLayer):
-    """The PR decoder layer on Marian's post-LN decoder layer (see [`PhraseRepresentationDecoderMixin`])."""
+
+PHRASE_REPRESENTATION = Variant(
+    name="phrase_representation",
+    config_fields=PhraseRepresentationConfigFields,
+    field_prefixes=("pr_",),
+    encoder_layer_mixin=PhraseRepresentationEncoderMixin,
+    decoder_layer_mixin=PhraseRepresentationDecoderMixin,
+    inputs=PhraseRepresentationInputs,
+    syntax_fields=phrase_representation_syntax_fields,
+    output_fields=("phrase_states", "phrase_mask"),
+    # a config saved before these fields existed was built with W1 d_model wide and Eq. 8 uncentred
+    legacy_values={"pr_pooling_dim": lambda saved: saved.get("d_model"), "pr_centred_sigmoid": False},
+)

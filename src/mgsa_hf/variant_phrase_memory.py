@@ -1,5 +1,6 @@
-"""MG-SA: multi-granularity self-attention (`encoder_type="phrase_memory"`), from "Multi-Granularity Self-Attention for
-Neural Machine Translation" (Hao et al., 2019).
+"""The MG-SA variant (`encoder_type="phrase_memory"`): multi-granularity self-attention, from "Multi-Granularity
+Self-Attention for Neural Machine Translation" (Hao et al., 2019). Its configuration fields, its self-attention and
+its [`Variant`] (`PHRASE_MEMORY`).
 
 Some heads (a quarter by default) attend over the words as usual; every other head group attends over the phrase
 memory H_g of one granularity (Eq. 4-6): queries stay per word, keys and values are the group's projections of H_g.
@@ -33,16 +34,122 @@ partition, so that a sentence's phrases never depend on the padding around it.
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .modeling_layers import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, additive_mask, eager_attention_forward
+from .configuration_fields import at_least, checked_field, items_at_least
+from .modeling_common import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, Variant, additive_mask
 from .on_lstm import OnLstm
+
+
+@dataclass(kw_only=True, repr=False)
+class PhraseMemoryConfigFields:
+    r"""
+        phrase_memory_layers (`list[int]`, *optional*, defaults to `[0]`):
+            MG-SA: encoder layers whose self-attention is multi-granularity.
+        phrase_partition (`str`, defaults to `"syntactic"`):
+            MG-SA: `"syntactic"` (the top `phrase_levels` levels of the constituency tree, from the processor) or
+            `"ngram"` (non-overlapping n-grams of `phrase_ngram_sizes`, computed in the model).
+        phrase_ngram_sizes (`list[int]`, *optional*, defaults to `[2, 3, 4]`):
+            MG-SA: n-gram sizes, one granularity each.
+        phrase_levels (`int`, defaults to 3):
+            Number K of syntactic granularity levels (MG-SA) the processor makes and the model reads.
+        phrase_word_heads (`int`, *optional*):
+            MG-SA: heads that stay word-level; defaults to a quarter of `encoder_attention_heads`.
+        phrase_heads_per_granularity (`list[int]`, *optional*):
+            MG-SA: heads given to each granularity; defaults to an even split of the other heads.
+        phrase_composition (`str`, defaults to `"sans"`):
+            MG-SA: how a phrase's word vectors become one vector: `"max"`, `"mean"`, `"sans"` (the max-pooled vector
+            attends inside the phrase) or `"lstm"` (last state).
+        phrase_interaction (`str`, defaults to `"on_lstm"`):
+            MG-SA: interaction over the phrase sequence: `"none"`, `"lstm"` or `"on_lstm"` (ordered neurons).
+        on_lstm_chunk_size (`int`, defaults to 4):
+            MG-SA: chunk size of the ON-LSTM master gates (the phrase heads' width must be divisible by it).
+        phrase_tag_supervision (`bool`, defaults to `True`):
+            MG-SA: predict the tag of each syntactic phrase from its composed vector (needs the syntactic partition).
+        phrase_tag_loss_weight (`float`, defaults to 0.001):
+            MG-SA: weight λ of the tag loss added to the translation loss (Eq. 12). The tag loss is Eq. 10's sum
+            over a sentence's tagged phrases (all levels); Eq. 12 sums both terms per sentence, and as the
+            translation loss is a mean over target tokens, the batch's summed tag loss is divided by the same
+            target tokens (`modeling_common.tag_loss_per_target_token`).
+        num_phrase_tags (`int`, defaults to 64):
+            Size of the phrase tag vocabulary (the processor's `PHRASE_TAGS` must fit).
+
+            The MG-SA defaults are the paper's final system, "MG-SA" of its Table 4 (Table 3 row 6: syntactic
+            phrases, tag supervision, ON-LSTM interaction, SANs composition, bottom layer);
+            `configs/phrase_memory/` names its other rows (the n-gram ones set `phrase_partition="ngram"`,
+            `phrase_tag_supervision=False`, `phrase_interaction="none"`).
+    """
+
+    phrase_memory_layers: list[int] | None = checked_field(None, items_at_least(0, non_empty=False))
+    phrase_partition: Literal["ngram", "syntactic"] = "syntactic"
+    phrase_ngram_sizes: list[int] | None = checked_field(None, items_at_least(1))
+    phrase_levels: int = checked_field(3, at_least(1))
+    phrase_word_heads: int | None = checked_field(None, at_least(0))
+    phrase_heads_per_granularity: list[int] | None = checked_field(None, items_at_least(0))
+    phrase_composition: Literal["max", "mean", "sans", "lstm"] = "sans"
+    phrase_interaction: Literal["none", "lstm", "on_lstm"] = "on_lstm"
+    on_lstm_chunk_size: int = checked_field(4, at_least(1))
+    phrase_tag_supervision: bool = True
+    phrase_tag_loss_weight: float | int = checked_field(0.001, at_least(0))
+    num_phrase_tags: int = checked_field(64, at_least(1))
+
+    @property
+    def trains_tag_loss(self) -> bool:
+        """Whether the model adds MG-SA's tag loss (Eq. 10) to its loss."""
+        return self.encoder_type == "phrase_memory" and self.phrase_tag_supervision
+
+    @property
+    def num_phrase_granularities(self) -> int:
+        """Number of MG-SA phrase granularities (n-gram sizes or syntactic levels)."""
+        return len(self.phrase_ngram_sizes) if self.phrase_partition == "ngram" else self.phrase_levels
+
+    def phrase_head_allocation(self) -> tuple[int, list[int]]:
+        """MG-SA heads as `(word_heads, heads_per_granularity)`."""
+        heads = self.encoder_attention_heads
+        word_heads = heads // 4 if self.phrase_word_heads is None else self.phrase_word_heads
+        per_granularity = self.phrase_heads_per_granularity
+        if per_granularity is None:
+            share, extra = divmod(heads - word_heads, self.num_phrase_granularities)
+            per_granularity = [share + (g < extra) for g in range(self.num_phrase_granularities)]
+        return word_heads, list(per_granularity)
+
+    def phrase_head_width(self) -> int:
+        """MG-SA's d_m = (phrase heads) × d_h (T5's `d_kv`, else d_model / heads): the width of the head-space phrase
+        memory, 384 at Transformer-base."""
+        word_heads, _ = self.phrase_head_allocation()
+        head_dim = getattr(self, "d_kv", None) or self.d_model // self.encoder_attention_heads
+        return (self.encoder_attention_heads - word_heads) * head_dim
+
+    def validate_phrase_heads(self):
+        """MG-SA's heads add up to the encoder's, and the ON-LSTM chunks divide the phrase heads' width."""
+        heads = self.encoder_attention_heads
+        word_heads, per_granularity = self.phrase_head_allocation()
+        if not 0 <= word_heads < heads:
+            raise ValueError(f"`phrase_word_heads` must be in [0, {heads}), got {word_heads!r}.")
+        if len(per_granularity) != self.num_phrase_granularities or any(h < 0 for h in per_granularity):
+            raise ValueError(
+                f"`phrase_heads_per_granularity` must list a non-negative head count for each of the "
+                f"{self.num_phrase_granularities} granularities, got {per_granularity!r}."
+            )
+        if word_heads + sum(per_granularity) != heads:
+            raise ValueError(
+                f"`phrase_word_heads` ({word_heads}) + `phrase_heads_per_granularity` ({per_granularity}) must add up "
+                f"to `encoder_attention_heads` ({heads})."
+            )
+        phrase_width = self.phrase_head_width()
+        if self.encoder_type == "phrase_memory" and self.phrase_interaction == "on_lstm" and (
+            phrase_width % self.on_lstm_chunk_size
+        ):
+            raise ValueError(
+                f"The ON-LSTM interaction is as wide as the {heads - word_heads} phrase heads ({phrase_width}), "
+                f"which `on_lstm_chunk_size` ({self.on_lstm_chunk_size}) must divide."
+            )
 
 
 # `torch.export` is tracing (torch >= 2.7; before, any trace takes the exportable form, which computes the same)
@@ -174,7 +281,9 @@ class PhraseMemoryInputs:
     phrase_tags: torch.LongTensor | None = None
 
     @classmethod
-    def from_syntax(cls, config, syntax: MgsaSyntaxInputs) -> "PhraseMemoryInputs":
+    def from_syntax(
+        cls, config, syntax: MgsaSyntaxInputs, hidden_states: torch.Tensor | None = None
+    ) -> "PhraseMemoryInputs":
         partition = phrase_partition(config, syntax)
         phrase_tags = syntax.phrase_tags if config.phrase_tag_supervision else None
         if phrase_tags is not None:
@@ -422,11 +531,6 @@ class PhraseMemoryAttention(MgsaAttention):
             `(output (B, L, D), weights (B, H, L, L) or None, MgsaLayerOutput with the tag_loss (B,) or None)`: for
             phrase heads the last dimension of the weights indexes phrases (slots past the last phrase are 0).
         """
-        if not isinstance(syntax, PhraseMemoryInputs):
-            raise ValueError(
-                "PhraseMemoryAttention needs `syntax=PhraseMemoryInputs.from_syntax(config, MgsaSyntaxInputs(...))`, "
-                f"as `MgsaEncoder` passes it; got {type(syntax).__name__}."
-            )
         self.check_attn_implementation()
         partition = syntax.partition
         phrases = self.composition(hidden_states, partition)  # Eq. 8, (B, G, P, D or d_m)
@@ -443,19 +547,7 @@ class PhraseMemoryAttention(MgsaAttention):
             phrase_heads = self.num_heads - self.word_heads
             key_mask = key_mask + nn.functional.pad(position_bias[:, : self.word_heads], (0, 0, 0, 0, 0, phrase_heads))
 
-        attention_interface = (
-            eager_attention_forward if self.config._attn_implementation == "eager" else ALL_ATTENTION_FUNCTIONS["sdpa"]
-        )
-        attn_output, attn_weights = attention_interface(
-            self,
-            query_states,
-            key_states,
-            value_states,
-            key_mask,
-            dropout=self.dropout if self.training else 0.0,
-            scaling=self.scaling,
-            **kwargs,
-        )
+        attn_output, attn_weights = self.attend(query_states, key_states, value_states, key_mask, **kwargs)
         attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
         return self.output_proj(attn_output), attn_weights, MgsaLayerOutput(tag_loss=tag_loss)
 
@@ -548,3 +640,30 @@ __all__ = [
     "ngram_phrase_ids",
     "phrase_partition",
 ]
+
+
+def phrase_memory_syntax_fields(config) -> tuple[str, ...]:
+    """The source syntax MG-SA's logits read: the syntactic partition's `phrase_ids` (the n-gram one is made in the
+    model; `phrase_tags` feed only the tag loss)."""
+    return ("phrase_ids",) if config.phrase_partition == "syntactic" else ()
+
+
+def phrase_memory_compiles_fullgraph(config) -> bool:
+    """A recurrence (`phrase_interaction="lstm"` or `"on_lstm"`, `phrase_composition="lstm"`) runs as many steps as
+    the batch's phrases need, so it runs eagerly between compiled graphs."""
+    return config.phrase_interaction == "none" and config.phrase_composition != "lstm"
+
+
+PHRASE_MEMORY = Variant(
+    name="phrase_memory",
+    config_fields=PhraseMemoryConfigFields,
+    field_prefixes=("phrase_", "on_lstm_", "num_phrase_"),
+    layers_field="phrase_memory_layers",
+    default_layers=(0,),
+    none_defaults={"phrase_ngram_sizes": [2, 3, 4]},
+    self_attention=PhraseMemoryAttention,
+    inputs=PhraseMemoryInputs,
+    syntax_fields=phrase_memory_syntax_fields,
+    output_fields=("tag_loss",),
+    compiles_fullgraph=phrase_memory_compiles_fullgraph,
+)

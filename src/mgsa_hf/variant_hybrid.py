@@ -1,18 +1,35 @@
-"""Hybrid local/global self-attention (`encoder_type="hybrid"`), from "Leveraging Local and Global Patterns for
-Self-Attention Networks" (Xu et al., ACL 2019) (its gate analysis, Figures 3 and 4: `analysis.py`)."""
+"""The hybrid variant (`encoder_type="hybrid"`): local/global self-attention with a learned gate, from "Leveraging
+Local and Global Patterns for Self-Attention Networks" (Xu et al., ACL 2019). Its configuration fields, its
+self-attention and its [`Variant`] (`HYBRID`); the gate analysis of its Figures 3 and 4 is in `analysis.py`."""
 
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .modeling_layers import (
-    MgsaAttention,
-    MgsaLayerOutput,
-    MgsaSyntaxInputs,
-    additive_mask,
-    eager_attention_forward,
-)
+from .configuration_fields import at_least, checked_field, items_at_least
+from .modeling_common import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, Variant, additive_mask
+
+
+@dataclass(kw_only=True, repr=False)
+class HybridConfigFields:
+    r"""
+        hybrid_layers (`list[int]`, *optional*, defaults to `[0, 1]`):
+            Hybrid: encoder layers with local/global hybrid attention.
+        hybrid_window (`int`, defaults to 1):
+            Hybrid: local window m, positions with |i - j| <= m.
+        hybrid_gate (`str`, defaults to `"token"`):
+            Hybrid: one gate per token (`"token"`) or per token and head (`"head"`).
+        hybrid_combination (`str`, defaults to `"gate"`):
+            Hybrid: `"gate"` (gated sum), `"concat"` (the paper's concatenation ablation) or `"local"` (the local
+            pattern alone, Table 1's "+LOCAL PATTERN" row: no new parameters).
+    """
+
+    hybrid_layers: list[int] | None = checked_field(None, items_at_least(0, non_empty=False))
+    hybrid_window: int = checked_field(1, at_least(1))
+    hybrid_gate: Literal["token", "head"] = "token"
+    hybrid_combination: Literal["gate", "concat", "local"] = "gate"
 
 
 class HybridAttention(MgsaAttention):
@@ -254,12 +271,16 @@ class HybridAttention(MgsaAttention):
         """softmax(ξ_i + key_mask) V (Eq. 1 with T5's bias in ξ_i) with the configured attention kernel, attention
         dropout included: query, key, value (B, H, L, d_h), key_mask additive, broadcastable to (B, H, L, L) →
         (B, H, L, d_h)."""
-        kwargs = {} if position_bias is None else {"position_bias": position_bias}
-        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
-        context, _ = attention_interface(
-            self, query, key, value, key_mask, dropout=self.dropout if self.training else 0.0, scaling=self.scaling,
-            is_causal=False, **kwargs,
-        )
+        context, _ = self.attend(query, key, value, key_mask, position_bias, is_causal=False)
         return context.transpose(1, 2)
+
+
+HYBRID = Variant(
+    name="hybrid",
+    config_fields=HybridConfigFields,
+    field_prefixes=("hybrid_",),
+    layers_field="hybrid_layers",
+    default_layers=(0, 1),
+    self_attention=HybridAttention,
+    output_fields=("gates",),
+)

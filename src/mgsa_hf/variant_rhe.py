@@ -1,18 +1,61 @@
-"""Redundant-head enlivening (`encoder_type="rhe"`), from "Enlivening Redundant Heads in Multi-head Self-attention for
-Machine Translation" (Zhang et al., EMNLP 2021): the dependency- and local-phrase-enhanced attentions (DEA, LPEA), the
-per-sentence identification of redundant heads, and their redundant-head rate over a data set."""
+"""The RHE variant (`encoder_type="rhe"`): redundant-head enlivening, from "Enlivening Redundant Heads in Multi-head
+Self-attention for Machine Translation" (Zhang et al., EMNLP 2021). Its configuration fields, the dependency- and
+local-phrase-enhanced attentions (DEA, LPEA) with the per-sentence identification of redundant heads, and its
+[`Variant`] (`RHE`); the redundant-head rate over a data set is in `analysis.py`."""
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
 from transformers import initialization as init
 from transformers.utils import logging
 
-from .modeling_layers import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs
+from .configuration_fields import at_least, checked_field, in_unit_interval, items_at_least
+from .modeling_common import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, Variant
 
 
 logger = logging.get_logger(__name__)
+
+
+@dataclass(kw_only=True, repr=False)
+class RheConfigFields:
+    r"""
+        rhe_layers (`list[int]`, *optional*, defaults to `[0]`):
+            RHE: encoder layers with syntax-enhanced attention.
+        rhe_attention (`str`, defaults to `"lpea"`):
+            RHE: the syntax-enhanced attention, `"dea"` (dependency mask) or `"lpea"` (local-phrase bias).
+        rhe_mode (`str`, defaults to `"rhe"`):
+            RHE: `"sea_all"` (every head uses the syntax-enhanced attention), `"rhe"` (redundant heads do) or
+            `"rhe_prune"` (redundant heads are zeroed).
+        rhe_max_relative_position (`int`, defaults to 6):
+            RHE: clipping distance k of relative local-phrasal positions.
+        rhe_out_of_phrase (`str`, defaults to `"clip"`):
+            RHE LPEA: word pairs outside one local phrase have relative position ∞, which Eq. 7's clip turns into k,
+            so they attend with the learned w_k (`"clip"`, the paper's); `"mask"` drops those pairs instead.
+        rhe_gate (`str`, defaults to `"confidence"`):
+            RHE: the Syn_gate a head's Syn_attn must exceed to count as important: `"confidence"` (h_conf, the
+            criterion the paper's prose states beside Eq. 10), `"sigmoid"` (σ(h_conf), Eq. 10 as printed: σ(h_conf)
+            > 0.5, so a trained CPU-recipe model labels 100% of its heads redundant and RHE acts as SEA on every
+            head) or `"learned"` (σ(w_h h_conf + b_h), w and b trained per head through a straight-through
+            estimator). `configs/rhe/README.md` gives the share of heads each labels redundant, before and after
+            training. A saved config without the field (trained before it existed) loads with `"sigmoid"`.
+        rhe_fixed_gate (`float`, *optional*):
+            RHE: a fixed Syn_gate instead of `rhe_gate`'s (not with `"learned"`).
+    """
+
+    rhe_layers: list[int] | None = checked_field(None, items_at_least(0, non_empty=False))
+    rhe_attention: Literal["dea", "lpea"] = "lpea"
+    rhe_mode: Literal["rhe", "sea_all", "rhe_prune"] = "rhe"
+    rhe_max_relative_position: int = checked_field(6, at_least(0))
+    rhe_out_of_phrase: Literal["clip", "mask"] = "clip"
+    rhe_fixed_gate: float | int | None = checked_field(None, in_unit_interval)
+    rhe_gate: Literal["sigmoid", "confidence", "learned"] = "confidence"
+
+    def validate_rhe_gate(self):
+        """A fixed gate is not learned."""
+        if self.rhe_fixed_gate is not None and self.rhe_gate == "learned":
+            raise ValueError('`rhe_fixed_gate` fixes the gate that `rhe_gate="learned"` learns: set one of the two.')
 
 
 def dependency_relation(syntax: MgsaSyntaxInputs) -> torch.BoolTensor:
@@ -117,7 +160,7 @@ class RheInputs:
     phrasal_labels: torch.LongTensor | None = None
 
     @classmethod
-    def from_syntax(cls, config, syntax: MgsaSyntaxInputs) -> "RheInputs":
+    def from_syntax(cls, config, syntax: MgsaSyntaxInputs, hidden_states: torch.Tensor | None = None) -> "RheInputs":
         fields = required_syntax_fields(config)
         syntax.require(*fields, needed_by=f'encoder_type="rhe" ({config.rhe_attention})')
         check_syntax_ranges(syntax, fields)
@@ -280,11 +323,6 @@ class RheAttention(MgsaAttention):
         """
         if key_value_states is not None or past_key_values is not None:
             raise ValueError("RheAttention is an encoder self-attention: it takes no key_value_states or cache.")
-        if not isinstance(syntax, RheInputs):
-            raise ValueError(
-                'encoder_type="rhe" needs `syntax=RheInputs.from_syntax(config, MgsaSyntaxInputs(...))`, as '
-                f"`MgsaEncoder` passes it; got {type(syntax).__name__}."
-            )
         query = self.split_heads(self.query_proj(hidden_states))
         key = self.split_heads(self.key_proj(hidden_states))
         value = self.split_heads(self.value_proj(hidden_states))
@@ -331,3 +369,18 @@ class RheAttention(MgsaAttention):
         weights = torch.where(important[:, :, None, None], weights, sea_weights)
         context = torch.matmul(self.attention_dropout(weights), value)
         return self.merge_heads(context), weights, contribution
+
+
+RHE = Variant(
+    name="rhe",
+    config_fields=RheConfigFields,
+    field_prefixes=("rhe_",),
+    layers_field="rhe_layers",
+    default_layers=(0,),
+    self_attention=RheAttention,
+    inputs=RheInputs,
+    syntax_fields=required_syntax_fields,
+    output_fields=("head_labels",),
+    # a config saved before `rhe_gate` existed was trained with Eq. 10 as printed
+    legacy_values={"rhe_gate": "sigmoid"},
+)
