@@ -17,8 +17,8 @@ from mgsa_hf.analysis import (
     plot_gate_statistics,
     word_universal_tags,
 )
-from mgsa_hf.hybrid import HybridAttention
-from mgsa_hf.modeling_layers import MgsaAttention, MgsaSyntaxInputs
+from mgsa_hf.variant_hybrid import HybridAttention
+from mgsa_hf.modeling_common import MgsaAttention, MgsaSyntaxInputs
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "hybrid"
@@ -77,7 +77,7 @@ def test_gate_zero_is_plain_attention():
     hidden, padding_mask, additive = padded_inputs()
     syntax = MgsaSyntaxInputs(padding_mask=padding_mask)
     actual, _, contribution = hybrid(hidden, attention_mask=additive, syntax=syntax)
-    expected, _ = plain(hidden, attention_mask=additive)
+    expected, _, _ = plain(hidden, attention_mask=additive)
     assert torch.equal(actual[padding_mask], expected[padding_mask])
     assert torch.equal(contribution.gates, torch.zeros(2, 7))
     # against the SDPA kernel too, to float tolerance
@@ -89,7 +89,7 @@ def test_gate_one_with_window_over_the_sentence_is_plain_attention():
     hidden, padding_mask, additive = padded_inputs()
     hybrid, plain = paired_attention(1e4, hybrid_window=7)  # σ = 1 exactly, m ≥ L
     actual, _, _ = hybrid(hidden, syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
-    expected, _ = plain(hidden, attention_mask=additive)
+    expected, _, _ = plain(hidden, attention_mask=additive)
     torch.testing.assert_close(actual[padding_mask], expected[padding_mask], atol=1e-6, rtol=1e-6)
     # not vacuous: with m = 1 the local pattern differs from the global one
     narrow, _ = paired_attention(1e4, hybrid_window=1)

@@ -10,9 +10,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
-from mgsa_hf.modeling_layers import MgsaAttention, MgsaSyntaxInputs
+from mgsa_hf.modeling_common import MgsaAttention, MgsaSyntaxInputs
 from mgsa_hf.on_lstm import OnLstm
-from mgsa_hf.phrase_memory import PhraseMemoryAttention, PhraseMemoryInputs, ngram_phrase_ids, phrase_partition
+from mgsa_hf.variant_phrase_memory import PhraseMemoryAttention, PhraseMemoryInputs, ngram_phrase_ids, phrase_partition
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "phrase_memory"
@@ -392,7 +392,7 @@ def test_phrase_size_one_is_word_attention(sizes, word_heads):
     padding_mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3]).bool()
     hidden = torch.randn(2, 7, 32)
     additive = torch.zeros(2, 1, 7, 7).masked_fill(~padding_mask[:, None, None], torch.finfo(torch.float).min)
-    expected, _ = plain(hidden, attention_mask=additive)
+    expected, _, _ = plain(hidden, attention_mask=additive)
     actual, _, _ = mgsa(hidden, syntax=PhraseMemoryInputs.from_syntax(config, MgsaSyntaxInputs(padding_mask)))
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
 

@@ -12,21 +12,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import MarianConfig, MarianMTModel
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
-from mgsa_hf.modeling_layers import (
-    OUTPUT_CACHE_FIELD,
-    MgsaAttention,
-    MgsaDecoderLayer,
-    MgsaEncoderLayer,
-    MgsaSyntaxInputs,
-)
-from mgsa_hf.phrase_representation import (
+from mgsa_hf.modeling_common import OUTPUT_CACHE_FIELD, MgsaAttention, MgsaSyntaxInputs
+from mgsa_hf.modeling_mgsa import MgsaDecoderLayer, MgsaEncoderLayer
+from mgsa_hf.variant_phrase_representation import (
+    PHRASE_REPRESENTATION,
     AttentivePhrasePooling,
-    PhraseRepresentationDecoderLayer,
-    PhraseRepresentationEncoderLayer,
     PhraseRepresentationInputs,
     fixed_phrase_ids,
     segment_phrases,
 )
+
+# PR's layers on Marian's
+PhraseRepresentationEncoderLayer = PHRASE_REPRESENTATION.encoder_layer_class(MgsaEncoderLayer)
+PhraseRepresentationDecoderLayer = PHRASE_REPRESENTATION.decoder_layer_class(MgsaDecoderLayer)
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "phrase_representation"
@@ -537,7 +535,7 @@ def test_combination_centres_its_sigmoid(row):
     """Eq. 8 as W4 (σ(h) − ½) + b4 by default: where the hidden pre-activation h is 0 the sub-layer outputs b4 whatever
     W4 is (the sigmoid's constant ½ W4 1 belongs to b4), and elsewhere it is the explicit formula; with
     `pr_centred_sigmoid=False`, W4 σ(h) + b4 as printed."""
-    from mgsa_hf.phrase_representation import AttentivePhraseCombination
+    from mgsa_hf.variant_phrase_representation import AttentivePhraseCombination
 
     offset = 0.5 if row == "max_attn_ta" else 0.0
     torch.manual_seed(0)
@@ -563,7 +561,7 @@ def test_combination_centres_its_sigmoid(row):
 def test_combination_gradients_match_the_explicit_formula(row):
     """The centred sigmoid is computed as W4 σ(h) + (b4 − ½ W4 1) so that σ(h) is the only (B, T, 3D) activation
     kept: every parameter's gradient equals that of the explicit W4 (σ(h) − ½) + b4."""
-    from mgsa_hf.phrase_representation import AttentivePhraseCombination
+    from mgsa_hf.variant_phrase_representation import AttentivePhraseCombination
 
     offset = 0.5 if row == "max_attn_ta" else 0.0
     torch.manual_seed(0)

@@ -12,8 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
 from mgsa_hf.analysis import redundant_head_rate
-from mgsa_hf.modeling_layers import MgsaAttention, MgsaSyntaxInputs
-from mgsa_hf.rhe import RheAttention, RheInputs
+from mgsa_hf.modeling_common import MgsaAttention, MgsaSyntaxInputs
+from mgsa_hf.variant_rhe import RheAttention, RheInputs
 from mgsa_hf.syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 
 
@@ -212,7 +212,7 @@ def crafted_syntax():
 
 @pytest.mark.parametrize("fixed_gate, mixed_label", [(None, False), (0.5, True)])
 def test_head_labels_on_crafted_attention(fixed_gate, mixed_label):
-    from mgsa_hf.rhe import dependency_relation
+    from mgsa_hf.variant_rhe import dependency_relation
 
     attention = RheAttention(rhe_config(rhe_gate="sigmoid", rhe_fixed_gate=fixed_gate), 4)
     syntax = crafted_syntax()
@@ -233,7 +233,7 @@ def test_head_labels_on_crafted_attention(fixed_gate, mixed_label):
 def test_gates_on_crafted_attention():
     """`rhe_gate`: the same attention labelled by Eq. 10 as printed (Syn_attn > σ(h_conf)), by the prose's criterion
     (Syn_attn > h_conf) and by the learned gate σ(w h_conf + b), which starts as Eq. 10 and moves with w, b."""
-    from mgsa_hf.rhe import dependency_relation
+    from mgsa_hf.variant_rhe import dependency_relation
 
     syntax = crafted_syntax()
     dependency = dependency_relation(syntax)
@@ -301,7 +301,7 @@ def test_prune_from_scratch_warns_and_keeps_a_gradient_with_the_default_gate(rea
     for gate in ("sigmoid", MgsaConfig().rhe_gate):
         torch.manual_seed(0)
         model = MgsaForConditionalGeneration(rhe_config(rhe_mode="rhe_prune", rhe_gate=gate, init_std=0.02)).train()
-        hf_logging.get_logger("mgsa_hf.rhe").warning_once.cache_clear()
+        hf_logging.get_logger("mgsa_hf.variant_rhe").warning_once.cache_clear()
         with caplog.at_level("WARNING"):
             model(**batch).loss.backward()
         pruned_warning = any("every head of encoder layer 0" in record.getMessage() for record in caplog.records)

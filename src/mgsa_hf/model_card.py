@@ -1,5 +1,6 @@
 """Model cards for trained MGSA models: the variant, its paper, the data, the hyperparameters and measured scores."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,26 +11,6 @@ from .syntax_spacy import DEFAULT_PARSERS
 
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
 
-VARIANTS = {
-    "transformer": ("the plain Transformer.", "Attention Is All You Need"),
-    "phrase_memory": (
-        "Multi-Granularity Self-Attention: some heads attend over n-gram or syntactic phrases.",
-        "Multi-Granularity Self-Attention for Neural Machine Translation",
-    ),
-    "phrase_representation": (
-        "source phrase representations attended by every encoder and decoder layer, with transparent attention.",
-        "Learning Source Phrase Representations for Neural Machine Translation",
-    ),
-    "hybrid": (
-        "local/global hybrid self-attention with a learned gate.",
-        "Leveraging Local and Global Patterns for Self-Attention Networks",
-    ),
-    "rhe": (
-        "redundant-head enlivening with dependency- and local-phrase-enhanced attention.",
-        "Enlivening Redundant Heads in Multi-head Self-attention for Machine Translation",
-    ),
-}
-
 # (corpus folder name, language pair) -> the Hub dataset id and the name a card gives a local copy of a corpus that is
 # published on the Hub; other local corpora are named by their folder and get no id
 HUB_DATASETS = {
@@ -39,18 +20,11 @@ HUB_DATASETS = {
 # config.backbone -> how the card names the architecture
 BACKBONE_NAMES = {"marian": "Marian-style", "t5": "T5-style"}
 
-VARIANT_FIELD_PREFIXES = {
-    "phrase_memory": ("phrase_", "on_lstm_"),
-    "phrase_representation": ("pr_",),
-    "hybrid": ("hybrid_",),
-    "rhe": ("rhe_",),
-}
-
-
 def variant_settings(config) -> dict:
-    """The config fields that define the encoder variant."""
-    prefixes = VARIANT_FIELD_PREFIXES.get(config.encoder_type, ())
-    return {key: value for key, value in config.to_dict().items() if key.startswith(prefixes)}
+    """The config fields that define the encoder variant (its `config_fields`)."""
+    fields = config.variant.config_fields
+    names = {field.name for field in dataclasses.fields(fields)} if fields else set()
+    return {key: value for key, value in config.to_dict().items() if key in names}
 
 
 def card_dataset(data: str | Path, source_lang: str, target_lang: str) -> tuple[str | None, str]:
@@ -93,7 +67,7 @@ def build_model_card(
     also lists under `datasets`. `tree_source` says where the constituency trees come from (see
     [`describe_tree_source`]); `generation_config` (the model's) gives the decoding settings the card states.
     """
-    summary, paper = VARIANTS[config.encoder_type]
+    summary, paper = config.variant.summary, config.variant.paper
     eval_results = [
         EvalResult(
             task_type="translation",

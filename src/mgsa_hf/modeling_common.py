@@ -54,6 +54,7 @@ class Variant:
 
     Attributes:
         name (`str`): the `encoder_type` value.
+        summary (`str`), paper (`str`): what it computes, in a phrase, and the title of its paper (for model cards).
         config_fields (`type`, *optional*):
             A `dataclass(kw_only=True)` mixin of [`~mgsa_hf.configuration_mgsa.MgsaVariantConfig`]: the variant's
             fields with their types, defaults and validators (`configuration_fields.py`), `validate_*` methods that
@@ -87,6 +88,8 @@ class Variant:
     """
 
     name: str
+    summary: str = ""
+    paper: str = ""
     config_fields: type | None = None
     field_prefixes: tuple[str, ...] = ()
     layers_field: str | None = None
@@ -187,6 +190,16 @@ class MgsaSyntaxInputs:
                     f"`{name}` has length {getattr(self, name).shape[-1]} but `input_ids` has length {length}: syntax "
                     "fields must be padded and truncated together with the tokens."
                 )
+
+
+def require_inputs(syntax, inputs_class: type, layer: object) -> None:
+    """A clear error when a variant's layer is called without the inputs its encoder makes for it once per forward
+    ([`Variant.layer_inputs`])."""
+    if not isinstance(syntax, inputs_class):
+        raise ValueError(
+            f"{type(layer).__name__} reads `syntax={inputs_class.__name__}.from_syntax(config, MgsaSyntaxInputs(...), "
+            f"hidden_states)`, as the encoder passes it; got {type(syntax).__name__}."
+        )
 
 
 @dataclass

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .evaluation import translation_scores
-from .modeling_mgsa import tag_loss_per_target_token
+from .modeling_common import translation_loss, with_tag_loss
 from .syntax_fields import LEVELLED_SYNTAX_FIELDS, SOURCE_SYNTAX_PAD_VALUES
 
 
@@ -329,10 +329,9 @@ def training_step(model, batch: dict[str, torch.Tensor], recipe: Recipe, optimiz
     batch["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels=labels)
     with _autocast(labels.device, recipe):
         outputs = model(**batch)
-    loss = nn.functional.cross_entropy(outputs.logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100,
-                                       label_smoothing=recipe.label_smoothing)
-    if outputs.tag_loss is not None:
-        loss = loss + model.config.phrase_tag_loss_weight * tag_loss_per_target_token(outputs.tag_loss.float(), labels)
+    tag_loss = outputs.tag_loss.float() if outputs.tag_loss is not None else None
+    loss = with_tag_loss(translation_loss(outputs.logits.float(), labels, recipe.label_smoothing), tag_loss,
+                         model.config.phrase_tag_loss_weight, labels)
     loss.backward()
     if recipe.max_grad_norm:
         nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)

@@ -35,7 +35,7 @@ from transformers import (
 )
 
 from .evaluation import encoder_token_spread
-from .modeling_mgsa import tag_loss_per_target_token
+from .modeling_common import with_tag_loss
 from .prepared_training import token_batches
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 
@@ -354,9 +354,8 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
                 # the translation loss is a mean over this batch's target tokens, or already this batch's share of
                 # the accumulated batch's (then the tag term takes the same share: the same count of tokens)
                 scaled = self._translation_loss_scaled_for_accumulation(num_items_in_batch)
-                per_token = tag_loss_per_target_token(tag_loss.to(loss.dtype), labels,
-                                                      num_items_in_batch if scaled else None)
-                loss = loss + unwrapped.config.phrase_tag_loss_weight * per_token
+                loss = with_tag_loss(loss, tag_loss.to(loss.dtype), unwrapped.config.phrase_tag_loss_weight, labels,
+                                     num_items_in_batch if scaled else None)
             if model.training:
                 detached = tag_loss.detach().float()
                 self._tag_loss_total = detached if self._tag_loss_total is None else self._tag_loss_total + detached

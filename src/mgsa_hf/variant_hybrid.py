@@ -277,6 +277,8 @@ class HybridAttention(MgsaAttention):
 
 HYBRID = Variant(
     name="hybrid",
+    summary="local/global hybrid self-attention with a learned gate.",
+    paper="Leveraging Local and Global Patterns for Self-Attention Networks",
     config_fields=HybridConfigFields,
     field_prefixes=("hybrid_",),
     layers_field="hybrid_layers",

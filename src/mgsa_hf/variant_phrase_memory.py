@@ -43,7 +43,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 
 from .configuration_fields import at_least, checked_field, items_at_least
-from .modeling_common import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, Variant, additive_mask
+from .modeling_common import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, Variant, additive_mask, require_inputs
 from .on_lstm import OnLstm
 
 
@@ -531,6 +531,7 @@ class PhraseMemoryAttention(MgsaAttention):
             `(output (B, L, D), weights (B, H, L, L) or None, MgsaLayerOutput with the tag_loss (B,) or None)`: for
             phrase heads the last dimension of the weights indexes phrases (slots past the last phrase are 0).
         """
+        require_inputs(syntax, PhraseMemoryInputs, self)
         self.check_attn_implementation()
         partition = syntax.partition
         phrases = self.composition(hidden_states, partition)  # Eq. 8, (B, G, P, D or d_m)
@@ -656,6 +657,8 @@ def phrase_memory_compiles_fullgraph(config) -> bool:
 
 PHRASE_MEMORY = Variant(
     name="phrase_memory",
+    summary="Multi-Granularity Self-Attention: some heads attend over n-gram or syntactic phrases.",
+    paper="Multi-Granularity Self-Attention for Neural Machine Translation",
     config_fields=PhraseMemoryConfigFields,
     field_prefixes=("phrase_", "on_lstm_", "num_phrase_"),
     layers_field="phrase_memory_layers",

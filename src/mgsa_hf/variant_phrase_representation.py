@@ -22,7 +22,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderD
 from transformers.masking_utils import create_bidirectional_mask
 
 from .configuration_fields import at_least, checked_field
-from .modeling_common import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, Variant
+from .modeling_common import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, Variant, require_inputs
 
 
 @dataclass(kw_only=True, repr=False)
@@ -386,6 +386,7 @@ class PhraseRepresentationEncoderMixin:
         Returns:
             `(hidden_states (B, L, D), MgsaLayerOutput with this layer's phrase_states and the phrase_mask)`.
         """
+        require_inputs(syntax, PhraseRepresentationInputs, self)
         segmentation = syntax.segmentation
         phrase_states = []
 
@@ -531,6 +532,8 @@ def phrase_representation_syntax_fields(config) -> tuple[str, ...]:
 
 PHRASE_REPRESENTATION = Variant(
     name="phrase_representation",
+    summary="source phrase representations attended by every encoder and decoder layer, with transparent attention.",
+    paper="Learning Source Phrase Representations for Neural Machine Translation",
     config_fields=PhraseRepresentationConfigFields,
     field_prefixes=("pr_",),
     encoder_layer_mixin=PhraseRepresentationEncoderMixin,

@@ -12,7 +12,7 @@ from transformers import initialization as init
 from transformers.utils import logging
 
 from .configuration_fields import at_least, checked_field, in_unit_interval, items_at_least
-from .modeling_common import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, Variant
+from .modeling_common import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, Variant, require_inputs
 
 
 logger = logging.get_logger(__name__)
@@ -323,6 +323,7 @@ class RheAttention(MgsaAttention):
         """
         if key_value_states is not None or past_key_values is not None:
             raise ValueError("RheAttention is an encoder self-attention: it takes no key_value_states or cache.")
+        require_inputs(syntax, RheInputs, self)
         query = self.split_heads(self.query_proj(hidden_states))
         key = self.split_heads(self.key_proj(hidden_states))
         value = self.split_heads(self.value_proj(hidden_states))
@@ -373,6 +374,8 @@ class RheAttention(MgsaAttention):
 
 RHE = Variant(
     name="rhe",
+    summary="redundant-head enlivening with dependency- and local-phrase-enhanced attention.",
+    paper="Enlivening Redundant Heads in Multi-head Self-attention for Machine Translation",
     config_fields=RheConfigFields,
     field_prefixes=("rhe_",),
     layers_field="rhe_layers",
