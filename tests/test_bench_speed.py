@@ -85,9 +85,9 @@ def test_checks_only_without_spacy(inputs, tmp_path):
     """`--checks-only`: the kernel census and TorchDynamo's graphs, without timings, where spaCy is absent."""
     output = tmp_path / "checks.json"
     result = run_without_spacy("--inputs", str(inputs), "--device", "cpu", "--threads", "1", "--backbones", "marian",
-                               "--sizes", "small", "--variants", "transformer", "phrase_representation", "rhe/rhe_prune",
-                               "--checks-only", "--kernel-check", "--compile-check", "--compile-steps", "0",
-                               "--output", str(output), *SMALL)
+                               "--sizes", "small", "--variants", "transformer", "phrase_representation",
+                               "rhe/rhe_prune", "--checks-only", "--kernel-check", "--compile-check",
+                               "--compile-steps", "0", "--output", str(output), *SMALL)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads(output.read_text())["results"][0]["variants"]
     assert list(rows) == ["transformer", "phrase_representation", "rhe/rhe_prune"]

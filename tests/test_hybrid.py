@@ -17,8 +17,8 @@ from mgsa_hf.analysis import (
     plot_gate_statistics,
     word_universal_tags,
 )
-from mgsa_hf.variant_hybrid import HybridAttention
 from mgsa_hf.modeling_common import MgsaAttention, MgsaSyntaxInputs
+from mgsa_hf.variant_hybrid import HybridAttention
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "hybrid"

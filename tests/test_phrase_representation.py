@@ -22,6 +22,7 @@ from mgsa_hf.variant_phrase_representation import (
     segment_phrases,
 )
 
+
 # PR's layers on Marian's
 PhraseRepresentationEncoderLayer = PHRASE_REPRESENTATION.encoder_layer_class(MgsaEncoderLayer)
 PhraseRepresentationDecoderLayer = PHRASE_REPRESENTATION.decoder_layer_class(MgsaDecoderLayer)
