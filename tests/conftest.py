@@ -10,6 +10,16 @@ from mgsa_hf.tokenization_utils import read_lines
 
 # the project's shared data, beside the repository checkout
 MULTI30K = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k")
+# the sizes of the tests' tiny Marian-backbone models (32 wide, 2 + 1 layers, 4 heads, no dropout)
+TINY_SIZES = dict(d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+                  encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128, init_std=0.2, dropout=0.0,
+                  attention_dropout=0.0)
+
+
+def tiny_sizes(**overrides) -> dict:
+    """[`TINY_SIZES`] with `overrides` (a vocabulary, special tokens, other sizes): the fields of a test's tiny
+    `MgsaConfig` / `MarianConfig`."""
+    return {**TINY_SIZES, **overrides}
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +87,8 @@ def tiny_config():
 
     def make(processor, encoder_type: str, **fields) -> MgsaConfig:
         tokenizer = processor.tokenizer
-        sizes = dict(d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
-                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128)
+        sizes = {key: value for key, value in TINY_SIZES.items() if key not in ("init_std", "dropout",
+                                                                               "attention_dropout")}
         return MgsaConfig(
             vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
             decoder_start_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,

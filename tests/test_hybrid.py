@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_sizes
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
 from mgsa_hf.analysis import (
@@ -23,19 +24,7 @@ from mgsa_hf.variant_hybrid import HybridAttention
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "hybrid"
 ROWS = sorted(path.stem for path in CONFIG_DIR.glob("*.json"))
-TINY = dict(
-    d_model=32,
-    encoder_layers=2,
-    decoder_layers=1,
-    encoder_attention_heads=4,
-    decoder_attention_heads=4,
-    encoder_ffn_dim=64,
-    decoder_ffn_dim=64,
-    max_position_embeddings=256,
-    init_std=0.2,
-    dropout=0.0,
-    attention_dropout=0.0,
-)
+TINY = tiny_sizes(max_position_embeddings=256)
 
 
 NEW_MODULES = ("gate_proj", "local_output_proj")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_sizes
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
@@ -17,22 +18,9 @@ from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
 
 
 PAD = 49
-TINY = dict(
-    vocab_size=50,
-    d_model=32,
-    encoder_layers=2,
-    decoder_layers=2,
-    encoder_attention_heads=4,
-    decoder_attention_heads=4,
-    encoder_ffn_dim=64,
-    decoder_ffn_dim=64,
-    max_position_embeddings=64,
-    pad_token_id=PAD,
-    decoder_start_token_id=PAD,
-    eos_token_id=0,
-    forced_eos_token_id=0,
-    init_std=0.2,
-)
+# Marian's own dropout (0.1; attention dropout 0.0)
+TINY = tiny_sizes(vocab_size=50, decoder_layers=2, max_position_embeddings=64, pad_token_id=PAD,
+                  decoder_start_token_id=PAD, eos_token_id=0, forced_eos_token_id=0, dropout=0.1)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_sizes
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
@@ -18,25 +19,8 @@ from mgsa_hf.variant_phrase_memory import PhraseMemoryAttention, PhraseMemoryInp
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "phrase_memory"
 ROWS = sorted(path.stem for path in CONFIG_DIR.glob("*.json"))
 PAD, EOS = 49, 0
-TINY = dict(
-    vocab_size=50,
-    d_model=32,
-    encoder_layers=2,
-    decoder_layers=1,
-    encoder_attention_heads=4,
-    decoder_attention_heads=4,
-    encoder_ffn_dim=64,
-    decoder_ffn_dim=64,
-    max_position_embeddings=128,
-    pad_token_id=PAD,
-    decoder_start_token_id=PAD,
-    eos_token_id=EOS,
-    forced_eos_token_id=EOS,
-    init_std=0.2,
-    dropout=0.0,
-    attention_dropout=0.0,
-    num_phrase_tags=8,
-)
+TINY = tiny_sizes(vocab_size=50, pad_token_id=PAD, decoder_start_token_id=PAD, eos_token_id=EOS,
+                  forced_eos_token_id=EOS, num_phrase_tags=8)
 # per sentence, per level (top 3 of the tree): the sizes of its phrases in tokens, EOS excluded
 TREES = [
     [[1, 5], [1, 1, 2, 2], [1, 1, 1, 1, 1, 1]],

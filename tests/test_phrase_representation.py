@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_sizes
 from huggingface_hub.errors import StrictDataclassError
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import MarianConfig, MarianMTModel
@@ -31,24 +32,8 @@ PhraseRepresentationDecoderLayer = PHRASE_REPRESENTATION.decoder_layer_class(Mgs
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "phrase_representation"
 ROWS = sorted(path.stem for path in CONFIG_DIR.glob("*.json"))
 PAD, EOS = 49, 0
-TINY = dict(
-    vocab_size=50,
-    d_model=32,
-    encoder_layers=2,
-    decoder_layers=2,
-    encoder_attention_heads=4,
-    decoder_attention_heads=4,
-    encoder_ffn_dim=64,
-    decoder_ffn_dim=64,
-    max_position_embeddings=128,
-    pad_token_id=PAD,
-    decoder_start_token_id=PAD,
-    eos_token_id=EOS,
-    forced_eos_token_id=EOS,
-    init_std=0.2,
-    dropout=0.0,
-    attention_dropout=0.0,
-)
+TINY = tiny_sizes(vocab_size=50, decoder_layers=2, pad_token_id=PAD, decoder_start_token_id=PAD, eos_token_id=EOS,
+                  forced_eos_token_id=EOS)
 PR_MODULES = ("phrase_pooling", "phrase_combination", "output_phrase_pooling", "transparent_attention")
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_sizes
 from huggingface_hub.errors import StrictDataclassError
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -19,23 +20,8 @@ from mgsa_hf.variant_rhe import RheAttention, RheInputs
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "rhe"
 ROWS = sorted(path.stem for path in CONFIG_DIR.glob("*.json"))
-TINY = dict(
-    d_model=32,
-    encoder_layers=2,
-    decoder_layers=1,
-    encoder_attention_heads=4,
-    decoder_attention_heads=4,
-    encoder_ffn_dim=64,
-    decoder_ffn_dim=64,
-    max_position_embeddings=256,
-    init_std=0.2,
-    dropout=0.0,
-    attention_dropout=0.0,
-    vocab_size=600,
-    pad_token_id=2,
-    decoder_start_token_id=2,
-    eos_token_id=0,
-)
+TINY = tiny_sizes(max_position_embeddings=256, vocab_size=600, pad_token_id=2, decoder_start_token_id=2,
+                  eos_token_id=0)
 NEW_MODULES = ("relative_embeddings", "relative_proj", "relative_score")
 
 
