@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the GPU machine has the repository only
 
+from mgsa_hf.benchmarking_layers import VariantAttention  # noqa: E402
 from mgsa_hf.benchmarking_rows import REPOSITORY, rows_named  # noqa: E402
 from mgsa_hf.benchmarking_speed import (  # noqa: E402
     SIZES,
@@ -51,74 +52,8 @@ LAYER_VARIANTS = {
 }
 
 
-class _Captured(Exception):
-    """Stops an encoder forward once the inputs of the last timed self-attention are captured."""
-
-
 def log(message: str) -> None:
     print(f"[bench_layer {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-class VariantAttention:
-    """The part of an encoder forward that a variant changes, runnable on its own: the syntax preparation and the
-    self-attention sub-layers of encoder layers `layers` (the variant's `config.variant_layers`; on a plain model,
-    the same layers' plain self-attention)."""
-
-    def __init__(self, model, layers: list[int]):
-        self.model, self.layers = model, layers
-        self.encoder = model.get_encoder()
-
-    def inputs(self, batch: dict) -> tuple[list[tuple], object]:
-        """`([(hidden states (B, L, D), attention mask) entering each of the self-attentions], the raw syntax)`,
-        captured from one encoder forward without gradients."""
-        from mgsa_hf.modeling_common import SYNTAX_INPUT_NAMES, MgsaSyntaxInputs
-
-        captured = []
-
-        def capture(module, args, kwargs):
-            captured.append((args[0] if args else kwargs["hidden_states"], kwargs["attention_mask"]))
-            if len(captured) == len(self.layers):
-                raise _Captured  # the layers from here on are not needed
-
-        handles = [self.encoder.layers[index].self_attn.register_forward_pre_hook(capture, with_kwargs=True)
-                   for index in self.layers]
-        fields = {name: batch[name] for name in SYNTAX_INPUT_NAMES if name in batch}
-        try:
-            with torch.no_grad():
-                self.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **fields)
-        except _Captured:
-            pass
-        finally:
-            for handle in handles:
-                handle.remove()
-        embeds = self.encoder.embed_tokens(batch["input_ids"])
-        return captured, MgsaSyntaxInputs.pack(fields).with_padding(embeds, batch["attention_mask"])
-
-    def forward(self, captured: list[tuple], syntax) -> tuple[list[torch.Tensor], torch.Tensor, float | None]:
-        """The syntax preparation and the self-attentions on the captured inputs: `(each attention's output (B, L, D),
-        the loss to differentiate (outputs summed, MG-SA's tag loss added), the fraction of (sentence, head) pairs RHE
-        labelled important or None)`."""
-        config = self.model.config
-        layer_syntax = config.variant.layer_inputs(config, syntax, captured[0][0])
-        outputs, loss, labels = [], 0.0, []
-        for index, (hidden, mask) in zip(self.layers, captured, strict=True):
-            hidden = hidden.detach().requires_grad_(self.model.training)
-            output, _, contribution = self.encoder.layers[index].self_attn(hidden, attention_mask=mask,
-                                                                           syntax=layer_syntax)
-            outputs.append(output)
-            loss = loss + output.sum()
-            if contribution is not None and contribution.tag_loss is not None:
-                loss = loss + contribution.tag_loss.sum()
-            if contribution is not None and contribution.head_labels is not None:
-                labels.append(contribution.head_labels.float().mean().item())
-        return outputs, loss, statistics.mean(labels) if labels else None
-
-    def step(self, captured: list[tuple], syntax) -> float | None:
-        """Forward and backward of [`forward`]; returns RHE's important fraction (None for other variants)."""
-        _, loss, important = self.forward(captured, syntax)
-        loss.backward()
-        self.model.zero_grad(set_to_none=True)
-        return important
 
 
 def time_layers(runners: dict, batch: dict, steps: int, warmup: int, device) -> tuple[dict, dict]:

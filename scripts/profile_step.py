@@ -14,10 +14,7 @@ writes `benchmarks/profile-cpu.json` and a table beside it (`profile-cpu.md`).
 
 import argparse
 import json
-import statistics
 import sys
-import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -27,62 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))  # the GPU machine has the repository only
 
 from mgsa_hf import benchmarking_speed as bench_speed  # noqa: E402  (the batches, model sizes and rows)
-
-
-def layer_parts(model) -> dict[str, tuple[str, torch.nn.Module]]:
-    """`{module name: (part, module)}` for the direct children of every encoder and decoder layer of a Marian-family
-    model; the part (`"encoder.self_attn"`, `"decoder.phrase_combination"`, ...) is shared by the layers of a side."""
-    parts = {}
-    for name, module in model.named_modules():
-        path = name.split(".")
-        if len(path) >= 3 and path[-2].isdigit() and path[-3] == "layers":
-            side = "encoder" if "encoder" in path else "decoder"
-            parts[name] = (f"{side}.{path[-1]}", module)
-    return parts
-
-
-def profile(model, batches: list[dict], steps: int, warmup: int) -> dict:
-    """Median over `steps` training steps (after `warmup`) of the forward time of each layer part, of the rest of the
-    forward, of the backward pass and of the optimizer step, in milliseconds."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    spent, started = defaultdict(float), {}
-    handles = []
-    for name, (key, module) in layer_parts(model).items():
-        def before(module, args, name=name):
-            started[name] = time.perf_counter()
-
-        def after(module, args, output, name=name, key=key):
-            spent[key] += time.perf_counter() - started.pop(name)
-
-        handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
-    records = defaultdict(list)
-    model.train()
-    for step in range(warmup + steps):
-        spent.clear()
-        batch = batches[step % len(batches)]
-        start = time.perf_counter()
-        loss = model(**batch).loss
-        forward = time.perf_counter() - start
-        start = time.perf_counter()
-        loss.backward()
-        backward = time.perf_counter() - start
-        start = time.perf_counter()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        update = time.perf_counter() - start
-        if step < warmup:
-            continue
-        for key, seconds in spent.items():
-            records[key].append(seconds)
-        # direct children of a layer never nest, so their sum is part of the forward
-        records["forward: other (embeddings, output projection and loss, residuals, dropout)"].append(
-            forward - sum(spent.values()))
-        records["backward"].append(backward)
-        records["optimizer step"].append(update)
-        records["total"].append(forward + backward + update)
-    for handle in handles:
-        handle.remove()
-    return {key: round(1000 * statistics.median(values), 2) for key, values in sorted(records.items())}
+from mgsa_hf.benchmarking_layers import profile  # noqa: E402
 
 
 def markdown(results: dict, command: str) -> str:

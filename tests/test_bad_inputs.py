@@ -6,7 +6,6 @@ and saved weights; training runs (resume, checkpoints, the CLI's paths)."""
 
 import argparse
 import copy
-import importlib.util
 import json
 import logging
 import re
@@ -141,11 +140,10 @@ def test_train_cli_model_keys_are_checked_before_any_work(saved_tiny_model, tmp_
     (["--set", "rhe_layers"], "expected FIELD=JSON"),
 ])
 def test_convert_marian_arguments(saved_tiny_model, tmp_path, capsys, arguments, message):
-    spec = importlib.util.spec_from_file_location("convert_marian", REPO / "scripts" / "convert_marian.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    from mgsa_hf.conversion import parse_convert_arguments
+
     with pytest.raises(SystemExit):
-        script.parse_args([str(saved_tiny_model), str(tmp_path / "out"), *arguments])
+        parse_convert_arguments([str(saved_tiny_model), str(tmp_path / "out"), *arguments])
     assert message in capsys.readouterr().err
 
 
@@ -774,13 +772,6 @@ def tiny_run_config(output_dir, *overrides):
         "training.eval_strategy=no", "training.save_steps=1", "training.logging_steps=2", *overrides])
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def two_step_run(tmp_path_factory, one_thread):
     """A tiny run of 2 steps with checkpoint-1 and checkpoint-2: (results, model folder)."""
@@ -912,9 +903,10 @@ def test_missing_local_folder_for_a_model_or_tokenizer(tmp_path, monkeypatch, ke
 
 @pytest.mark.parametrize("path", ["./no-such-model", "/no/such/model", "a/b/c"])
 def test_convert_marian_with_a_missing_folder(tmp_path, path):
-    convert_marian = load_script("convert_marian")
+    from mgsa_hf.conversion import convert_command
+
     with pytest.raises(SystemExit, match=rf"marian='{re.escape(path)}': no such folder"):
-        convert_marian.main([path, str(tmp_path / "out")])
+        convert_command([path, str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
 
 

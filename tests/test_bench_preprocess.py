@@ -2,26 +2,19 @@
 figures."""
 
 import copy
-import importlib.util
 import json
 import subprocess
 import sys
 from itertools import islice
 from pathlib import Path
 
+from mgsa_hf.benchmarking_preprocess import time_chunks
 from mgsa_hf.tokenization_utils import read_lines
 
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "bench_preprocess.py"
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_preprocess", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_repeats_start_from_the_conversion_memory_of_one_pass(multi30k_processor):
@@ -44,7 +37,7 @@ def test_repeats_start_from_the_conversion_memory_of_one_pass(multi30k_processor
         multi30k_processor(chunk)
 
     processor.parser = multi30k_processor.parser
-    seconds = load_script().time_chunks(processor, lambda chunk: None, texts, 20, 3)
+    seconds = time_chunks(processor, lambda chunk: None, texts, 20, 3)
     assert set(conversion._chains) == one_pass and calls == [20] * 9
     assert all(seen == seen_by_repeats[i - i % 3] for i, seen in enumerate(seen_by_repeats))
     assert len(seen_by_repeats[3]) > len(seen_by_repeats[0]) and seconds["wall"]["mgsa_processor"] > 0

@@ -329,15 +329,13 @@ def test_sublayer_probe_trains_and_measures_every_attention_sublayer(dry_run, tm
 
 
 def test_rhe_head_rate_of_a_run_equals_the_processor_path(dry_run, tmp_path):
-    """scripts/rhe_head_rate.py counts Eq. 10's labels of a trained run on the prepared batches: the same rates as
-    `redundant_head_rate` finds through the processor on the same sentences, and a clear refusal for a non-RHE run."""
+    """scripts/rhe_head_rate.py (`analysis.prepared_run_head_rate`) counts Eq. 10's labels of a trained run on the
+    prepared batches: the same rates as `redundant_head_rate` finds through the processor on the same sentences, and a
+    clear refusal for a non-RHE run."""
     import shutil
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    import rhe_head_rate
-
     from mgsa_hf import MgsaProcessor
-    from mgsa_hf.analysis import redundant_head_rate
+    from mgsa_hf.analysis import load_prepared_run, prepared_run_head_rate, redundant_head_rate
     from mgsa_hf.prepared_training import PreparedCorpus
 
     root, _, _ = dry_run
@@ -351,13 +349,14 @@ def test_rhe_head_rate_of_a_run_equals_the_processor_path(dry_run, tmp_path):
     manifest["row"]["rhe_fixed_gate"] = 0.3
     (run / "run.json").write_text(json.dumps(manifest))
     output = tmp_path / "rate.json"
-    results = rhe_head_rate.main([str(run), "--prepared", str(prepared), "--batch-size", "16", "--output",
-                                  str(output)])
+    subprocess.run([sys.executable, str(REPO / "scripts" / "rhe_head_rate.py"), str(run), "--prepared", str(prepared),
+                    "--batch-size", "16", "--output", str(output)], check=True, capture_output=True, text=True)
+    results = json.loads(output.read_text())["runs"]
     rate = results[str(run)]
     assert rate["checkpoints"] == ["step-3", "step-6"] and rate["sentences"] == 64 and rate["layers"] == [0]
     rates = torch.tensor(rate["redundant"])
     assert 0.05 < rates.mean() < 0.95
-    model, _ = rhe_head_rate.load_run(run, corpus)
+    model, _ = load_prepared_run(run, corpus)
     processor = MgsaProcessor.from_pretrained(prepared / "processor")
     sources = (prepared / "test.en").read_text().splitlines()
 
@@ -366,9 +365,9 @@ def test_rhe_head_rate_of_a_run_equals_the_processor_path(dry_run, tmp_path):
 
     expected = redundant_head_rate(model, truncating, sources, batch_size=10)
     assert torch.allclose(rates, expected.rate, atol=1e-4)
-    assert json.loads(output.read_text())["runs"] == results
+    assert results == {str(run): prepared_run_head_rate(run, corpus, "test", 16)}
     with pytest.raises(SystemExit, match="not an RHE run"):
-        rhe_head_rate.head_rate(root / "dry-run" / "hybrid" / "seed-1", corpus, "test", 16)
+        prepared_run_head_rate(root / "dry-run" / "hybrid" / "seed-1", corpus, "test", 16)
 
 
 def selection_record(name, seed, validation, test):

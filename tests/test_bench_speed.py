@@ -1,7 +1,7 @@
-"""The speed scripts on a machine without spaCy (bench_speed.py, bench_length.py, bench_layer.py; profile_step.py and
-count_flops.py on the same batches): the batches are built once with the processor (`--save-inputs`) and timed in a
-process where spaCy and `datasets` cannot be imported (`--inputs`), as on a GPU machine; `--device cuda` is refused
-clearly where torch sees no GPU."""
+"""The speed benchmarks (`mgsa_hf.benchmarking_speed`, `benchmarking_layers`) and their scripts on a machine without
+spaCy (bench_speed.py, bench_length.py, bench_layer.py; profile_step.py and count_flops.py on the same batches): the
+batches are built once with the processor (`--save-inputs`) and timed in a process where spaCy and `datasets` cannot
+be imported (`--inputs`), as on a GPU machine; `--device cuda` is refused clearly where torch sees no GPU."""
 
 import json
 import statistics
@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from mgsa_hf.benchmarking_layers import VariantAttention, profile
+from mgsa_hf.benchmarking_rows import named_row
+from mgsa_hf.benchmarking_speed import build_model
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,13 +112,10 @@ def test_cuda_without_a_gpu_is_refused_clearly(inputs):
 
 def test_profile_splits_a_step_into_its_parts(inputs):
     """scripts/profile_step.py on a PR model: every part of both sides is timed, they fit inside the forward pass."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    import profile_step
-
     saved = torch.load(inputs)
-    model = profile_step.bench_speed.build_model(saved["vocab"], "marian", "small",
-                                                 {"encoder_type": "phrase_representation"}, torch.device("cpu"))
-    times = profile_step.profile(model, saved["train_batches"], steps=1, warmup=0)
+    model = build_model(saved["vocab"], "marian", "small", {"encoder_type": "phrase_representation"},
+                        torch.device("cpu"))
+    times = profile(model, saved["train_batches"], steps=1, warmup=0)
     for part in ("encoder.self_attn", "encoder.phrase_pooling", "encoder.phrase_combination", "encoder.fc1",
                  "decoder.encoder_attn", "decoder.phrase_combination", "decoder.transparent_attention"):
         assert times[part] > 0, part
@@ -175,13 +176,9 @@ def test_variant_attention_timings(length_inputs, tmp_path):
 def test_variant_attention_computes_what_the_model_computes(length_inputs, row):
     """What bench_layer.py times (the syntax preparation and the variant's self-attentions, from captured inputs) gives
     the outputs those self-attentions give inside a whole forward pass."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    import bench_layer
-
     saved = torch.load(length_inputs)
     batch = saved["batches"][16]
-    model = bench_layer.build_model(saved["vocab"], "marian", "small", bench_layer.LAYER_VARIANTS[row],
-                                    torch.device("cpu")).eval()
+    model = build_model(saved["vocab"], "marian", "small", named_row(row), torch.device("cpu")).eval()
     recorded = {}
 
     def record(module, args, output):
@@ -193,7 +190,7 @@ def test_variant_attention_computes_what_the_model_computes(length_inputs, row):
         model(**batch)
     for handle in handles:
         handle.remove()
-    runner = bench_layer.VariantAttention(model, model.config.variant_layers)
+    runner = VariantAttention(model, model.config.variant_layers)
     with torch.no_grad():
         outputs, loss, important = runner.forward(*runner.inputs(batch))
     assert len(outputs) == len(recorded) == len(model.config.variant_layers)

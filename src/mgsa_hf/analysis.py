@@ -1,12 +1,17 @@
 """Analyses of trained models over a data set: the hybrid gates per layer and universal part-of-speech tag (the hybrid
-paper's Figures 3 and 4) and the share of heads RHE labels redundant (Eq. 10), with the encoder pass they share."""
+paper's Figures 3 and 4) and the share of heads RHE labels redundant (Eq. 10), through the processor or on a
+benchmark run's prepared batches."""
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from .evaluation import average_checkpoints
 from .modeling_common import SYNTAX_INPUT_NAMES
+from .prepared_training import Recipe, build_model, scored_checkpoints
 
 
 # Hybrid gates (the hybrid paper's Figures 3 and 4)
@@ -195,3 +200,37 @@ def redundant_head_rate(model, processor, texts: list[str], batch_size: int = 32
         redundant += torch.stack([(labels == 0).sum(0) for labels in output.head_labels]).float().cpu()
         sentences += len(chunk)
     return RedundantHeadRate(list(config.rhe_layers), redundant / max(sentences, 1), sentences)
+
+
+def load_prepared_run(run_dir: Path, corpus, initial: bool = False):
+    """`(model in eval mode, names of the averaged checkpoints)` of an RHE run of the quality benchmark
+    (`benchmarking_quality`); with `initial`,
+    the run's model as it was built, before training (checkpoints `["initialisation"]`)."""
+    run = json.loads((run_dir / "run.json").read_text())
+    if run["row"].get("encoder_type") != "rhe":
+        raise SystemExit(f"{run_dir}: not an RHE run (row {run['row']})")
+    recipe = Recipe(**run["recipe"])
+    model = build_model(corpus, recipe, run["row"], run["seed"])
+    if initial:
+        return model.eval(), ["initialisation"]
+    checkpoints = scored_checkpoints(run_dir, recipe)
+    if not checkpoints:
+        raise SystemExit(f"{run_dir}: no checkpoint up to step {recipe.max_steps}")
+    model.load_state_dict(average_checkpoints(checkpoints))
+    return model.eval(), [path.stem for path in checkpoints]
+
+
+def prepared_run_head_rate(run_dir: Path, corpus, split_name: str, batch_size: int, initial: bool = False) -> dict:
+    """`{"row", "checkpoints", "sentences", "layers", "redundant": [[rate per head] per RHE layer]}` for one run,
+    counted on the prepared batches (the same fields as [`redundant_head_rate`] gets from the processor)."""
+    model, checkpoints = load_prepared_run(run_dir, corpus, initial)
+    split = corpus.split(split_name)
+    redundant = torch.zeros(len(model.config.rhe_layers), model.config.encoder_attention_heads)
+    with torch.no_grad():
+        for start in range(0, len(split), batch_size):
+            batch = split.batch(range(start, min(start + batch_size, len(split))), with_labels=False)
+            output = model.get_encoder()(**batch)
+            redundant += torch.stack([(labels == 0).sum(0) for labels in output.head_labels]).float()
+    row = json.loads((run_dir / "run.json").read_text())["row"]
+    return {"row": row, "checkpoints": checkpoints, "sentences": len(split),
+            "layers": list(model.config.rhe_layers), "redundant": (redundant / len(split)).round(decimals=4).tolist()}

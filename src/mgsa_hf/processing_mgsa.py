@@ -363,7 +363,7 @@ class MgsaProcessor(ProcessorMixin):
                         f"({SPACY_MAX_CHARACTERS:,}, spaCy's `max_length`): split it into sentences."
                     )
 
-        with _cyclic_gc_paused():
+        with cyclic_gc_paused():
             encoding = self._encode_source(texts, tree_list, max_length, truncation)
         if targets is not None:
             target_length = max_target_length if max_target_length is not None else max_length
@@ -617,7 +617,7 @@ def _settings_of_saved_model(config_file: str | None, folder, kwargs: dict) -> d
 
 
 @contextlib.contextmanager
-def _cyclic_gc_paused():
+def cyclic_gc_paused():
     """Pauses Python's cyclic garbage collector while a batch is encoded. The fields are acyclic lists (freed by
     reference counting either way) and spaCy leaves next to no cycles, but every list that survives counts towards
     full collections, which walk every object of the process (hundreds of thousands with torch and transformers
