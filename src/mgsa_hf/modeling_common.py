@@ -27,6 +27,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, logging
+from transformers.utils.generic import can_return_tuple
 
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 
@@ -829,6 +830,105 @@ def language_model_output(
         encoder_gates=outputs.encoder_gates if output_gates else None,
         encoder_head_labels=outputs.encoder_head_labels if output_head_labels else None,
     )
+
+
+class MgsaSeq2SeqModelMixin:
+    """The forward of both backbones' bare encoder-decoders ([`MgsaModel`], [`MgsaT5Model`])."""
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        word_ids: torch.LongTensor | None = None,
+        head_word_ids: torch.LongTensor | None = None,
+        phrase_ids: torch.LongTensor | None = None,
+        phrase_tags: torch.LongTensor | None = None,
+        pr_phrase_ids: torch.LongTensor | None = None,
+        local_phrase_start: torch.LongTensor | None = None,
+        local_phrase_end: torch.LongTensor | None = None,
+        tree_depth: torch.LongTensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> MgsaSeq2SeqModelOutput:
+        r"""
+        Arguments are those of the backbone's bare model ([`~transformers.MarianModel`], [`~transformers.T5Model`])
+        plus the source syntax fields of its encoder.
+        """
+        syntax = MgsaSyntaxInputs.pack(locals())
+        return encoder_decoder_forward(
+            self, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, encoder_outputs,
+            past_key_values, inputs_embeds, decoder_inputs_embeds, use_cache, syntax, **kwargs,
+        )
+
+
+class MgsaForConditionalGenerationMixin:
+    """
+    The forward of both backbones' translation models ([`MgsaForConditionalGeneration`],
+    [`MgsaT5ForConditionalGeneration`]): decoder inputs from the labels (`prepare_decoder_input_ids_from_labels`),
+    the encoder-decoder pass, the backbone's language-model head (`language_model_logits`) and the loss.
+    """
+
+    def language_model_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The backbone's vocabulary logits (B, T, V) of the decoder's last states (B, T, D)."""
+        raise NotImplementedError
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        word_ids: torch.LongTensor | None = None,
+        head_word_ids: torch.LongTensor | None = None,
+        phrase_ids: torch.LongTensor | None = None,
+        phrase_tags: torch.LongTensor | None = None,
+        pr_phrase_ids: torch.LongTensor | None = None,
+        local_phrase_start: torch.LongTensor | None = None,
+        local_phrase_end: torch.LongTensor | None = None,
+        tree_depth: torch.LongTensor | None = None,
+        output_gates: bool | None = None,
+        output_head_labels: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> MgsaSeq2SeqLMOutput:
+        r"""
+        labels (`torch.LongTensor` of shape `(batch_size, target_len)`, *optional*):
+            Target token ids; -100 is ignored. The decoder inputs are the labels shifted right.
+        output_gates (`bool`, *optional*):
+            Return the hybrid encoder's local/global gates as `encoder_gates`.
+        output_head_labels (`bool`, *optional*):
+            Return RHE's important (1) / redundant (0) head labels as `encoder_head_labels`.
+
+        The other arguments are those of the backbone's translation model ([`~transformers.MarianMTModel`],
+        [`~transformers.T5ForConditionalGeneration`]) and the source syntax fields of its encoder.
+        """
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        check_tag_supervision_inputs(self, labels, phrase_tags, encoder_outputs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        syntax = MgsaSyntaxInputs.pack(locals())
+        outputs = encoder_decoder_forward(
+            self, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, encoder_outputs,
+            past_key_values, inputs_embeds, decoder_inputs_embeds, use_cache, syntax, **kwargs,
+        )
+        lm_logits = self.language_model_logits(outputs.last_hidden_state)
+        return language_model_output(self.config, outputs, lm_logits, labels, output_gates, output_head_labels,
+                                     num_items_in_batch)
 
 
 class BaseModelAutoMapMixin:

@@ -17,12 +17,12 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
-from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions
+from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 from transformers.modeling_utils import PreTrainedModel
 from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding, shift_tokens_right
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, logging
-from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
+from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_mgsa import MgsaConfig
@@ -34,16 +34,14 @@ from .modeling_common import (
     MgsaCheckpointingLayer,
     MgsaDecoderKwargs,
     MgsaEncoderOutput,
+    MgsaForConditionalGenerationMixin,
     MgsaLayerOutput,
     MgsaSeq2SeqLMOutput,
-    MgsaSeq2SeqModelOutput,
+    MgsaSeq2SeqModelMixin,
     MgsaSyntaxInputs,
     VariantUpgradeMixin,
     check_length,
-    check_tag_supervision_inputs,
-    encoder_decoder_forward,
     encoder_output,
-    language_model_output,
     resolve_cache,
 )
 from .weights_checksums import WeightsChecksumMixin
@@ -411,7 +409,7 @@ class MgsaDecoder(MgsaPreTrainedModel):
         )
 
 
-class MgsaModel(MgsaPreTrainedModel):
+class MgsaModel(MgsaSeq2SeqModelMixin, MgsaPreTrainedModel):
     """The bare MGSA encoder-decoder, outputting raw decoder states (Marian layout: `shared`, `encoder`, `decoder`)."""
 
     _keys_to_ignore_on_load_missing = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
@@ -470,50 +468,10 @@ class MgsaModel(MgsaPreTrainedModel):
             self.tie_weights()
         return self.get_decoder_input_embeddings()
 
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        decoder_input_ids: torch.LongTensor | None = None,
-        decoder_attention_mask: torch.Tensor | None = None,
-        encoder_outputs: tuple | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        decoder_inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        word_ids: torch.LongTensor | None = None,
-        head_word_ids: torch.LongTensor | None = None,
-        phrase_ids: torch.LongTensor | None = None,
-        phrase_tags: torch.LongTensor | None = None,
-        pr_phrase_ids: torch.LongTensor | None = None,
-        local_phrase_start: torch.LongTensor | None = None,
-        local_phrase_end: torch.LongTensor | None = None,
-        tree_depth: torch.LongTensor | None = None,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> MgsaSeq2SeqModelOutput:
-        r"""
-        Arguments are those of [`~transformers.MarianModel`] plus the source syntax fields of [`MgsaEncoder`].
-        """
-        syntax = MgsaSyntaxInputs.pack(locals())
-        return encoder_decoder_forward(
-            self,
-            input_ids,
-            attention_mask,
-            decoder_input_ids,
-            decoder_attention_mask,
-            encoder_outputs,
-            past_key_values,
-            inputs_embeds,
-            decoder_inputs_embeds,
-            use_cache,
-            syntax,
-            **kwargs,
-        )
-
 
 class MgsaForConditionalGeneration(
-    BaseModelAutoMapMixin, MgsaPreTrainedModel, CheckedGenerationMixin, GenerationMixin
+    BaseModelAutoMapMixin, MgsaForConditionalGenerationMixin, MgsaPreTrainedModel, CheckedGenerationMixin,
+    GenerationMixin
 ):
     """
     MGSA with a language-modelling head, for translation: `model(**processor(src, text_target=tgt))` gives the loss,
@@ -611,68 +569,9 @@ class MgsaForConditionalGeneration(
             new_bias = torch.cat([old_bias, old_bias.new_zeros(1, new_num_tokens - old_bias.shape[-1])], dim=1)
         self.final_logits_bias = nn.Buffer(new_bias)
 
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        decoder_input_ids: torch.LongTensor | None = None,
-        decoder_attention_mask: torch.Tensor | None = None,
-        encoder_outputs: tuple | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        decoder_inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        word_ids: torch.LongTensor | None = None,
-        head_word_ids: torch.LongTensor | None = None,
-        phrase_ids: torch.LongTensor | None = None,
-        phrase_tags: torch.LongTensor | None = None,
-        pr_phrase_ids: torch.LongTensor | None = None,
-        local_phrase_start: torch.LongTensor | None = None,
-        local_phrase_end: torch.LongTensor | None = None,
-        tree_depth: torch.LongTensor | None = None,
-        output_gates: bool | None = None,
-        output_head_labels: bool | None = None,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> MgsaSeq2SeqLMOutput:
-        r"""
-        labels (`torch.LongTensor` of shape `(batch_size, target_len)`, *optional*):
-            Target token ids; -100 is ignored. The decoder inputs are the labels shifted right.
-        output_gates (`bool`, *optional*):
-            Return the hybrid encoder's local/global gates as `encoder_gates`.
-        output_head_labels (`bool`, *optional*):
-            Return RHE's important (1) / redundant (0) head labels as `encoder_head_labels`.
-
-        The other arguments are those of [`~transformers.MarianMTModel`] and the source syntax fields of
-        [`MgsaEncoder`].
-        """
-        if labels is not None:
-            use_cache = False
-            if decoder_input_ids is None and decoder_inputs_embeds is None:
-                decoder_input_ids = shift_tokens_right(
-                    labels, self.config.pad_token_id, self.config.decoder_start_token_id
-                )
-        check_tag_supervision_inputs(self, labels, phrase_tags, encoder_outputs)
-        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        syntax = MgsaSyntaxInputs.pack(locals())
-        outputs = encoder_decoder_forward(
-            self.model,
-            input_ids,
-            attention_mask,
-            decoder_input_ids,
-            decoder_attention_mask,
-            encoder_outputs,
-            past_key_values,
-            inputs_embeds,
-            decoder_inputs_embeds,
-            use_cache,
-            syntax,
-            **kwargs,
-        )
-        lm_logits = self.lm_head(outputs.last_hidden_state) + self.final_logits_bias
-        return language_model_output(self.config, outputs, lm_logits, labels, output_gates, output_head_labels,
-                                     num_items_in_batch)
+    def language_model_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Marian's head: the output projection plus `final_logits_bias`."""
+        return self.lm_head(hidden_states) + self.final_logits_bias
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

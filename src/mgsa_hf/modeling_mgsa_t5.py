@@ -18,7 +18,7 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
-from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions
+from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 from transformers.models.marian.modeling_marian import shift_tokens_right
 from transformers.models.t5.modeling_t5 import (
     T5Attention,
@@ -30,7 +30,7 @@ from transformers.models.t5.modeling_t5 import (
 )
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
-from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
+from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_mgsa import MgsaT5Config
@@ -42,15 +42,12 @@ from .modeling_common import (
     MgsaCheckpointingLayer,
     MgsaDecoderKwargs,
     MgsaEncoderOutput,
+    MgsaForConditionalGenerationMixin,
     MgsaLayerOutput,
-    MgsaSeq2SeqLMOutput,
-    MgsaSeq2SeqModelOutput,
+    MgsaSeq2SeqModelMixin,
     MgsaSyntaxInputs,
     VariantUpgradeMixin,
-    check_tag_supervision_inputs,
-    encoder_decoder_forward,
     encoder_output,
-    language_model_output,
     resolve_cache,
 )
 from .weights_checksums import WeightsChecksumMixin
@@ -492,7 +489,7 @@ class MgsaT5Decoder(MgsaT5Stack):
         )
 
 
-class MgsaT5Model(MgsaT5PreTrainedModel):
+class MgsaT5Model(MgsaSeq2SeqModelMixin, MgsaT5PreTrainedModel):
     """The bare MGSA-T5 encoder-decoder, outputting raw decoder states (T5 layout: `shared`, `encoder`, `decoder`)."""
 
     _keys_to_ignore_on_load_unexpected = ["decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"]
@@ -522,50 +519,10 @@ class MgsaT5Model(MgsaT5PreTrainedModel):
     def get_decoder(self):
         return self.decoder
 
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        decoder_input_ids: torch.LongTensor | None = None,
-        decoder_attention_mask: torch.Tensor | None = None,
-        encoder_outputs: tuple | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        decoder_inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        word_ids: torch.LongTensor | None = None,
-        head_word_ids: torch.LongTensor | None = None,
-        phrase_ids: torch.LongTensor | None = None,
-        phrase_tags: torch.LongTensor | None = None,
-        pr_phrase_ids: torch.LongTensor | None = None,
-        local_phrase_start: torch.LongTensor | None = None,
-        local_phrase_end: torch.LongTensor | None = None,
-        tree_depth: torch.LongTensor | None = None,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> MgsaSeq2SeqModelOutput:
-        r"""
-        Arguments are those of [`~transformers.T5Model`] plus the source syntax fields of [`MgsaT5Encoder`].
-        """
-        syntax = MgsaSyntaxInputs.pack(locals())
-        return encoder_decoder_forward(
-            self,
-            input_ids,
-            attention_mask,
-            decoder_input_ids,
-            decoder_attention_mask,
-            encoder_outputs,
-            past_key_values,
-            inputs_embeds,
-            decoder_inputs_embeds,
-            use_cache,
-            syntax,
-            **kwargs,
-        )
-
 
 class MgsaT5ForConditionalGeneration(
-    BaseModelAutoMapMixin, MgsaT5PreTrainedModel, CheckedGenerationMixin, GenerationMixin
+    BaseModelAutoMapMixin, MgsaForConditionalGenerationMixin, MgsaT5PreTrainedModel, CheckedGenerationMixin,
+    GenerationMixin
 ):
     """
     MGSA-T5 with T5's language-modelling head, for translation: `model(**processor(src, text_target=tgt))` gives the
@@ -609,67 +566,12 @@ class MgsaT5ForConditionalGeneration(
         start = self.config.decoder_start_token_id
         return shift_tokens_right(input_ids, pad, pad if start is None else start)
 
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        decoder_input_ids: torch.LongTensor | None = None,
-        decoder_attention_mask: torch.Tensor | None = None,
-        encoder_outputs: tuple | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        decoder_inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        word_ids: torch.LongTensor | None = None,
-        head_word_ids: torch.LongTensor | None = None,
-        phrase_ids: torch.LongTensor | None = None,
-        phrase_tags: torch.LongTensor | None = None,
-        pr_phrase_ids: torch.LongTensor | None = None,
-        local_phrase_start: torch.LongTensor | None = None,
-        local_phrase_end: torch.LongTensor | None = None,
-        tree_depth: torch.LongTensor | None = None,
-        output_gates: bool | None = None,
-        output_head_labels: bool | None = None,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> MgsaSeq2SeqLMOutput:
-        r"""
-        labels (`torch.LongTensor` of shape `(batch_size, target_len)`, *optional*):
-            Target token ids; -100 is ignored. The decoder inputs are the labels shifted right.
-        output_gates, output_head_labels (`bool`, *optional*):
-            Return the hybrid gates / RHE head labels, as in [`MgsaForConditionalGeneration`].
-
-        The other arguments are those of [`~transformers.T5ForConditionalGeneration`] and the source syntax fields of
-        [`MgsaT5Encoder`].
-        """
-        if labels is not None:
-            use_cache = False
-            if decoder_input_ids is None and decoder_inputs_embeds is None:
-                decoder_input_ids = self._shift_right(labels)
-        check_tag_supervision_inputs(self, labels, phrase_tags, encoder_outputs)
-        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        syntax = MgsaSyntaxInputs.pack(locals())
-        outputs = encoder_decoder_forward(
-            self,
-            input_ids,
-            attention_mask,
-            decoder_input_ids,
-            decoder_attention_mask,
-            encoder_outputs,
-            past_key_values,
-            inputs_embeds,
-            decoder_inputs_embeds,
-            use_cache,
-            syntax,
-            **kwargs,
-        )
-        sequence_output = outputs.last_hidden_state
+    def language_model_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """T5's head, the decoder states scaled by d_model^-0.5 first where the output embeddings are the input
+        ones."""
         if self.config.scale_decoder_outputs:  # tied input/output embeddings
-            sequence_output = sequence_output * (self.config.d_model**-0.5)
-        lm_logits = self.lm_head(sequence_output)
-        return language_model_output(self.config, outputs, lm_logits, labels, output_gates, output_head_labels,
-                                     num_items_in_batch)
+            hidden_states = hidden_states * (self.config.d_model**-0.5)
+        return self.lm_head(hidden_states)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor):
         return self._shift_right(labels)
