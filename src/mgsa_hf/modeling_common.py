@@ -46,7 +46,7 @@ def compiles_always(config) -> bool:
     return True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Variant:
     """
     One encoder variant (a value of `config.encoder_type`): everything the configuration, both backbones and the
