@@ -20,16 +20,21 @@ GENERATION_COUNTS = {
 }
 
 
-def check_generation_arguments(arguments: Mapping, prefix: str = "") -> None:
-    """Raise a `ValueError` naming the first of `arguments` (generate keyword arguments, or a generation config's
-    attributes, named with `prefix`) that counts beams, sequences or tokens and is not an integer at least as large as
-    it must be (`GENERATION_COUNTS`). `None` (unset) passes."""
-    for name, least in GENERATION_COUNTS.items():
+def check_counts(arguments: Mapping, least_values: Mapping[str, int], prefix: str = "") -> None:
+    """Raise a `ValueError` naming the first of `arguments` (named with `prefix`) that `least_values` lists and that is
+    not an integer at least as large as its least value there. `None` (unset) passes."""
+    for name, least in least_values.items():
         value = arguments.get(name)
         if value is None:
             continue
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
             raise ValueError(f"`{prefix}{name}` must be an integer >= {least}, got {value!r}.")
+
+
+def check_generation_arguments(arguments: Mapping, prefix: str = "") -> None:
+    """[`check_counts`] of `arguments` (generate keyword arguments, or a generation config's attributes, named with
+    `prefix`) that count beams, sequences or tokens (`GENERATION_COUNTS`)."""
+    check_counts(arguments, GENERATION_COUNTS, prefix)
 
 
 class CheckedGenerationMixin:

@@ -11,7 +11,6 @@ works where the package is not installed.
 import collections.abc
 import copy
 import math
-import numbers
 import os
 import types
 from pathlib import Path
@@ -24,7 +23,7 @@ from transformers.pipelines.pt_utils import PipelineDataset, PipelineIterator
 from transformers.utils import logging
 
 from .data_collator import MgsaDataCollator
-from .generation_arguments import check_generation_arguments
+from .generation_arguments import check_counts, check_generation_arguments
 from .tokenization_utils import missing_tokenizer_files
 
 
@@ -51,9 +50,7 @@ class SourceTooLongError(ValueError):
 def check_batching(batch_size, num_workers) -> None:
     """A `ValueError` naming `batch_size` unless it is a positive integer, or `num_workers` unless it is a
     non-negative one (`None`: the pipeline's default)."""
-    for name, value, least in (("batch_size", batch_size, 1), ("num_workers", num_workers, 0)):
-        if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least):
-            raise ValueError(f"`{name}` must be an integer >= {least}, got {value!r}.")
+    check_counts({"batch_size": batch_size, "num_workers": num_workers}, {"batch_size": 1, "num_workers": 0})
 
 
 class MgsaTranslationPipeline(Pipeline):
