@@ -340,15 +340,20 @@ def _model_config_fields(config: TrainConfig, tokenizer) -> dict:
     return {**fields, **config.model}
 
 
-def _check_init_from(config: TrainConfig, tokenizer) -> None:
-    """`init_from` must be a folder (or Hub id) with a config, and the tokenizer must fit its embeddings."""
+def _init_from_config(config: TrainConfig) -> dict:
+    """The `config.json` of `init_from` (a folder or Hub id), or an error saying it has none."""
     from transformers import PretrainedConfig
 
     try:
-        checkpoint = PretrainedConfig.get_config_dict(config.init_from)[0]
+        return PretrainedConfig.get_config_dict(config.init_from)[0]
     except OSError as error:
         raise ValueError(f"init_from={config.init_from!r} is not a model folder (or Hub id) with a config.json: "
                          f"{error}") from None
+
+
+def _check_init_from(config: TrainConfig, tokenizer) -> None:
+    """`init_from` must be a folder (or Hub id) with a config, and the tokenizer must fit its embeddings."""
+    checkpoint = _init_from_config(config)
     vocab_size = config.model.get("vocab_size", checkpoint.get("vocab_size"))
     if vocab_size is not None and len(tokenizer) > vocab_size:
         raise ValueError(
@@ -372,11 +377,8 @@ def validate_model_section(config: TrainConfig) -> None:
         config_class.reject_unknown_fields(config.model)
         config_class(**config.model)
         return
-    try:
-        config_class = BACKBONES[checkpoint_backbone(config.init_from)][0]
-    except OSError as error:
-        raise ValueError(f"init_from={config.init_from!r} is not a model folder (or Hub id) with a config.json: "
-                         f"{error}") from None
+    _init_from_config(config)  # a clear error where there is none
+    config_class = BACKBONES[checkpoint_backbone(config.init_from)][0]
     config_class.reject_unknown_fields(config.model)
     config_class.from_pretrained(config.init_from, **config.model)
 
@@ -467,7 +469,7 @@ def _reads_source_syntax(config: TrainConfig) -> bool:
     """Whether the model to train reads the processor's syntax fields (every encoder type but `"transformer"`)."""
     encoder_type = config.model.get("encoder_type")
     if encoder_type is None and config.init_from:
-        encoder_type = json.loads((Path(config.init_from) / "config.json").read_text()).get("encoder_type")
+        encoder_type = _init_from_config(config).get("encoder_type")
     return (encoder_type or "transformer") != "transformer"
 
 
