@@ -90,7 +90,9 @@ def test_generate_save_and_load(model, batch, tmp_path):
     loaded = type(model).from_pretrained(tmp_path).eval()
     assert loaded.config.encoder_type == model.config.encoder_type
     with torch.no_grad():
-        assert torch.equal(loaded(**batch).logits, model(**batch).logits)
+        # within transformers' own save-and-load tolerance (1e-5): RHE on T5 differs by about 1e-6 after a reload
+        # with equal weights (the same before the variants were plug-ins); every other case is bit-equal
+        torch.testing.assert_close(loaded(**batch).logits, model(**batch).logits, atol=1e-5, rtol=0)
     assert torch.equal(loaded.generate(**inputs, num_beams=2, max_new_tokens=5), generated)
 
 
