@@ -15,6 +15,7 @@ the training arguments do not join (each trains alone, without a word), and a da
 processor's syntax fields (an obscure error at the first batch).
 """
 
+import gc
 import inspect
 import json
 import logging
@@ -300,6 +301,20 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
                            "before the resume.", resumed_step, checkpoint)
             return output
         return output._replace(training_loss=loss, metrics={**output.metrics, "train_loss": loss})
+
+    def end_training(self) -> None:
+        """Ends a script's training under a launcher: releases the distributed wrapper of the model and then closes
+        the process group (`accelerator.end_training()`). `self.model` stays usable.
+
+        Releasing the wrapper first matters: its gradient reducer holds the group, and when the reducer frees the
+        group last (as the script's objects are freed at exit), torch's gloo backend joins its worker threads while
+        holding Python's lock, which one of them may need to finish: the process can hang after a finished run
+        (pytorch/pytorch#56297).
+        """
+        self.accelerator.free_memory()  # drops the accelerator's references to the wrapped model and optimizer
+        self.model_wrapped = self.model
+        gc.collect()  # the reducer is freed here, while the group is still open
+        self.accelerator.end_training()
 
     def _checkpoint_to_resume(self, resume_from_checkpoint: str | bool | None) -> str | None:
         """The checkpoint folder to resume from: `True` → the newest complete one in `args.output_dir`."""

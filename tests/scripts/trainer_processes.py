@@ -34,9 +34,9 @@ def main() -> None:
     record = {"world_size": args.world_size, "global_step": trainer.state.global_step, "metrics": metrics}
     Path(options.output_dir, f"rank{args.process_index}.json").write_text(json.dumps(record))
     if options.use_cpu:
-        # closes the process group before the interpreter's teardown (without `use_cpu`, which the package refuses
-        # from accelerate 1.4 on, accelerate 1.3's processes hang in it)
-        trainer.accelerator.end_training()
+        # releases the model's distributed wrapper and closes the process group before the interpreter's teardown
+        # (without `use_cpu`, which the package refuses from accelerate 1.4 on, accelerate 1.3's processes hang in it)
+        trainer.end_training()
 
 
 if __name__ == "__main__":
