@@ -102,7 +102,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     device = select_device(args.device)
-    inputs = torch.load(args.inputs) if args.inputs else build_length_inputs(args)
+    inputs = torch.load(args.inputs, weights_only=True) if args.inputs else build_length_inputs(args)
     reference = build_model(inputs["vocab"], "marian", args.size, {"encoder_type": "transformer"}, device).train()
     runners, layers = {}, {}
     for name in args.variants:

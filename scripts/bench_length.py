@@ -91,7 +91,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.inputs:
-        inputs = torch.load(args.inputs)
+        inputs = torch.load(args.inputs, weights_only=True)
     else:
         inputs = build_length_inputs(args)
         if args.save_inputs:

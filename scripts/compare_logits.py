@@ -99,7 +99,7 @@ def dump(src: str, out: str, workdir: str) -> None:
 def compare(old: str, new: str) -> None:
     import torch
 
-    before, after = torch.load(old), torch.load(new)
+    before, after = torch.load(old, weights_only=True), torch.load(new, weights_only=True)
     assert before.keys() == after.keys(), before.keys() ^ after.keys()
     worst = 0.0
     for name in before:

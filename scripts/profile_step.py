@@ -57,7 +57,7 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.inputs:
-        inputs = torch.load(args.inputs)
+        inputs = torch.load(args.inputs, weights_only=True)
     else:
         inputs = bench_speed.build_inputs(bench_speed.parse_args(["--data", args.data, "--batch-size", "32"]))
     results = {}

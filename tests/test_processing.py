@@ -404,8 +404,11 @@ def assert_follows_flat_np_trees(plugin, processor):
 
 
 def assert_saved_and_loaded(plugin, folder, **settings):
+    """Saved and loaded again (settings that name code with `trust_remote_code=True`: tests/test_trust.py), the plug-in
+    processor has `settings` and makes the same fields."""
     plugin.save_pretrained(folder)
-    for loaded in (MgsaProcessor.from_pretrained(folder), AutoProcessor.from_pretrained(folder)):
+    for loaded in (MgsaProcessor.from_pretrained(folder, trust_remote_code=True),
+                   AutoProcessor.from_pretrained(folder, trust_remote_code=True)):
         assert type(loaded) is MgsaProcessor
         assert {name: getattr(loaded, name) for name in settings} == settings
         assert dict(loaded(PLUGIN_TEXTS)) == dict(plugin(PLUGIN_TEXTS))

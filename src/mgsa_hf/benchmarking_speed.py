@@ -269,7 +269,7 @@ def peak_memory_cuda(model, batch, device, amp: bool = False) -> float:
 
 def load_inputs(path, vocab_size: int | None = None) -> dict:
     """Batches saved by `--save-inputs`, with the models' vocabulary widened to `vocab_size` when given."""
-    inputs = torch.load(path)
+    inputs = torch.load(path, weights_only=True)
     return with_vocab_size(inputs, vocab_size)
 
 

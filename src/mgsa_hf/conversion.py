@@ -100,28 +100,39 @@ def load_as_mgsa(path: str, encoder_type: str | None = None, new_modules_init: s
     return model, new_module_names(info["missing_keys"])
 
 
-def saved_processor_settings(folder: str | None) -> dict:
+def saved_processor_settings(folder: str | None, given: dict | None = None, trust_remote_code: bool = False,
+                             option: str = "trust_remote_code=True") -> dict:
     """The settings of the processor saved in `folder` (`processor_config.json`), for fine-tuning it; {} without one.
-    `with_syntax` is left out: whether to parse follows the model being trained."""
+    `with_syntax` is left out: whether to parse follows the model being trained.
+
+    Raises:
+        [`~mgsa_hf.syntax_spacy.UntrustedCodeError`] when a setting names code (a `tree_parser` import path,
+        `parser_code`) that `given` (the caller's own settings) does not replace, unless `trust_remote_code`.
+    """
     from .processing_mgsa import MgsaProcessor
+    from .syntax_spacy import refuse_saved_code
 
     path = Path(folder) / "processor_config.json" if folder else None
     if path is None or not path.is_file():
         return {}
     saved = json.loads(path.read_text())
     allowed = set(inspect.signature(MgsaProcessor.__init__).parameters) - {"self", "tokenizer", "with_syntax"}
-    return {key: value for key, value in saved.items() if key in allowed}
+    saved = {key: value for key, value in saved.items() if key in allowed}
+    refuse_saved_code(saved, folder, given, trust_remote_code, option)
+    return saved
 
 
 def convert_checkpoint(path: str, output_dir: str, encoder_type: str | None = None, new_modules_init: str = "identity",
-                       **overrides):
+                       trust_remote_code: bool = False, **overrides):
     """Write `output_dir` with the MGSA model and, when the source has a tokenizer, an [`MgsaProcessor`] around it
     (the source processor's settings, or the defaults; it parses only for encoder types that read syntax); return a
-    report."""
+    report. Source processor settings that name code are refused unless `trust_remote_code`
+    ([`saved_processor_settings`])."""
     from transformers import AutoTokenizer
 
     from .processing_mgsa import MgsaProcessor
 
+    saved = saved_processor_settings(path, trust_remote_code=trust_remote_code, option="trust_remote_code=True` (`--trust-remote-code`")
     model, new_modules = load_as_mgsa(path, encoder_type, new_modules_init, **overrides)
     model.save_pretrained(output_dir)  # with the model's code, the translation pipeline's included
     try:
@@ -130,7 +141,7 @@ def convert_checkpoint(path: str, output_dir: str, encoder_type: str | None = No
         tokenizer = None
     if tokenizer is not None:
         # the source processor's settings, if it has one; the parse only where the encoder reads syntax
-        settings = {**saved_processor_settings(path), "with_syntax": model.config.encoder_type != "transformer"}
+        settings = {**saved, "with_syntax": model.config.encoder_type != "transformer"}
         MgsaProcessor(tokenizer, **settings).save_pretrained(output_dir)
     return {
         "source": str(path),
@@ -164,6 +175,9 @@ def parse_convert_arguments(argv=None) -> argparse.Namespace:
                         help="the encoder to build (default: the checkpoint's own)")
     parser.add_argument("--new-modules-init", choices=["identity", "random"], default="identity",
                         help="how the variant's new modules start (default: as an identity where the variant allows)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="keep the source processor's settings that name code to run (a tree_parser import path, "
+                             "parser_code)")
     parser.add_argument(
         "--set", nargs="*", default=[], metavar="FIELD=JSON",
         help="extra MgsaConfig fields, e.g. --set rhe_mode='\"sea_all\"' rhe_layers='[0,1]'",
@@ -191,5 +205,6 @@ def convert_command(argv=None) -> None:
         raise SystemExit(f"convert_marian.py: {error}") from None
     overrides = args.overrides
     report = convert_checkpoint(args.marian, args.output_dir, encoder_type=args.encoder_type,
-                                new_modules_init=args.new_modules_init, **overrides)
+                                new_modules_init=args.new_modules_init, trust_remote_code=args.trust_remote_code,
+                                **overrides)
     print(json.dumps(report, indent=2))

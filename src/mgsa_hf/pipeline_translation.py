@@ -10,6 +10,7 @@ works where the package is not installed.
 
 import collections.abc
 import copy
+import json
 import math
 import os
 import types
@@ -20,10 +21,11 @@ from transformers import AutoModelForSeq2SeqLM, Pipeline, pipelines
 from transformers.pipelines import PIPELINE_REGISTRY
 from transformers.pipelines.base import no_collate_fn
 from transformers.pipelines.pt_utils import PipelineDataset, PipelineIterator
-from transformers.utils import logging
+from transformers.utils import PROCESSOR_NAME, logging
 
 from .data_collator import MgsaDataCollator
 from .generation_arguments import check_counts, check_generation_arguments
+from .syntax_spacy import refuse_saved_code
 from .tokenization_utils import missing_tokenizer_files
 
 
@@ -45,6 +47,19 @@ class SourceTooLongError(ValueError):
             f"(sentence: {sentence[:60]!r}{'...' if len(sentence) > 60 else ''})."
         )
         self.sentence, self.num_tokens, self.limit = sentence, num_tokens, limit
+
+
+def refuse_saved_processor_code(folder) -> None:
+    """An [`UntrustedCodeError`] when the processor saved in the local `folder` names code to run (the base class
+    loads it with the pipeline's `trust_remote_code`, and drops it when that refuses it)."""
+    path = Path(folder, PROCESSOR_NAME) if isinstance(folder, (str, os.PathLike)) else None
+    if path is not None and path.is_file():
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            return
+        if isinstance(saved, dict):
+            refuse_saved_code(saved, folder, option="trust_remote_code=True` to `pipeline(...)")
 
 
 def check_batching(batch_size, num_workers) -> None:
@@ -103,6 +118,8 @@ class MgsaTranslationPipeline(Pipeline):
     def __init__(self, *args, **kwargs):
         check_generation_arguments(kwargs)  # before the base class merges them into the generation config
         super().__init__(*args, **kwargs)
+        if self.processor is None:  # the base class drops a processor that fails to load: say why, if it is trust
+            refuse_saved_processor_code(self.model.name_or_path)
         if self.processor is None and self.tokenizer is None or \
                 self.processor is None and getattr(self.model.config, "encoder_type", "transformer") != "transformer":
             # the processor or tokenizer of the model's folder did not load: say which file it lacks

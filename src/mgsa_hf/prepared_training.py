@@ -346,6 +346,23 @@ def _autocast(device: torch.device, recipe: Recipe):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
+def load_run_state(path: Path, device: torch.device | str = "cpu") -> dict:
+    """A run's `state.pt` (weights, optimizer, scheduler, counters, RNG state), read as data only
+    (`weights_only=True`): a file that holds anything else is refused, never run.
+
+    Raises:
+        `ValueError` naming the file when it is not such a state.
+    """
+    import pickle
+
+    try:
+        return torch.load(path, weights_only=True, map_location=device)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as error:
+        raise ValueError(f"{path} is not a training state this package wrote (weights, optimizer, counters), so it "
+                         f"is not loaded: remove it to start the run again ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else ''}).") from error
+
+
 def _save_atomic(state, path: Path) -> None:
     temporary = path.with_suffix(".tmp")
     torch.save(state, temporary)
@@ -421,7 +438,7 @@ def train_run(corpus: PreparedCorpus, run_dir: str | Path, recipe: Recipe, row: 
     step, epoch, position, train_seconds = 0, 0, 0, 0.0
     state_path = run_dir / "state.pt"
     if state_path.is_file():  # resume
-        state = torch.load(state_path, weights_only=False, map_location=device)
+        state = load_run_state(state_path, device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])

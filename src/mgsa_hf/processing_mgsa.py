@@ -20,7 +20,7 @@ from .constituency_conversion import MODEL_FILE
 from .data_collator import pad_batch
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 from .syntax_parser import SyntaxParser
-from .syntax_spacy import package_version
+from .syntax_spacy import package_version, refuse_saved_code
 from .syntax_trees import PHRASE_TAGS, PhraseTagVocab, SentenceSyntax, TreeError
 from .tokenization_utils import missing_tokenizer_files, piece_offsets
 
@@ -241,9 +241,13 @@ class MgsaProcessor(ProcessorMixin):
         `phrase_levels`, and a warning says that the other settings (`tree_parser`, `parser_name`, the PR
         segmentation, ...) are the defaults, which need not be those the model was trained with.
 
+        Saved settings that name code (a `tree_parser` import path, `parser_code`) load only with
+        `trust_remote_code=True`, or when this call gives its own value for them.
+
         Raises:
             `OSError` naming the folder and the file when a local folder lacks a file its tokenizer is loaded from
-            (`tokenizer.json`, or a SentencePiece tokenizer's vocabulary files).
+            (`tokenizer.json`, or a SentencePiece tokenizer's vocabulary files); [`UntrustedCodeError`] for saved
+            settings that name code.
         """
         from transformers.utils import cached_file
 
@@ -254,8 +258,12 @@ class MgsaProcessor(ProcessorMixin):
             return cached_file(pretrained_model_name_or_path, filename, _raise_exceptions_for_missing_entries=False,
                                _raise_exceptions_for_connection_errors=False, **hub_options)
 
-        if find(PROCESSOR_CONFIG_FILE) is None:
+        saved_config = find(PROCESSOR_CONFIG_FILE)
+        if saved_config is None:
             kwargs = _settings_of_saved_model(find("config.json"), pretrained_model_name_or_path, kwargs)
+        else:
+            refuse_saved_code(_read_json(saved_config), pretrained_model_name_or_path, kwargs,
+                              kwargs.get("trust_remote_code") is True)
         try:
             processor = super().from_pretrained(pretrained_model_name_or_path, **kwargs)
         except (OSError, ValueError, TypeError) as error:
@@ -590,6 +598,16 @@ def _drop_damaged_cache_files(dataset, fingerprint: str) -> None:
                        "again.")
         for file in files:
             file.unlink(missing_ok=True)
+
+
+def _read_json(path) -> dict:
+    """The object of a JSON file; {} for one that is not a JSON object (the processor's own loading then names the
+    problem)."""
+    try:
+        found = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def _settings_of_saved_model(config_file: str | None, folder, kwargs: dict) -> dict:

@@ -72,6 +72,48 @@ def normalize_tree_parser(tree_parser) -> str | None:
     return tree_parser
 
 
+class UntrustedCodeError(ValueError):
+    """Saved processor settings (`processor_config.json` of a folder or Hub repository) that name code the processor
+    would import and call, read without `trust_remote_code=True`."""
+
+
+def code_settings(settings: dict) -> dict:
+    """The entries of processor `settings` that name code the processor imports and calls: a `tree_parser` import
+    path `"package.module:function"` (called on every sentence) and `parser_code` (imported when spaCy loads).
+    `None`, `"rules"` and `"spacy:<extension>"` name no code; neither does `parser_name`, which must be an installed
+    spaCy pipeline (a package with its `meta.json`) or a saved pipeline's folder ([`resolve_pipeline_name`])."""
+    found = {}
+    tree_parser = settings.get("tree_parser")
+    if tree_parser not in (None, RULES_TREE_PARSER) and not (
+        isinstance(tree_parser, str) and tree_parser.startswith(SPACY_TREE_PARSER)
+    ):
+        found["tree_parser"] = tree_parser
+    if settings.get("parser_code") is not None:
+        found["parser_code"] = settings["parser_code"]
+    return found
+
+
+def refuse_saved_code(saved: dict, source, given: dict | None = None, trust_remote_code: bool = False,
+                      option: str = "trust_remote_code=True") -> None:
+    """Refuse saved processor settings that name code (see [`code_settings`]) unless `trust_remote_code`: a folder
+    or Hub repository runs no code of its own choosing by being loaded, as in Transformers. Settings in `given` (the
+    caller's own arguments) replace the saved ones and are the caller's choice.
+
+    Raises:
+        [`UntrustedCodeError`] naming `source`, the settings and `option`, the way to allow them.
+    """
+    if trust_remote_code:
+        return
+    found = {key: value for key, value in code_settings(saved).items() if key not in (given or {})}
+    if found:
+        named = ", ".join(f"{key}={value!r}" for key, value in found.items())
+        raise UntrustedCodeError(
+            f"The processor settings saved in {source} name code that loading them would import and run: {named}. "
+            f"If you trust {source}, pass `{option}`; otherwise replace them (e.g. `tree_parser=None`, the trees "
+            "derived from the dependency parse; `parser_code=None`)."
+        )
+
+
 def import_tree_parser(path: str):
     """The callable named by an import path `"package.module:function"`.
 

@@ -57,7 +57,8 @@ class TrainConfig:
     that itself names `init_from` (`configs/train/finetune.yaml`); the `model` section of a file written to train from
     scratch (the packaged default, `tiny.yaml`) does not apply over a checkpoint given as an override. The
     checkpoint's tokenizer (unless `tokenizer` names another) and its saved processor settings (under the `processor`
-    section's) come with it. `init_new_modules`: how modules the checkpoint lacks (a variant added by
+    section's) come with it; saved settings that name code (a `tree_parser` import path, `parser_code`) only with
+    `trust_remote_code: true`. `init_new_modules`: how modules the checkpoint lacks (a variant added by
     `model.encoder_type=...`) start: `"identity"` (the model computes what the checkpoint computed, as far as the
     variant allows, see [`~modeling_common.init_new_modules_as_identity`]) or `"random"`.
 
@@ -85,6 +86,7 @@ class TrainConfig:
     vocab_size: int = 8000
     init_from: str | None = None
     init_new_modules: str = "identity"
+    trust_remote_code: bool = False
     backbone: str = "marian"
     model: dict = field(default_factory=dict)
     processor: dict = field(default_factory=dict)
@@ -264,7 +266,7 @@ def _typed_training_values(section: dict) -> dict:
 def _check_run_settings(config: TrainConfig) -> None:
     """The settings that would otherwise fail deep inside a library, or do the wrong thing without a word, checked
     before any work: the `tokenizer` and `init_from` folders, `average_last_checkpoints`, `resume_from_checkpoint`."""
-    from .conversion import check_folder_or_hub_id
+    from .conversion import check_folder_or_hub_id, saved_processor_settings
     from .trainer_mgsa import checkpoint_folders
 
     for key in ("tokenizer", "init_from"):
@@ -273,6 +275,9 @@ def _check_run_settings(config: TrainConfig) -> None:
             raise ValueError(f"`{key}` must be a folder or a Hub id, got {value!r}.")
         if value:
             check_folder_or_hub_id(value, key)
+    if not isinstance(config.trust_remote_code, bool):
+        raise ValueError(f"`trust_remote_code` must be true or false, got {config.trust_remote_code!r}.")
+    saved_processor_settings(config.init_from, config.processor, config.trust_remote_code, "trust_remote_code=true")
     average = config.average_last_checkpoints
     if isinstance(average, bool) or not isinstance(average, int) or average < 0:
         raise ValueError(f"`average_last_checkpoints` must be a whole number >= 0 (the last N checkpoints; 0: no "
@@ -494,7 +499,8 @@ def prepare(config: TrainConfig, training_args):
     corpus = corpus.__class__({split: _limit(data, limits.get(split)) for split, data in corpus.items()})
     with training_args.main_process_first(desc="tokenizer"):
         tokenizer = _load_or_train_tokenizer(config, corpus["train"])
-    settings = {**saved_processor_settings(config.init_from), "with_syntax": _reads_source_syntax(config),
+    settings = {**saved_processor_settings(config.init_from, config.processor, config.trust_remote_code),
+                "with_syntax": _reads_source_syntax(config),
                 **config.processor}
     processor = MgsaProcessor(tokenizer, **settings)
     if tree_column and not processor.with_syntax:
