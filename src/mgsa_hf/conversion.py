@@ -132,7 +132,8 @@ def convert_checkpoint(path: str, output_dir: str, encoder_type: str | None = No
 
     from .processing_mgsa import MgsaProcessor
 
-    saved = saved_processor_settings(path, trust_remote_code=trust_remote_code, option="trust_remote_code=True` (`--trust-remote-code`")
+    saved = saved_processor_settings(path, trust_remote_code=trust_remote_code,
+                                     option="trust_remote_code=True` (`--trust-remote-code`")
     model, new_modules = load_as_mgsa(path, encoder_type, new_modules_init, **overrides)
     model.save_pretrained(output_dir)  # with the model's code, the translation pipeline's included
     try:
