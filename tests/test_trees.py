@@ -13,8 +13,15 @@ from mgsa_hf.constituency_conversion import DependencyToConstituency, default_co
 from mgsa_hf.syntax_parser import SyntaxParser
 from mgsa_hf.syntax_rules import derive_constituency_tree
 from mgsa_hf.syntax_spacy import word_arrays
-from mgsa_hf.syntax_trees import parse_ptb
-from mgsa_hf.treebank import BracketScore, gold_sentences, ptb_files, sentence_text, tree_brackets
+from mgsa_hf.syntax_trees import match_words, parse_ptb
+from mgsa_hf.treebank import (
+    BracketScore,
+    gold_sentences,
+    ptb_files,
+    read_ptb_file,
+    sentence_text,
+    tree_brackets,
+)
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,6 +79,34 @@ def test_eval_script_held_out_f1(tmp_path):
     assert report["conversions"]["right_branching"]["unlabeled"]["f1"] < 0.5
     assert min(learned["recall_by_label"].values()) > 0.75
     assert abs(learned["mean_depth"] - report["mean_gold_depth"]) < 1.5
+
+
+@pytest.mark.skipif(not PTB.is_dir(), reason="needs ../shared/data/ptb-wsj-sample")
+def test_every_wsj_tree_is_accepted_against_its_text(multi30k_processor):
+    """Every gold tree of the WSJ sample spells its sentence's text, including the 19 that end in an abbreviation
+    ("the U.S. ." as PTB writes it: the full stop takes the abbreviation's `.`); the processor makes their fields,
+    a word per leaf, the last token in the last word."""
+    abbreviated = []
+    for path in sorted(PTB.glob("*.mrg")):
+        for string in read_ptb_file(path):
+            _, leaves = parse_ptb(string)
+            text, _ = sentence_text(leaves)
+            spans = match_words(text, leaves)
+            assert all(end > start for start, end in spans) and "".join(text[s:e] for s, e in spans) == \
+                "".join(text.split()), (path.name, text)
+            if any(leaf == "." and i and leaves[i - 1] != "." and leaves[i - 1].endswith(".")
+                   for i, leaf in enumerate(leaves)):
+                abbreviated.append((text, string))
+    assert len(abbreviated) == 19
+    texts, trees = zip(*abbreviated, strict=True)
+    encoding = multi30k_processor(list(texts), trees=list(trees))
+    for i, (text, tree) in enumerate(abbreviated):
+        words = multi30k_processor.syntax(text, tree).words
+        word_ids = encoding["word_ids"][i][: sum(encoding["attention_mask"][i]) - 1]  # the last is `</s>`
+        assert len(words) == len(parse_ptb(tree)[1])
+        assert word_ids == sorted(word_ids) and word_ids[-1] == len(words) - 1
+    with pytest.raises(ValueError, match="does not match the text"):
+        match_words("in the U.S", ["in", "the", "U.S.", "."])
 
 
 @pytest.mark.skipif(not PTB.is_dir(), reason="needs ../shared/data/ptb-wsj-sample")

@@ -317,7 +317,9 @@ def match_words(text: str, leaves: list[str]) -> list[tuple[int, int]]:
     `do n't` and "$5" as `$ 5`), as written or as the text it stands for (`-LRB-` is `(`, `` `` `` is `"` or `“`,
     `''` is `"` or `”`, `\\/` is `/`, ...), and after the last leaf only whitespace may remain. So the
     concatenated leaves equal the text without its whitespace: a tree that leaves out a word, covers only the start
-    of the text, has extra words or splits the text differently (leaves `a ca` for "a cat") is rejected.
+    of the text, has extra words or splits the text differently (leaves `a ca` for "a cat") is rejected. One
+    exception, as PTB writes it: a sentence that ends in an abbreviation ("the U.S.") has a leaf `.` after it, which
+    takes the abbreviation's last character (the spans of `U.S.` `.` are those of `U.S` and `.`).
 
     Returns:
         `(start, end)` character span (end exclusive) of each leaf.
@@ -330,6 +332,13 @@ def match_words(text: str, leaves: list[str]) -> list[tuple[int, int]]:
     for index, leaf in enumerate(leaves):
         while position < length and text[position].isspace():
             position += 1
+        if _abbreviation_full_stop(leaves, index) and not text.startswith(".", position):
+            # "the U.S." ends a sentence: PTB writes the abbreviation, then the full stop `.` again; the text has one
+            # `.`, which the full stop takes (every word keeps at least one character: `U.S` and `.`)
+            start, end = spans[-1]
+            spans[-1] = (start, end - 1)
+            spans.append((end - 1, end))
+            continue
         if position == length:
             raise ValueError(
                 f"Tree leaf {index} ({leaf!r}) comes after the end of the text: the tree has {len(leaves)} leaves, "
@@ -353,6 +362,11 @@ def match_words(text: str, leaves: list[str]) -> list[tuple[int, int]]:
 
 
 _WORD = re.compile(r"\S{1,40}")
+
+
+def _abbreviation_full_stop(leaves: list[str], index: int) -> bool:
+    """Whether leaf `index` is a full stop `.` that PTB writes after a word ending in `.` (an abbreviation)."""
+    return leaves[index] == "." and index > 0 and leaves[index - 1] != "." and leaves[index - 1].endswith(".")
 
 
 def _clipped(text: str, limit: int = 200) -> str:
