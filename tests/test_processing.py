@@ -102,6 +102,20 @@ def test_algorithm_1_as_printed_through_the_processor(processor):
         MgsaProcessor(processor.tokenizer, pr_segmentation_budget="tokens")
 
 
+def test_algorithm_1_as_printed_keeps_the_whole_sentences_phrases_under_truncation(processor, multi30k_val):
+    """Truncated sources keep the phrases that Algorithm 1 as printed gives the whole sentence (n from all its
+    tokens), with the cut fields the prefix of the whole ones; the words reading keeps them too."""
+    texts = multi30k_val[0]
+    for budget in ("tokens_as_printed", "words"):
+        printed = MgsaProcessor(processor.tokenizer, pr_segmentation_budget=budget)
+        whole, cut = printed(texts), printed(texts, max_length=8, truncation=True)
+        truncated = 0
+        for whole_ids, cut_ids in zip(whole["pr_phrase_ids"], cut["pr_phrase_ids"], strict=True):
+            truncated += len(whole_ids) > len(cut_ids)
+            assert cut_ids[:-1] == whole_ids[: len(cut_ids) - 1]
+        assert truncated >= len(texts) // 2
+
+
 def test_relative_local_positions_follow_rules_1_and_2(multi30k_processor):
     batch = multi30k_processor([FIGURE_1_TEXT], trees=[FIGURE_1], return_tensors="pt")
     positions, in_phrase = multi30k_processor.relative_local_positions(batch)

@@ -74,8 +74,9 @@ class MgsaProcessor(ProcessorMixin):
     a token in a text without words is treated like one.
 
     Truncation (`truncation=True`, `max_length`) cuts the source tokens and keeps EOS; the words and phrases with no
-    token left simply do not occur, local phrase spans are clipped to the kept tokens, and `head_word_ids` may name
-    a word that was cut (it then matches no token; it is always below the EOS word id).
+    token left simply do not occur (the kept tokens keep the phrases of the whole sentence), local phrase spans are
+    clipped to the kept tokens, and `head_word_ids` may name a word that was cut (it then matches no token; it is
+    always below the EOS word id).
 
     Args:
         tokenizer ([`PreTrainedTokenizerBase`]):
@@ -408,13 +409,27 @@ class MgsaProcessor(ProcessorMixin):
             return tokens
         masks = encoding["special_tokens_mask"]
         offsets = encoding["offset_mapping"] if fast else list(map(self._piece_offsets, texts, masks))
-        sentences = list(map(self._syntax_fields, syntaxes, offsets, masks))
+        uncut = [None] * len(texts)
+        if truncation and self.pr_segmentation_budget == "tokens_as_printed":
+            # Algorithm 1 as printed counts the sentence's tokens: those of the whole source, not of the kept ones
+            whole = self.tokenizer(texts, return_special_tokens_mask=True, return_offsets_mapping=fast,
+                                   split_special_tokens=True)
+            uncut = zip(whole["offset_mapping"] if fast else list(map(self._piece_offsets, texts,
+                                                                       whole["special_tokens_mask"])),
+                        whole["special_tokens_mask"], strict=True)
+        sentences = list(map(self._syntax_fields, syntaxes, offsets, masks, uncut))
         fields = {name: [sentence[name] for sentence in sentences] for name in SOURCE_SYNTAX_PAD_VALUES}
         return {**tokens, **fields}
 
-    def _syntax_fields(self, syntax, offsets, special_tokens_mask) -> dict[str, list]:
+    def _syntax_fields(self, syntax, offsets, special_tokens_mask, uncut=None) -> dict[str, list]:
+        """The token fields of one sentence; `uncut`, the (offsets, special tokens mask) of its whole source when it
+        was truncated, gives `tokens_as_printed` phrases their token counts."""
         token_words = _token_words(offsets, special_tokens_mask, syntax.spans)
-        return _token_fields(syntax, token_words, self.phrase_levels, self.tag_vocab, self.pr_phrases)
+        pr_phrases = self.pr_phrases
+        if uncut is not None:
+            whole_content = [word for word in _token_words(*uncut, syntax.spans) if word >= 0]
+            pr_phrases = lambda tree, content: self.pr_phrases(tree, whole_content)  # noqa: E731
+        return _token_fields(syntax, token_words, self.phrase_levels, self.tag_vocab, pr_phrases)
 
     def _piece_offsets(self, text, special_tokens_mask):
         """Character spans of the tokens of a tokenizer without offsets. Its pieces of `text` (surface strings, also
