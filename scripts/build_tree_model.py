@@ -36,6 +36,9 @@ def parse_args():
     parser.add_argument("--min-chain-count", type=int, default=3,
                         help="label chains rarer than this keep their top label")
     parser.add_argument("--l2", type=float, default=1.0, help="L2 penalty on the weights (summed loss)")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch threads of the fit; the sums' order, and so the weights, follow it (default 2, "
+                             "whatever the machine: the same model everywhere)")
     parser.add_argument("--output", required=True)
     return parser.parse_args()
 
@@ -99,6 +102,7 @@ def fit(features, targets, min_count, min_chain_count, l2) -> DependencyToConsti
 def main():
     args = parse_args()
     torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
     sentences = gold_sentences(ptb_files(args.ptb, parse_file_ranges(args.files)))
     start = time.perf_counter()
     features, targets = examples(sentences, load_spacy_pipeline(args.parser_name))

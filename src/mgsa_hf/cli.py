@@ -1,10 +1,12 @@
 """`mgsa-hf` command line: `mgsa-hf train` trains a translation model (by default a small en→de model on Multi30k);
-`mgsa-hf demo` builds a small model of each encoder type, saves, reloads and translates."""
+`mgsa-hf prepare` tokenizes and parses a recipe's corpus once, on disk, before training; `mgsa-hf demo` builds a
+small model of each encoder type, saves, reloads and translates."""
 
 import argparse
 import sys
 import tempfile
 
+from .corpus_preparation import add_prepare_arguments, run_prepare
 from .training import add_train_arguments, run_train
 
 
@@ -75,6 +77,12 @@ def main(argv=None) -> None:
     )
     add_train_arguments(train_parser)
     train_parser.set_defaults(func=run_train)
+    prepare_parser = commands.add_parser(
+        "prepare", help="tokenize and parse a recipe's corpus once, on disk, before training; see "
+                        "mgsa_hf.corpus_preparation"
+    )
+    add_prepare_arguments(prepare_parser)
+    prepare_parser.set_defaults(func=run_prepare)
     args = parser.parse_args(argv)
     args.func(args)
 

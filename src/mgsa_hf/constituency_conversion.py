@@ -197,11 +197,13 @@ class DependencyToConstituency:
         return cls({feature: i for i, feature in enumerate(data["features"])}, weights, data["classes"])
 
     def save(self, path):
+        """Writes the model as gzipped JSON, the same bytes for the same model: the gzip header holds no time and no
+        file name."""
         features = sorted(self.features, key=self.features.get)
         weights = [round(float(weight), 4) for weight in self.weights.ravel()]
         data = {"classes": self.classes, "features": features, "weights": weights}
-        with gzip.open(path, "wt") as file:
-            json.dump(data, file, separators=(",", ":"))
+        with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as file:
+            file.write(json.dumps(data, separators=(",", ":")).encode("utf-8"))
 
     def logits(self, features: list[list[str]]) -> np.ndarray:
         """Class scores of shape `(len(features), num_classes)` of points given by their feature lists (all of the

@@ -471,6 +471,7 @@ class MgsaProcessor(ProcessorMixin):
         remove_columns: bool = True,
         load_from_cache_file: bool = True,
         desc: str | None = "Parsing and tokenizing",
+        cache_dir: str | None = None,
         **processor_kwargs,
     ):
         """Adds the processor's fields to a `datasets.Dataset`, or to every split of a `DatasetDict`, with a batched
@@ -490,6 +491,8 @@ class MgsaProcessor(ProcessorMixin):
                 the processor's own tree for that sentence). A bad tree raises a `ValueError` naming its row.
             batch_size, num_proc, load_from_cache_file, desc: as for `Dataset.map`.
             remove_columns (`bool`, defaults to `True`): drop the dataset's own columns from the result.
+            cache_dir (`str`, *optional*): the folder of the result's Arrow files (by default `datasets`' own: the
+                data's folder, or memory for data held in memory).
             **processor_kwargs: `max_length`, `max_target_length`, `truncation` of [`~MgsaProcessor.__call__`].
         """
         from datasets import DatasetDict
@@ -497,7 +500,7 @@ class MgsaProcessor(ProcessorMixin):
 
         if isinstance(dataset, DatasetDict):
             options = dict(batch_size=batch_size, num_proc=num_proc, remove_columns=remove_columns, desc=desc)
-            options.update(load_from_cache_file=load_from_cache_file, **processor_kwargs)
+            options.update(load_from_cache_file=load_from_cache_file, cache_dir=cache_dir, **processor_kwargs)
             columns = (source_column, target_column, tree_column)
             return DatasetDict({split: self.map_dataset(data, *columns, **options) for split, data in dataset.items()})
         unknown = set(processor_kwargs) - {"max_length", "max_target_length", "truncation"}
@@ -521,6 +524,7 @@ class MgsaProcessor(ProcessorMixin):
             remove_columns=dataset.column_names if remove_columns else None,
             load_from_cache_file=load_from_cache_file,
             new_fingerprint=fingerprint,
+            cache_file_name=str(Path(cache_dir) / f"{fingerprint}.arrow") if cache_dir else None,
             desc=desc,
         )
 

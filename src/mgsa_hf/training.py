@@ -70,6 +70,12 @@ class TrainConfig:
     sentences is measured ([`EncoderCollapseCallback`]); under `collapse_min_spread` the run has become a target-side
     language model whose encoder sends every token out as one vector, and it starts again from a new initialisation
     with the next seed, at most `collapse_restarts` times (the last attempt is not checked). None: no check.
+
+    The corpus is prepared once, on disk ([`~mgsa_hf.corpus_preparation`]): its splits, then their tokens and syntax
+    fields, in folders under `prepared_dir` (default: the run folder's `prepared/`) named by what decides their
+    content, which every process, resumed run and later launch loads memory-mapped; `num_proc` worker processes
+    parse it (default: one); the joint vocabulary is trained on at most `tokenizer_max_sentences` pairs, drawn
+    evenly from the training split (null: all).
     """
 
     data: str = "../shared/data/multi30k"
@@ -102,6 +108,9 @@ class TrainConfig:
     collapse_check_step: int | None = None
     collapse_min_spread: float = 0.5
     collapse_restarts: int = 2
+    prepared_dir: str | None = None
+    num_proc: int | None = None
+    tokenizer_max_sentences: int | None = 1_000_000
 
 
 class _Yaml12Loader(yaml.SafeLoader):
@@ -404,10 +413,6 @@ def build_model(config: TrainConfig, tokenizer):
     return model_class(config_class(**_model_config_fields(config, tokenizer)))
 
 
-def _limit(dataset, limit: int | None):
-    return dataset if limit is None or limit >= len(dataset) else dataset.select(range(limit))
-
-
 def _references(dataset, lang: str) -> list[str]:
     return [pair[lang] for pair in dataset["translation"]]
 
@@ -418,58 +423,6 @@ def _checkpoints(folder: Path) -> list[Path]:
     return sorted(found, key=lambda path: int(path.name.split("-")[-1]))
 
 
-def _load_or_train_tokenizer(config: TrainConfig, train_split):
-    """`config.tokenizer` if given; else the joint vocabulary in the run folder's `tokenizer/`, trained on the training
-    split the first time (other processes and resumed runs load it). The folder records what it was trained for
-    (`vocab_size` and the languages, in `trained_for.json`): a later run in the same `output_dir` that asks for
-    another vocabulary trains it again, or, resuming, stops (its checkpoints embed the earlier one)."""
-    import shutil
-    import tempfile
-
-    from transformers import AutoTokenizer
-
-    from .tokenization_utils import train_joint_tokenizer
-
-    if config.tokenizer or config.init_from:  # a fine-tuned checkpoint comes with its tokenizer
-        source = config.tokenizer or config.init_from
-        try:
-            return AutoTokenizer.from_pretrained(source)
-        except (OSError, ValueError) as error:
-            name = "tokenizer" if config.tokenizer else "init_from"
-            raise ValueError(f"{name}={source!r}: no tokenizer could be loaded from it ({error}); set `tokenizer` to "
-                             "the folder of the checkpoint's tokenizer.") from None
-    folder = run_folder(config.output_dir) / "tokenizer"
-    wanted = {"vocab_size": config.vocab_size, "source_lang": config.source_lang, "target_lang": config.target_lang}
-    if (folder / "tokenizer_config.json").is_file():
-        record = folder / "trained_for.json"
-        trained_for = json.loads(record.read_text()) if record.is_file() else None
-        if trained_for is None:  # trained before the record was kept: its size is at most the one asked for
-            tokenizer = AutoTokenizer.from_pretrained(folder)
-            if len(tokenizer) <= config.vocab_size:
-                return tokenizer
-            trained_for = {"vocab_size": len(tokenizer)}
-        elif trained_for == wanted:
-            return AutoTokenizer.from_pretrained(folder)
-        changed = ", ".join(f"{key}={trained_for.get(key)!r} → {value!r}" for key, value in wanted.items()
-                            if trained_for.get(key, value) != value)
-        if config.resume_from_checkpoint:
-            raise ValueError(f"the run's tokenizer in {folder} was trained for other settings ({changed}), which the "
-                             "checkpoints to resume embed: resume with the settings of the run, or start a new run in "
-                             "another `output_dir`.")
-        logger.warning("the tokenizer in %s was trained for other settings (%s): training it again.", folder, changed)
-        shutil.rmtree(folder)
-    with tempfile.TemporaryDirectory() as text_dir:
-        files = {}
-        for lang in (config.source_lang, config.target_lang):
-            files[lang] = Path(text_dir) / f"train.{lang}"
-            files[lang].write_text("\n".join(_references(train_split, lang)) + "\n", encoding="utf-8")
-        tokenizer = train_joint_tokenizer(
-            files[config.source_lang], files[config.target_lang], folder, vocab_size=config.vocab_size
-        )
-    (folder / "trained_for.json").write_text(json.dumps(wanted) + "\n")
-    return tokenizer
-
-
 def _reads_source_syntax(config: TrainConfig) -> bool:
     """Whether the model to train reads the processor's syntax fields (every encoder type but `"transformer"`)."""
     encoder_type = config.model.get("encoder_type")
@@ -478,45 +431,14 @@ def _reads_source_syntax(config: TrainConfig) -> bool:
     return (encoder_type or "transformer") != "transformer"
 
 
-def prepare(config: TrainConfig, training_args):
-    """Corpus, processor and processed splits; the main process works first so the others read its caches. The
-    corpus is parsed only when the model reads syntax (set `processor.with_syntax` to choose)."""
-    from .conversion import saved_processor_settings
-    from .data import TREE_COLUMN, load_parallel_corpus
-    from .processing_mgsa import MgsaProcessor
+def prepare(config: TrainConfig, training_args=None):
+    """Corpus, processor and processed splits, prepared once on disk by the main process of the run (the others
+    wait for them) and loaded memory-mapped: see [`~mgsa_hf.corpus_preparation`]."""
+    from accelerate import PartialState
 
-    if config.trees is not None and not isinstance(config.trees, dict):
-        raise ValueError(f"`trees` maps a split to a file of PTB trees, e.g. {{train: train.trees}}, got "
-                         f"{config.trees!r}.")
-    corpus = load_parallel_corpus(config.data, config.source_lang, config.target_lang, config.splits,
-                                  hub_config=config.hub_config, tree_files=config.trees or None,
-                                  tree_column=config.tree_column)
-    if "train" not in corpus:
-        raise ValueError("the corpus needs a `train` split (see `splits`).")
-    tree_column = TREE_COLUMN if TREE_COLUMN in corpus["train"].column_names else None
-    limits = {"train": config.max_train_samples, "validation": config.max_eval_samples,
-              "test": config.max_test_samples}
-    corpus = corpus.__class__({split: _limit(data, limits.get(split)) for split, data in corpus.items()})
-    with training_args.main_process_first(desc="tokenizer"):
-        tokenizer = _load_or_train_tokenizer(config, corpus["train"])
-    settings = {**saved_processor_settings(config.init_from, config.processor, config.trust_remote_code),
-                "with_syntax": _reads_source_syntax(config),
-                **config.processor}
-    processor = MgsaProcessor(tokenizer, **settings)
-    if tree_column and not processor.with_syntax:
-        logger.warning("the model reads no syntax (encoder_type transformer): the given trees are not used.")
-    flat = corpus.flatten()
-    with training_args.main_process_first(desc="parsing"):
-        processed = processor.map_dataset(
-            flat,
-            f"translation.{config.source_lang}",
-            f"translation.{config.target_lang}",
-            tree_column,
-            max_length=config.max_source_length,
-            max_target_length=config.max_target_length,
-            truncation=True,
-        )
-    return corpus, processor, processed
+    from .corpus_preparation import prepare as prepare_once
+
+    return prepare_once(config, is_main=PartialState().is_main_process)
 
 
 def _set_generation_settings(model, args) -> None:

@@ -1,0 +1,420 @@
+"""A training corpus prepared once, on disk, for every process of a run and every later launch.
+
+Preparing a corpus is two steps, each written to its own folder under `prepared_dir` (by default the run folder's
+`prepared/`) and named by a key of everything that decides its content:
+
+1. `corpus-<key>`: the corpus's splits as Arrow files (`datasets`' `save_to_disk`), read from a folder of text files
+   in batches (the text is never held in memory whole), from a JSONL file or from the Hub. The key covers the source
+   (each local file's path, size and modification time; a Hub id and configuration), the splits, languages, sample
+   limits and tree files.
+2. `processed-<key>`: the tokenized (and, for a model that reads syntax, parsed) splits, made by `num_proc` worker
+   processes (each with its own spaCy pipeline). The key adds the processor's fingerprint (its settings, its
+   tokenizer, the parser and this package's code) and the length limits.
+
+A folder is written beside its final name and renamed into place when complete, with `prepared.json` in it, so it
+is whole or absent; a second launch, a resume and every other process load it memory-mapped (`load_from_disk`) in
+seconds. Under `accelerate launch` only the main process of the whole run (rank 0 of machine 0) prepares; the others
+wait for the folder by looking at the disk every few seconds, which no process-group timeout bounds (a barrier
+would: `ddp_timeout`). On several machines `prepared_dir` must be a folder they share, or each machine prepares it
+beforehand with `mgsa-hf prepare` (the same recipe gives the same keys).
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from itertools import islice, zip_longest
+from pathlib import Path
+
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
+
+# written last into a prepared folder: the folder is complete
+MARKER = "prepared.json"
+# the layout of the prepared folders; a change gives new keys
+FORMAT_VERSION = 1
+# how often a waiting process looks for the prepared folder, and how often it says that it still waits (seconds)
+POLL_SECONDS, REPORT_SECONDS = 2.0, 300.0
+
+
+def content_key(parts: dict) -> str:
+    """A short hash of `parts` (JSON-serialisable), the name of a prepared folder."""
+    text = json.dumps({"format": FORMAT_VERSION, **parts}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
+
+
+def file_identity(path: str | Path) -> dict:
+    """A local file's absolute path, size and modification time: what names its content without reading it."""
+    stat = Path(path).stat()
+    return {"path": str(Path(path).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def corpus_parts(config) -> dict:
+    """What decides the corpus step's content (see the module's docstring), from a [`TrainConfig`]."""
+    source = Path(config.data)
+    if source.is_dir():
+        files = sorted(path for path in source.iterdir() if path.is_file())
+        data = [file_identity(path) for path in files]
+    elif source.is_file():
+        data = [file_identity(source)]
+    else:
+        data = {"hub": str(config.data), "config": config.hub_config}
+    trees = {split: file_identity(path) for split, path in sorted((config.trees or {}).items()) if path}
+    limits = {"train": config.max_train_samples, "validation": config.max_eval_samples,
+              "test": config.max_test_samples}
+    return {"data": data, "splits": config.splits, "languages": [config.source_lang, config.target_lang],
+            "trees": trees, "tree_column": config.tree_column, "limits": limits}
+
+
+def is_prepared(folder: Path) -> bool:
+    return (folder / MARKER).is_file()
+
+
+def build_once(folder: Path, build: Callable[[Path], dict], is_main: bool, what: str) -> Path:
+    """`folder`, complete: the main process builds it (unless it is complete already) by `build(staging)`, which
+    writes into `staging` and returns what `prepared.json` records; `staging` is then renamed to `folder`. The other
+    processes wait for it (see [`wait_for`]). A failed build leaves `<folder>.failed` with its error, which ends
+    the others' wait with that error.
+
+    Returns:
+        `folder`.
+    """
+    failed = folder.with_name(folder.name + ".failed")
+    if is_prepared(folder):
+        return folder
+    if not is_main:
+        wait_for(folder, what)
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    failed.unlink(missing_ok=True)
+    staging = folder.with_name(f"{folder.name}.staging-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    started = time.perf_counter()
+    try:
+        record = build(staging)
+        record = {**record, "seconds": round(time.perf_counter() - started, 1)}
+        (staging / MARKER).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        if folder.exists():  # an earlier build cut short before its record: not a prepared folder
+            shutil.rmtree(folder)
+        os.replace(staging, folder)
+    except BaseException as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        failed.write_text(f"{type(error).__name__}: {error}\n", encoding="utf-8")
+        raise
+    logger.info("%s prepared in %.0f s: %s", what, time.perf_counter() - started, folder)
+    return folder
+
+
+def wait_for(folder: Path, what: str, poll_seconds: float = POLL_SECONDS,
+             report_seconds: float = REPORT_SECONDS) -> None:
+    """Wait, looking at the disk every `poll_seconds`, until the main process has prepared `folder`; say so every
+    `report_seconds`.
+
+    Raises:
+        `RuntimeError` with the main process's error when its build failed (`<folder>.failed`).
+    """
+    failed = folder.with_name(folder.name + ".failed")
+    started = reported = time.monotonic()
+    logger.warning("waiting for the main process to prepare %s (%s)", what, folder)
+    while not is_prepared(folder):
+        if failed.is_file():
+            raise RuntimeError(f"the main process failed to prepare {what} ({folder}): "
+                               f"{failed.read_text(encoding='utf-8').strip()}")
+        if time.monotonic() - reported >= report_seconds:
+            reported = time.monotonic()
+            logger.warning(
+                "still waiting for the main process to prepare %s (%.0f min): %s. On several machines it must be a "
+                "folder they share (`prepared_dir`), or run `mgsa-hf prepare` with the same recipe on each first.",
+                what, (reported - started) / 60, folder)
+        time.sleep(poll_seconds)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the corpus step
+
+
+def _text_pairs(source_file: str, target_file: str, src_lang: str, tgt_lang: str, limit: int | None):
+    """Rows `{"translation": {src: ..., tgt: ...}}` of two aligned text files, read line by line."""
+    from .tokenization_utils import read_lines
+
+    pairs = zip_longest(read_lines(source_file), read_lines(target_file))
+    number = 0
+    for number, (source, target) in enumerate(islice(pairs, limit), 1):
+        if source is None or target is None:
+            shorter = source_file if source is None else target_file
+            raise ValueError(f"{source_file} and {target_file} differ in length: {shorter} ends after line "
+                             f"{number - 1}; the files must be aligned line by line.")
+        yield {"translation": {src_lang: source, tgt_lang: target}}
+    if number == 0:
+        raise ValueError(f"{source_file} is empty.")
+
+
+def _read_split(config, name: str, corpus_split: str, cache_dir: Path):
+    """One split of a folder of `{split}.{lang}[.gz]` files as an Arrow-backed `Dataset` in `cache_dir`, read in
+    batches; `None` when the folder holds the split as JSONL (read by [`load_parallel_corpus`])."""
+    from datasets import Dataset, Features, Value
+
+    from .data import find_split_file
+
+    folder = Path(config.data)
+    if (folder / f"{corpus_split}.jsonl").is_file():
+        return None
+    limit = {"train": config.max_train_samples, "validation": config.max_eval_samples,
+             "test": config.max_test_samples}.get(name)
+    files = [str(find_split_file(folder, corpus_split, lang)) for lang in (config.source_lang, config.target_lang)]
+    features = Features({"translation": {config.source_lang: Value("string"), config.target_lang: Value("string")}})
+    return Dataset.from_generator(_text_pairs, features=features, cache_dir=str(cache_dir), keep_in_memory=False,
+                                  gen_kwargs={"source_file": files[0], "target_file": files[1],
+                                              "src_lang": config.source_lang, "tgt_lang": config.target_lang,
+                                              "limit": limit})
+
+
+def build_corpus(config, staging: Path) -> dict:
+    """Write the corpus step's splits into `staging` (see the module's docstring); returns their sizes."""
+    from datasets import DatasetDict
+
+    from .data import load_parallel_corpus
+
+    cache_dir = staging.with_name(staging.name + "-text")
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    try:
+        wanted = {name: split for name, split in config.splits.items() if split}
+        streamed = {}
+        if Path(config.data).is_dir() and not config.trees and config.tree_column is None:
+            streamed = {name: data for name, split in wanted.items()
+                        if (data := _read_split(config, name, split, cache_dir)) is not None}
+        rest = {name: split for name, split in wanted.items() if name not in streamed}
+        corpus = dict(streamed)
+        if rest:
+            loaded = load_parallel_corpus(config.data, config.source_lang, config.target_lang, rest,
+                                          hub_config=config.hub_config, tree_files=config.trees or None,
+                                          tree_column=config.tree_column)
+            limits = {"train": config.max_train_samples, "validation": config.max_eval_samples,
+                      "test": config.max_test_samples}
+            for name, data in loaded.items():
+                limit = limits.get(name)
+                corpus[name] = data.select(range(min(limit, len(data)))) if limit is not None else data
+        if "train" not in corpus:
+            raise ValueError("the corpus needs a `train` split (see `splits`).")
+        corpus = DatasetDict({name: corpus[name] for name in wanted if name in corpus})
+        corpus.save_to_disk(str(staging))
+        return {"step": "corpus", "rows": {name: len(data) for name, data in corpus.items()},
+                "parts": corpus_parts(config)}
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def build_processed(processor, corpus, config, staging: Path, num_proc: int | None) -> dict:
+    """Write the tokenized (and parsed) splits of `corpus` into `staging` with `num_proc` worker processes; returns
+    their sizes."""
+    from .data import TREE_COLUMN
+
+    tree_column = TREE_COLUMN if TREE_COLUMN in corpus["train"].column_names else None
+    cache_dir = staging.with_name(staging.name + "-map")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        processed = processor.map_dataset(
+            corpus.flatten(),
+            f"translation.{config.source_lang}",
+            f"translation.{config.target_lang}",
+            tree_column,
+            num_proc=num_proc if num_proc and num_proc > 1 else None,
+            cache_dir=str(cache_dir),
+            max_length=config.max_source_length,
+            max_target_length=config.max_target_length,
+            truncation=True,
+        )
+        processed.save_to_disk(str(staging))
+        return {"step": "processed", "rows": {name: len(data) for name, data in processed.items()},
+                "num_proc": num_proc or 1}
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def processed_parts(config, corpus_key: str, processor) -> dict:
+    """What decides the processed step's content, besides the corpus."""
+    return {"corpus": corpus_key, "processor": processor._fingerprint(),
+            "lengths": [config.max_source_length, config.max_target_length]}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the recipe's preparation: corpus, tokenizer, processed splits
+
+
+def prepared_dir(config) -> Path:
+    """Where the recipe's prepared folders go: `prepared_dir`, else the run folder's `prepared/`."""
+    from .training import run_folder
+
+    return Path(config.prepared_dir) if config.prepared_dir else run_folder(config.output_dir) / "prepared"
+
+
+def tokenizer_sample(train_split, lang: str, max_sentences: int | None) -> list[str]:
+    """The `lang` side of the training split, or of `max_sentences` of its pairs drawn evenly over it (a corpus of
+    several sources, such as WMT, is sampled from all of them)."""
+    size = len(train_split)
+    if max_sentences is None or size <= max_sentences:
+        rows = train_split
+    else:
+        step = size / max_sentences
+        rows = train_split.select([int(i * step) for i in range(max_sentences)])
+    return [pair[lang] for pair in rows["translation"]]
+
+
+def load_or_train_tokenizer(config, train_split, is_main: bool = True):
+    """`config.tokenizer` (or `init_from`'s) if given; else the joint vocabulary in the run folder's `tokenizer/`,
+    trained by the main process on the training split (at most `tokenizer_max_sentences` pairs of it) the first time;
+    the other processes wait for it and load it, as do resumed runs. The folder records what it was trained for
+    (`vocab_size` and the languages, in `trained_for.json`): a later run in the same `output_dir` that asks for
+    another vocabulary trains it again, or, resuming, stops (its checkpoints embed the earlier one)."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    from .tokenization_utils import train_joint_tokenizer
+    from .training import run_folder
+
+    if config.tokenizer or config.init_from:  # a fine-tuned checkpoint comes with its tokenizer
+        source = config.tokenizer or config.init_from
+        try:
+            return AutoTokenizer.from_pretrained(source)
+        except (OSError, ValueError) as error:
+            name = "tokenizer" if config.tokenizer else "init_from"
+            raise ValueError(f"{name}={source!r}: no tokenizer could be loaded from it ({error}); set `tokenizer` to "
+                             "the folder of the checkpoint's tokenizer.") from None
+    folder = run_folder(config.output_dir) / "tokenizer"
+    wanted = {"vocab_size": config.vocab_size, "source_lang": config.source_lang, "target_lang": config.target_lang}
+    record = folder / "trained_for.json"
+    if not is_main:
+        _wait_for_tokenizer(folder, wanted)
+        return AutoTokenizer.from_pretrained(folder)
+    failed = folder.with_name(folder.name + ".failed")
+    failed.unlink(missing_ok=True)
+    try:
+        if (folder / "tokenizer_config.json").is_file():
+            trained_for = json.loads(record.read_text()) if record.is_file() else None
+            if trained_for is None:  # trained before the record was kept: its size is at most the one asked for
+                tokenizer = AutoTokenizer.from_pretrained(folder)
+                if len(tokenizer) <= config.vocab_size:
+                    record.write_text(json.dumps(wanted) + "\n")
+                    return tokenizer
+                trained_for = {"vocab_size": len(tokenizer)}
+            elif trained_for == wanted:
+                return AutoTokenizer.from_pretrained(folder)
+            changed = ", ".join(f"{key}={trained_for.get(key)!r} → {value!r}" for key, value in wanted.items()
+                                if trained_for.get(key, value) != value)
+            if config.resume_from_checkpoint:
+                raise ValueError(f"the run's tokenizer in {folder} was trained for other settings ({changed}), which "
+                                 "the checkpoints to resume embed: resume with the settings of the run, or start a "
+                                 "new run in another `output_dir`.")
+            logger.warning("the tokenizer in %s was trained for other settings (%s): training it again.", folder,
+                           changed)
+            shutil.rmtree(folder)
+        with tempfile.TemporaryDirectory() as text_dir:
+            files = {}
+            for lang in (config.source_lang, config.target_lang):
+                files[lang] = Path(text_dir) / f"train.{lang}"
+                lines = tokenizer_sample(train_split, lang, config.tokenizer_max_sentences)
+                files[lang].write_text("\n".join(lines) + "\n", encoding="utf-8")
+            tokenizer = train_joint_tokenizer(
+                files[config.source_lang], files[config.target_lang], folder, vocab_size=config.vocab_size
+            )
+        record.write_text(json.dumps(wanted) + "\n")  # last: the folder is complete
+        return tokenizer
+    except BaseException as error:
+        failed.parent.mkdir(parents=True, exist_ok=True)
+        failed.write_text(f"{type(error).__name__}: {error}\n", encoding="utf-8")
+        raise
+
+
+def _wait_for_tokenizer(folder: Path, wanted: dict) -> None:
+    """Wait until the main process has written the run's tokenizer for `wanted` (see [`wait_for`])."""
+    record, failed = folder / "trained_for.json", folder.with_name(folder.name + ".failed")
+    started = reported = time.monotonic()
+    while True:
+        try:
+            if json.loads(record.read_text()) == wanted:
+                return
+        except (OSError, ValueError):
+            pass
+        if failed.is_file():
+            raise RuntimeError(f"the main process failed to train the tokenizer ({folder}): "
+                               f"{failed.read_text(encoding='utf-8').strip()}")
+        if time.monotonic() - reported >= REPORT_SECONDS:
+            reported = time.monotonic()
+            logger.warning("still waiting for the main process to train the tokenizer (%.0f min): %s",
+                           (reported - started) / 60, folder)
+        time.sleep(POLL_SECONDS)
+
+
+def prepare(config, is_main: bool = True, num_proc: int | None = None):
+    """The corpus, the processor and the processed splits of a recipe ([`TrainConfig`]), prepared once (see the
+    module's docstring) and loaded memory-mapped. `is_main`: this process prepares what is missing (the others wait
+    for it). The corpus is parsed only when the model reads syntax (set `processor.with_syntax` to choose).
+
+    Returns:
+        `(corpus, processor, processed)`: `DatasetDict`s of the raw pairs (a `translation` column, and the given trees
+        as `source_tree`) and of the model's fields, and the [`MgsaProcessor`].
+    """
+    from datasets import load_from_disk
+
+    from .conversion import saved_processor_settings
+    from .data import TREE_COLUMN
+    from .processing_mgsa import MgsaProcessor
+    from .training import _reads_source_syntax
+
+    if config.trees is not None and not isinstance(config.trees, dict):
+        raise ValueError(f"`trees` maps a split to a file of PTB trees, e.g. {{train: train.trees}}, got "
+                         f"{config.trees!r}.")
+    root = prepared_dir(config)
+    corpus_key = content_key(corpus_parts(config))
+    corpus_folder = build_once(root / f"corpus-{corpus_key}", lambda staging: build_corpus(config, staging),
+                               is_main, "the corpus")
+    corpus = load_from_disk(str(corpus_folder))
+    tokenizer = load_or_train_tokenizer(config, corpus["train"], is_main)
+    settings = {**saved_processor_settings(config.init_from, config.processor, config.trust_remote_code),
+                "with_syntax": _reads_source_syntax(config), **config.processor}
+    processor = MgsaProcessor(tokenizer, **settings)
+    if TREE_COLUMN in corpus["train"].column_names and not processor.with_syntax:
+        logger.warning("the model reads no syntax (encoder_type transformer): the given trees are not used.")
+    num_proc = num_proc if num_proc is not None else config.num_proc
+    key = content_key(processed_parts(config, corpus_key, processor))
+    processed_folder = build_once(root / f"processed-{key}",
+                                  lambda staging: build_processed(processor, corpus, config, staging, num_proc),
+                                  is_main, "the tokenized and parsed corpus" if processor.with_syntax else
+                                  "the tokenized corpus")
+    return corpus, processor, load_from_disk(str(processed_folder))
+
+
+def run_prepare(args) -> dict:
+    """Entry point of `mgsa-hf prepare`: prepare a recipe's corpus, tokenizer and processed splits in this one
+    process, with `--num-proc` workers, before `mgsa-hf train` (or `accelerate launch`) with the same recipe."""
+    from .training import _check_run_settings, load_train_config, validate_model_section
+
+    config_path, overrides = args.config, list(args.overrides)
+    if config_path is not None and "=" in config_path and not Path(config_path).exists():
+        overrides.insert(0, config_path)
+        config_path = None
+    config = load_train_config(config_path, overrides)
+    _check_run_settings(config)
+    validate_model_section(config)
+    started = time.perf_counter()
+    corpus, processor, processed = prepare(config, is_main=True, num_proc=args.num_proc)
+    summary = {"prepared_dir": str(prepared_dir(config)),
+               "rows": {name: len(data) for name, data in processed.items()},
+               "parsed": processor.with_syntax, "seconds": round(time.perf_counter() - started, 1)}
+    print(json.dumps(summary, indent=2))
+    return summary
+
+
+def add_prepare_arguments(parser) -> None:
+    """The command line of `mgsa-hf prepare`: the recipe as for `mgsa-hf train`, and `--num-proc`."""
+    from .cli import positive_int
+    from .training import add_train_arguments
+
+    add_train_arguments(parser)
+    parser.add_argument("--num-proc", type=positive_int, default=None,
+                        help="worker processes that tokenize and parse (default: the recipe's `num_proc`, else 1)")
