@@ -36,9 +36,9 @@ def parse_args():
     parser.add_argument("--min-chain-count", type=int, default=3,
                         help="label chains rarer than this keep their top label")
     parser.add_argument("--l2", type=float, default=1.0, help="L2 penalty on the weights (summed loss)")
-    parser.add_argument("--threads", type=int, default=2,
-                        help="torch threads of the fit; the sums' order, and so the weights, follow it (default 2, "
-                             "whatever the machine: the same model everywhere)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of the fit; the sums' order, and so the weights, follow it (default 1, "
+                             "the same weights whatever the core count)")
     parser.add_argument("--output", required=True)
     return parser.parse_args()
 

@@ -62,3 +62,14 @@ def set_flat_np_parses(doc):
         tree = flatten_noun_phrases(default_conversion().tree(heads, tags, deps))
         sentence._.set(EXTENSION, tree.to_ptb(words))
     return doc
+
+
+# seconds that `slow_tree` takes per sentence
+SLOW_TREE_SECONDS = 0.5
+
+
+def slow_tree(text: str) -> None:
+    """The processor's own tree (`None`), after `SLOW_TREE_SECONDS`: a parse that takes long."""
+    import time
+
+    time.sleep(SLOW_TREE_SECONDS)

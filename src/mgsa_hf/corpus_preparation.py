@@ -157,6 +157,7 @@ def _read_split(config, name: str, corpus_split: str, cache_dir: Path):
     """One split of a folder of `{split}.{lang}[.gz]` files as an Arrow-backed `Dataset` in `cache_dir`, read in
     batches; `None` when the folder holds the split as JSONL (read by [`load_parallel_corpus`])."""
     from datasets import Dataset, Features, Value
+    from datasets.exceptions import DatasetGenerationError
 
     from .data import find_split_file
 
@@ -167,10 +168,13 @@ def _read_split(config, name: str, corpus_split: str, cache_dir: Path):
              "test": config.max_test_samples}.get(name)
     files = [str(find_split_file(folder, corpus_split, lang)) for lang in (config.source_lang, config.target_lang)]
     features = Features({"translation": {config.source_lang: Value("string"), config.target_lang: Value("string")}})
-    return Dataset.from_generator(_text_pairs, features=features, cache_dir=str(cache_dir), keep_in_memory=False,
-                                  gen_kwargs={"source_file": files[0], "target_file": files[1],
-                                              "src_lang": config.source_lang, "tgt_lang": config.target_lang,
-                                              "limit": limit})
+    try:
+        return Dataset.from_generator(_text_pairs, features=features, cache_dir=str(cache_dir), keep_in_memory=False,
+                                      gen_kwargs={"source_file": files[0], "target_file": files[1],
+                                                  "src_lang": config.source_lang, "tgt_lang": config.target_lang,
+                                                  "limit": limit})
+    except DatasetGenerationError as error:  # the files' own problem, named by `_text_pairs` or `read_lines`
+        raise (error.__cause__ if isinstance(error.__cause__, ValueError) else error) from None
 
 
 def build_corpus(config, staging: Path) -> dict:

@@ -506,6 +506,10 @@ class MgsaProcessor(ProcessorMixin):
         unknown = set(processor_kwargs) - {"max_length", "max_target_length", "truncation"}
         if unknown:
             raise TypeError(f"map_dataset() got unexpected arguments {sorted(unknown)}.")
+        if not hasattr(dataset, "_fingerprint"):
+            raise TypeError(f"map_dataset() makes a cached `datasets.Dataset`; a {type(dataset).__name__} (a stream) "
+                            "has no cache: map it with `dataset.map(lambda rows: dict(processor(...)), "
+                            "batched=True)`, or save it as a `Dataset` first.")
         columns = {"source_column": source_column, "target_column": target_column, "tree_column": tree_column}
         for argument, column in columns.items():
             if column is not None and column not in dataset.column_names:

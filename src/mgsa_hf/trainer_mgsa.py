@@ -262,13 +262,18 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
             return super().get_train_dataloader()
         if self.train_dataset is None:
             raise ValueError("Trainer: training requires a train_dataset.")
+        if not hasattr(self.train_dataset, "__len__"):
+            raise TypeError(f"`max_tokens_per_batch` groups sentences of similar lengths over the whole training set, "
+                            f"which a {type(self.train_dataset).__name__} (a stream) does not give: save it as a "
+                            "`datasets.Dataset` (`mgsa-hf prepare`, or `Dataset.from_generator`), which is read "
+                            "memory-mapped, or train it with sentence batches (`max_tokens_per_batch` unset).")
         dataset = self._remove_unused_columns(self.train_dataset, description="Training")
         missing = sorted({"input_ids", "labels"} - set(getattr(dataset, "column_names", None) or ()))
         if missing:
             raise ValueError(f"`max_tokens_per_batch` batches a `datasets.Dataset` by its `input_ids` and `labels` "
                              f"lengths; the training dataset has no {missing} column.")
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        lengths = [[len(ids) for ids in dataset[column]] for column in ("input_ids", "labels")]
+        lengths = [column_lengths(dataset, column) for column in ("input_ids", "labels")]
         sampler = TokenBatchSampler(*lengths, self.max_tokens_per_batch, seed, num_replicas=self.args.world_size)
         # the Trainer's own log states `per_device_train_batch_size`, which these batches do not use
         logger.info("training batches of at most %d tokens: %d per epoch, %.1f sentences on average",
@@ -404,6 +409,14 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
                 pairs = int(self.accelerator.reduce(torch.tensor(pairs, device=self.args.device), reduction="sum"))
             logs["train_samples_per_second"] = round(pairs / logs["train_runtime"], 3)
         super().log(logs, *args, **kwargs)
+
+
+def column_lengths(dataset, column: str) -> np.ndarray:
+    """The length of each row's list in `column` of a `datasets.Dataset`, read from Arrow's offsets (no row is
+    decoded: 4.5M rows take about a second, where Python lists take minutes and gigabytes)."""
+    import pyarrow.compute as pc
+
+    return pc.list_value_length(dataset.with_format("arrow")[column]).to_numpy(zero_copy_only=False)
 
 
 def _column_names(dataset) -> list[str]:

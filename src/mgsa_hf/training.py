@@ -227,7 +227,21 @@ def _training_arguments(config: TrainConfig):
         **config.training,
         "push_to_hub": False,
     }
+    if fields["use_cpu"]:
+        _join_cpu_processes(fields.get("ddp_timeout", 1800))
     return Seq2SeqTrainingArguments(**fields)
+
+
+def _join_cpu_processes(timeout_seconds: int) -> None:
+    """Processes that `accelerate launch` starts on CPU join over gloo with `training.ddp_timeout` as the process
+    group's timeout, as they do on GPU (transformers passes it there only; torch's default is 30 minutes)."""
+    import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_available() and not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_seconds))
 
 
 def _typed_training_values(section: dict) -> dict:

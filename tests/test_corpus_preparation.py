@@ -1,0 +1,138 @@
+"""A recipe's corpus prepared once, on disk: the same fields as the processor's `map_dataset` in memory, read back
+memory-mapped by every later call, built by the main process while the others wait on the disk (no collective, so
+no process-group timeout), and one tokenizer for every machine of a run."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+
+import mgsa_hf.corpus_preparation as preparation
+from mgsa_hf.corpus_preparation import prepare, tokenizer_sample
+from mgsa_hf.data import load_parallel_corpus
+from mgsa_hf.trainer_mgsa import column_lengths
+from mgsa_hf.training import load_train_config
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data" / "multi30k"
+TINY = REPO / "configs" / "train" / "tiny.yaml"
+LAUNCH_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+              "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+
+
+def recipe(tmp_path, *overrides):
+    return load_train_config(TINY, [f"data={DATA}", f"output_dir={tmp_path / 'model'}", "model.encoder_type=rhe",
+                                    "max_train_samples=40", *overrides])
+
+
+def test_prepared_once_equal_to_mapping_in_memory(tmp_path, monkeypatch):
+    """The prepared splits equal `map_dataset` over the corpus held in memory; they are read from the prepared
+    folder's Arrow files; a second call loads them without building anything."""
+    config = recipe(tmp_path)
+    corpus, processor, processed = prepare(config)
+    folders = sorted(path.name.split("-")[0] for path in (tmp_path / "model-run" / "prepared").iterdir())
+    assert folders == ["corpus", "processed"]
+    in_memory = load_parallel_corpus(DATA, "en", "de", config.splits)
+    in_memory = in_memory.__class__({split: data.select(range(min(len(data), limit))) for (split, data), limit
+                                     in zip(in_memory.items(), (40, 8, 8), strict=True)})
+    expected = processor.map_dataset(in_memory.flatten(), "translation.en", "translation.de", max_length=32,
+                                     max_target_length=32, truncation=True)
+    for split in ("train", "validation", "test"):
+        assert processed[split][:] == expected[split][:] and corpus[split][:] == in_memory[split][:]
+        assert all(str(tmp_path) in file["filename"] for file in processed[split].cache_files)
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("prepared again")
+
+    monkeypatch.setattr(preparation, "build_corpus", no_build)
+    monkeypatch.setattr(preparation, "build_processed", no_build)
+    started = time.perf_counter()
+    _, _, again = prepare(config)
+    assert time.perf_counter() - started < 10 and again["train"][:] == processed["train"][:]
+    assert list(column_lengths(again["train"], "input_ids")) == [len(ids) for ids in processed["train"]["input_ids"]]
+
+
+def test_other_processes_wait_for_the_main_one(tmp_path):
+    """A process that is not the main one waits on the disk until the main one has prepared, then loads the same;
+    when the main one fails, the wait ends with its error."""
+    config = recipe(tmp_path, "max_train_samples=16")
+    results = {}
+    waiting = threading.Thread(target=lambda: results.setdefault("other", prepare(config, is_main=False)))
+    waiting.start()
+    time.sleep(3)
+    assert waiting.is_alive() and not (tmp_path / "model-run" / "prepared").exists()
+    main = prepare(config, is_main=True)
+    waiting.join(timeout=60)
+    assert results["other"][2]["train"][:] == main[2]["train"][:]
+
+    broken = recipe(tmp_path / "broken", "max_train_samples=16", "data=" + str(tmp_path / "no-corpus"))
+    (tmp_path / "no-corpus").mkdir()
+    with pytest.raises(FileNotFoundError):
+        prepare(broken, is_main=True)
+    with pytest.raises(RuntimeError, match="failed to prepare the corpus.*no file for split"):
+        prepare(broken, is_main=False)
+
+
+def test_text_files_are_read_in_batches_and_checked(tmp_path):
+    """Split files of different lengths are refused, naming both; the tokenizer's sample is drawn evenly."""
+    (tmp_path / "corpus").mkdir()
+    for name, lines in (("train.en", ["a b", "c d", "e f"]), ("train.de", ["a", "b"]), ("val.en", ["x"]),
+                        ("val.de", ["y"])):
+        (tmp_path / "corpus" / name).write_text("\n".join(lines) + "\n")
+    config = recipe(tmp_path, f"data={tmp_path / 'corpus'}", "splits={train: train, validation: val}",
+                    "max_train_samples=null")
+    with pytest.raises(ValueError, match=r"train.en and .*train.de differ in length"):
+        prepare(config)
+    rows = Dataset.from_dict({"translation": [{"en": str(i), "de": str(i)} for i in range(10)]})
+    assert tokenizer_sample(rows, "en", 4) == ["0", "2", "5", "7"] and len(tokenizer_sample(rows, "de", None)) == 10
+
+
+def test_two_processes_prepare_past_a_10_second_group_timeout(tmp_path):
+    """Under `accelerate launch` with two CPU processes and `training.ddp_timeout=10`, the main process parses for
+    longer than that (a tree plug-in that takes 0.5 s a sentence) while the other waits on the disk: the run
+    finishes, the main process alone having built the corpus and trained the tokenizer."""
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(REPO / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "29571",
+        str(REPO / "tests" / "scripts" / "train_and_record_tokenizer.py"), str(TINY),
+        f"data={DATA}", f"output_dir={tmp_path / 'model'}", "model.encoder_type=rhe",
+        "processor.tree_parser=tree_plugins:slow_tree", "max_train_samples=24", "max_eval_samples=2",
+        "max_test_samples=2", "training.max_steps=2", "training.eval_strategy=no", "training.save_strategy=no",
+        "training.ddp_timeout=10",
+    ]
+    started = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, env=LAUNCH_ENV, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert time.perf_counter() - started > 14  # 28 sentences at 0.5 s: the parse alone outlasts the timeout
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [rank["global_step"] for rank in ranks] == [2, 2]
+    assert ranks[0]["built"] == [True, True] and ranks[1]["built"] == [False, False]
+    assert ranks[0]["vocabulary"] == ranks[1]["vocabulary"]
+
+
+def test_two_machines_share_one_tokenizer(tmp_path):
+    """Two machine ranks (one process each, on this host, with a shared folder): only the run's main process trains
+    the tokenizer and prepares the corpus; both train with the same vocabulary."""
+    common = ["--num_machines", "2", "--num_processes", "2", "--main_process_ip", "127.0.0.1",
+              "--main_process_port", "29575", "--rdzv_backend", "static", "--same_network"]
+    script = [str(REPO / "tests" / "scripts" / "train_and_record_tokenizer.py"), str(TINY), f"data={DATA}",
+              f"output_dir={tmp_path / 'model'}", "model.encoder_type=transformer", "max_train_samples=200",
+              "vocab_size=400", "training.max_steps=2", "training.eval_strategy=no", "training.save_strategy=no",
+              "max_eval_samples=2", "max_test_samples=2"]
+    machines = [subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", *common,
+                                  "--machine_rank", str(rank), *script], cwd=tmp_path, env=LAUNCH_ENV,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [machine.communicate(timeout=600) for machine in machines]
+    assert [machine.returncode for machine in machines] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["built"] == [True, True] and ranks[1]["built"] == [False, False]
+    assert ranks[0]["vocabulary"] == ranks[1]["vocabulary"]
