@@ -417,12 +417,13 @@ def _load_or_train_tokenizer(config: TrainConfig, train_split):
     """`config.tokenizer` if given; else the joint vocabulary in the run folder's `tokenizer/`, trained on the training
     split the first time (other processes and resumed runs load it). The folder records what it was trained for
     (`vocab_size` and the languages, in `trained_for.json`): a later run in the same `output_dir` that asks for
-    another vocabulary trains it again, or, resuming, stops (its checkpoints embed the earlier one)."""
-    import shutil
+    another vocabulary trains it again, or, resuming, stops (its checkpoints embed the earlier one). The folder is
+    swapped in whole with its record: one without the record (a run stopped while saving it) is trained again."""
     import tempfile
 
     from transformers import AutoTokenizer
 
+    from .atomic_saves import staged_folder
     from .tokenization_utils import train_joint_tokenizer
 
     if config.tokenizer or config.init_from:  # a fine-tuned checkpoint comes with its tokenizer
@@ -435,34 +436,31 @@ def _load_or_train_tokenizer(config: TrainConfig, train_split):
                              "the folder of the checkpoint's tokenizer.") from None
     folder = run_folder(config.output_dir) / "tokenizer"
     wanted = {"vocab_size": config.vocab_size, "source_lang": config.source_lang, "target_lang": config.target_lang}
-    if (folder / "tokenizer_config.json").is_file():
-        record = folder / "trained_for.json"
-        trained_for = json.loads(record.read_text()) if record.is_file() else None
-        if trained_for is None:  # trained before the record was kept: its size is at most the one asked for
-            tokenizer = AutoTokenizer.from_pretrained(folder)
-            if len(tokenizer) <= config.vocab_size:
-                return tokenizer
-            trained_for = {"vocab_size": len(tokenizer)}
-        elif trained_for == wanted:
+    if folder.exists():
+        try:
+            trained_for = json.loads((folder / "trained_for.json").read_text())
+        except (OSError, ValueError):  # no record, or one cut short: a run stopped while saving the tokenizer
+            trained_for = None
+        if trained_for == wanted or (trained_for is None and config.resume_from_checkpoint):
             return AutoTokenizer.from_pretrained(folder)
-        changed = ", ".join(f"{key}={trained_for.get(key)!r} → {value!r}" for key, value in wanted.items()
-                            if trained_for.get(key, value) != value)
-        if config.resume_from_checkpoint:
+        changed = ", ".join(f"{key}={(trained_for or {}).get(key)!r} → {value!r}" for key, value in wanted.items()
+                            if (trained_for or {}).get(key, value) != value)
+        if trained_for is not None and config.resume_from_checkpoint:
             raise ValueError(f"the run's tokenizer in {folder} was trained for other settings ({changed}), which the "
                              "checkpoints to resume embed: resume with the settings of the run, or start a new run in "
                              "another `output_dir`.")
-        logger.warning("the tokenizer in %s was trained for other settings (%s): training it again.", folder, changed)
-        shutil.rmtree(folder)
-    with tempfile.TemporaryDirectory() as text_dir:
+        logger.warning("the tokenizer in %s %s: training it again.", folder, f"was trained for other settings "
+                       f"({changed})" if trained_for else "has no record of its settings (a run stopped saving it)")
+    # trained and recorded beside the run folder, then swapped in whole: a run stopped meanwhile leaves no tokenizer
+    with staged_folder(folder, replaces=("*",)) as staging, tempfile.TemporaryDirectory() as text_dir:
         files = {}
         for lang in (config.source_lang, config.target_lang):
             files[lang] = Path(text_dir) / f"train.{lang}"
             files[lang].write_text("\n".join(_references(train_split, lang)) + "\n", encoding="utf-8")
-        tokenizer = train_joint_tokenizer(
-            files[config.source_lang], files[config.target_lang], folder, vocab_size=config.vocab_size
-        )
-    (folder / "trained_for.json").write_text(json.dumps(wanted) + "\n")
-    return tokenizer
+        train_joint_tokenizer(files[config.source_lang], files[config.target_lang], staging,
+                              vocab_size=config.vocab_size)
+        (staging / "trained_for.json").write_text(json.dumps(wanted) + "\n")
+    return AutoTokenizer.from_pretrained(folder)
 
 
 def _reads_source_syntax(config: TrainConfig) -> bool:
@@ -644,15 +642,12 @@ def train(config: TrainConfig, callbacks: list | None = None):
 
 
 def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores: list[dict], build_model_card):
-    """Write the model folder (model, processor, card; uploaded when `training.push_to_hub`), then the run's own files
-    in the run folder: each scored split's translations (`<split>.hyp.<target_lang>`) and `results.json`."""
+    """Write the model folder (model, processor, card: swapped in whole; uploaded when `training.push_to_hub`), then
+    the run's files in the run folder: the splits' translations (`<split>.hyp.<target_lang>`) and `results.json`."""
+    from .atomic_saves import MODEL_FILES, PROCESSOR_FILES, staged_folder
     from .model_card import card_dataset, describe_tree_source
 
     output_dir = Path(config.output_dir)
-    trainer.model.save_pretrained(output_dir)  # with the model's code, the translation pipeline's included
-    # `truncation=True` (the pipeline's, the processor's) then cuts sources where the recipe did
-    processor.tokenizer.model_max_length = config.max_source_length
-    processor.save_pretrained(output_dir)
     hyperparameters = {key: config.training[key] for key in sorted(config.training)
                        if key in ("learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size",
                                   "warmup_steps", "label_smoothing_factor", "lr_scheduler_type")}
@@ -682,7 +677,12 @@ def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores
         parser=processor.parser.resolved_name if processor.with_syntax else None,
         tree_source=describe_tree_source(processor.parser.tree_parser, bool(config.trees or config.tree_column)),
     )
-    card.save(output_dir / "README.md")
+    with staged_folder(output_dir, replaces=(*MODEL_FILES, *PROCESSOR_FILES, "README.md")) as staging:
+        trainer.model.save_pretrained(staging)  # with the model's code, the translation pipeline's included
+        # `truncation=True` (the pipeline's, the processor's) then cuts sources where the recipe did
+        processor.tokenizer.model_max_length = config.max_source_length
+        processor.save_pretrained(staging)
+        card.save(staging / "README.md")
     if hub_repo_id:  # the whole model folder, as `hf upload` would
         hub.upload_folder(repo_id=hub_repo_id, folder_path=str(output_dir), commit_message="Upload model")
         results["hub_repo_id"] = hub_repo_id
