@@ -106,7 +106,9 @@ def _link_or_copy(source: Path, target: Path) -> None:
     else:
         try:
             os.link(source, target)
-        except OSError:
+        except OSError as error:  # a filesystem without hard links, or across filesystems
+            if is_disk_full(error):
+                raise
             shutil.copy2(source, target)
 
 
@@ -139,7 +141,10 @@ def staged_folder(folder: str | os.PathLike, replaces: tuple[str, ...] = ()) -> 
         return
     if folder.is_file():
         raise NotADirectoryError(errno.ENOTDIR, f"cannot save into {folder}: it is a file, not a folder", str(folder))
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise disk_full_error(error, folder) if is_disk_full(error) else error from None
     if not _replaceable(folder):
         logger.warning("%s cannot be replaced whole (a mount point, or %s is not writable): saving in place, a save "
                        "that stops leaves it half-written", folder, folder.parent)
@@ -156,9 +161,9 @@ def staged_folder(folder: str | os.PathLike, replaces: tuple[str, ...] = ()) -> 
         return
     _remove_leftovers(folder)
     staging = folder.with_name(f".{folder.name}{STAGING_MARK}{os.getpid()}-{secrets.token_hex(4)}")
-    staging.mkdir()
     _staging.add(staging)
     try:
+        staging.mkdir()
         yield staging
         _keep_other_files(folder, staging, replaces)
         if not folder.exists():
