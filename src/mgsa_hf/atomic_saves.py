@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import errno
 import fnmatch
+import glob
 import logging
 import os
 import secrets
@@ -89,7 +90,7 @@ def _process_alive(pid: int) -> bool:
 
 def _remove_leftovers(folder: Path) -> None:
     """Remove the staging folders of earlier saves into `folder` whose process is gone (a killed save)."""
-    for path in folder.parent.glob(f".{folder.name}{STAGING_MARK}*"):
+    for path in folder.parent.glob(f".{glob.escape(folder.name)}{STAGING_MARK}*"):
         pid = path.name[len(folder.name) + len(STAGING_MARK) + 1:].partition("-")[0]
         if path.is_dir() and pid.isdigit() and not _process_alive(int(pid)):
             logger.warning("removing %s, left by a save into %s that did not finish", path, folder)
