@@ -273,11 +273,13 @@ def load_or_train_tokenizer(config, train_split, is_main: bool = True):
     trained by the main process on the training split (at most `tokenizer_max_sentences` pairs of it) the first time;
     the other processes wait for it and load it, as do resumed runs. The folder records what it was trained for
     (`vocab_size` and the languages, in `trained_for.json`): a later run in the same `output_dir` that asks for
-    another vocabulary trains it again, or, resuming, stops (its checkpoints embed the earlier one)."""
+    another vocabulary trains it again, or, resuming, stops (its checkpoints embed the earlier one). The folder is
+    swapped in whole with its record: one without the record (a run stopped while saving it) is trained again."""
     import tempfile
 
     from transformers import AutoTokenizer
 
+    from .atomic_saves import staged_folder
     from .tokenization_utils import train_joint_tokenizer
     from .training import run_folder
 
@@ -291,59 +293,58 @@ def load_or_train_tokenizer(config, train_split, is_main: bool = True):
                              "the folder of the checkpoint's tokenizer.") from None
     folder = run_folder(config.output_dir) / "tokenizer"
     wanted = {"vocab_size": config.vocab_size, "source_lang": config.source_lang, "target_lang": config.target_lang}
-    record = folder / "trained_for.json"
     if not is_main:
-        _wait_for_tokenizer(folder, wanted)
+        _wait_for_tokenizer(folder, wanted, bool(config.resume_from_checkpoint))
         return AutoTokenizer.from_pretrained(folder)
     failed = folder.with_name(folder.name + ".failed")
     failed.unlink(missing_ok=True)
     try:
-        if (folder / "tokenizer_config.json").is_file():
-            trained_for = json.loads(record.read_text()) if record.is_file() else None
-            if trained_for is None:  # trained before the record was kept: its size is at most the one asked for
-                tokenizer = AutoTokenizer.from_pretrained(folder)
-                if len(tokenizer) <= config.vocab_size:
-                    record.write_text(json.dumps(wanted) + "\n")
-                    return tokenizer
-                trained_for = {"vocab_size": len(tokenizer)}
-            elif trained_for == wanted:
+        if folder.exists():
+            trained_for = _tokenizer_record(folder)
+            if trained_for == wanted or (trained_for is None and config.resume_from_checkpoint):
                 return AutoTokenizer.from_pretrained(folder)
-            changed = ", ".join(f"{key}={trained_for.get(key)!r} → {value!r}" for key, value in wanted.items()
-                                if trained_for.get(key, value) != value)
-            if config.resume_from_checkpoint:
+            changed = ", ".join(f"{key}={(trained_for or {}).get(key)!r} → {value!r}" for key, value in wanted.items()
+                                if (trained_for or {}).get(key, value) != value)
+            if trained_for is not None and config.resume_from_checkpoint:
                 raise ValueError(f"the run's tokenizer in {folder} was trained for other settings ({changed}), which "
                                  "the checkpoints to resume embed: resume with the settings of the run, or start a "
                                  "new run in another `output_dir`.")
-            logger.warning("the tokenizer in %s was trained for other settings (%s): training it again.", folder,
-                           changed)
-            shutil.rmtree(folder)
-        with tempfile.TemporaryDirectory() as text_dir:
+            logger.warning("the tokenizer in %s %s: training it again.", folder, f"was trained for other settings "
+                           f"({changed})" if trained_for else "has no record of its settings (a run stopped saving it)")
+        # trained and recorded beside the run folder, then swapped in whole: a run stopped meanwhile leaves no tokenizer
+        with staged_folder(folder, replaces=("*",)) as staging, tempfile.TemporaryDirectory() as text_dir:
             files = {}
             for lang in (config.source_lang, config.target_lang):
                 files[lang] = Path(text_dir) / f"train.{lang}"
                 lines = tokenizer_sample(train_split, lang, config.tokenizer_max_sentences)
                 files[lang].write_text("\n".join(lines) + "\n", encoding="utf-8")
-            tokenizer = train_joint_tokenizer(
-                files[config.source_lang], files[config.target_lang], folder, vocab_size=config.vocab_size
-            )
-        record.write_text(json.dumps(wanted) + "\n")  # last: the folder is complete
-        return tokenizer
+            train_joint_tokenizer(files[config.source_lang], files[config.target_lang], staging,
+                                  vocab_size=config.vocab_size)
+            (staging / "trained_for.json").write_text(json.dumps(wanted) + "\n")
+        return AutoTokenizer.from_pretrained(folder)
     except BaseException as error:
         failed.parent.mkdir(parents=True, exist_ok=True)
         failed.write_text(f"{type(error).__name__}: {error}\n", encoding="utf-8")
         raise
 
 
-def _wait_for_tokenizer(folder: Path, wanted: dict) -> None:
-    """Wait until the main process has written the run's tokenizer for `wanted` (see [`wait_for`])."""
-    record, failed = folder / "trained_for.json", folder.with_name(folder.name + ".failed")
+def _tokenizer_record(folder: Path) -> dict | None:
+    """What the run's tokenizer in `folder` was trained for (`trained_for.json`); None without a readable record."""
+    try:
+        return json.loads((folder / "trained_for.json").read_text())
+    except (OSError, ValueError):  # no record, or one cut short
+        return None
+
+
+def _wait_for_tokenizer(folder: Path, wanted: dict, resuming: bool) -> None:
+    """Wait until the main process has the run's tokenizer for `wanted` (a resumed run's, recorded or not: the main
+    process takes it as it is) in `folder` (see [`wait_for`])."""
+    failed = folder.with_name(folder.name + ".failed")
     started = reported = time.monotonic()
     while True:
-        try:
-            if json.loads(record.read_text()) == wanted:
-                return
-        except (OSError, ValueError):
-            pass
+        record = _tokenizer_record(folder)
+        if record == wanted or (resuming and record is None and (folder / "tokenizer_config.json").is_file()):
+            return
         if failed.is_file():
             raise RuntimeError(f"the main process failed to train the tokenizer ({folder}): "
                                f"{failed.read_text(encoding='utf-8').strip()}")

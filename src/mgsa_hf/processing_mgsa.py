@@ -15,6 +15,7 @@ from transformers.processing_utils import ProcessorMixin
 from transformers.utils import PROCESSOR_NAME as PROCESSOR_CONFIG_FILE
 from transformers.utils import logging
 
+from .atomic_saves import PROCESSOR_FILES, staged_folder
 from .configuration_mgsa import MgsaConfig
 from .constituency_conversion import MODEL_FILE
 from .data_collator import pad_batch
@@ -198,22 +199,21 @@ class MgsaProcessor(ProcessorMixin):
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
         """Saves the processor (see [`~ProcessorMixin.save_pretrained`]) and, when its trees are derived by the learned
         conversion, that conversion's model file (`constituency_conversion.json.gz`): the folder keeps the trees it
-        was trained with, also where the package is not installed (`trust_remote_code=True`).
+        was trained with, also where the package is not installed (`trust_remote_code=True`). The save is swapped into
+        the folder whole (`atomic_saves.staged_folder`): one that stops leaves the folder as it was.
 
         With `push_to_hub=True` (and `repo_id`, `commit_message`, `token`, `private`), the processor's files, and only
         those, go up to the Hub: a folder that also holds a model or a run's files (checkpoints, results) keeps them
         to itself. Publish a whole saved model folder with `huggingface_hub.upload_folder` or `hf upload` instead."""
         hub_keys = ("repo_id", "commit_message", "token", "private")
         hub_options = {key: kwargs.pop(key) for key in hub_keys if key in kwargs}
-        files = super().save_pretrained(save_directory, **kwargs)
-        if self.uses_conversion:
-            target = Path(save_directory) / CONVERSION_FILE
-            if not target.exists() or not target.samefile(self.conversion_path):
-                shutil.copyfile(self.conversion_path, target)
-            files.append(str(target))
+        with staged_folder(save_directory, replaces=PROCESSOR_FILES) as staging:
+            files = super().save_pretrained(staging, **kwargs)
+            if self.uses_conversion:
+                files.append(shutil.copyfile(self.conversion_path, staging / CONVERSION_FILE))
         if push_to_hub:
             self._upload_processor_files(hub_options.pop("repo_id", Path(save_directory).name), **hub_options)
-        return files
+        return [str(Path(save_directory) / Path(file).relative_to(staging)) for file in files]
 
     def _upload_processor_files(self, repo_id: str, commit_message: str | None = None, token=None,
                                 private: bool | None = None) -> str:

@@ -20,6 +20,8 @@ import inspect
 import json
 import logging
 import re
+import shutil
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +36,10 @@ from transformers import (
     TrainerCallback,
     default_data_collator,
 )
+from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from .atomic_saves import disk_full_error, is_disk_full
 from .evaluation import encoder_token_spread
 from .modeling_common import with_tag_loss
 from .prepared_training import token_batches
@@ -50,6 +55,8 @@ LAUNCHED_PROCESSES_ENV = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2
 # transformers' collators that pad only the tokenizer's fields (and `labels`), or none
 TOKENIZER_FIELD_COLLATORS = (DataCollatorForSeq2Seq, DataCollatorWithPadding, DefaultDataCollator)
 
+# what torch's checkpoint writer says when a write fails, a full disk among the causes
+TORCH_WRITER_FAILURES = ("inline_container.cc", "PytorchStreamWriter failed", "file write failed")
 # the Trainer's checkpoint folders and what resuming from one reads (its weights under any of their names)
 CHECKPOINT_FOLDER = re.compile(r"^checkpoint-(\d+)$")
 CHECKPOINT_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -215,7 +222,8 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
     the Trainer would go on with a fresh optimizer; `resume_from_checkpoint=True` takes the newest complete checkpoint
     of `args.output_dir`, with a warning naming the incomplete ones after it. The training loss is logged at every
     checkpoint ([`LogAtCheckpointsCallback`]), so a resumed run's `training_loss` is the mean over the whole run
-    (the Trainer's leaves out the steps before the resume).
+    (the Trainer's leaves out the steps before the resume). A checkpoint that cannot be written for want of space, and
+    an `optimizer.pt` or `scheduler.pt` cut short, raise errors naming the checkpoint folder or the file.
     """
 
     def __init__(self, *args, max_tokens_per_batch: int | None = None, **kwargs):
@@ -256,6 +264,34 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
                     "`data_collator=MgsaDataCollator(processor.tokenizer, model=model)`, which pads every field with "
                     "its own value."
                 )
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """`Trainer._save_checkpoint`; a write that fails for want of space raises an `OSError` (`ENOSPC`) naming the
+        cause and the checkpoint folder (torch's writer says only "unexpected pos" or "file write failed")."""
+        try:
+            super()._save_checkpoint(model, trial)
+        except (OSError, RuntimeError) as error:
+            if not (is_disk_full(error) or any(text in str(error) for text in TORCH_WRITER_FAILURES)):
+                raise
+            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            existing = next(path for path in (folder, *folder.parents) if path.exists())
+            free = shutil.disk_usage(existing).free
+            raise disk_full_error(error, folder, "writing the checkpoint", f"{free} bytes are free there. The "
+                                  "checkpoint is incomplete: delete it, free space or keep fewer checkpoints "
+                                  "(`save_total_limit`), and resume") from error
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """`Trainer._load_optimizer_and_scheduler`; a file cut short or damaged (`optimizer.pt`, `scheduler.pt`: not
+        the zip archive `torch.save` writes) raises a `ValueError` naming it."""
+        try:
+            super()._load_optimizer_and_scheduler(checkpoint)
+        except Exception as error:
+            damaged = [Path(checkpoint) / name for name in (OPTIMIZER_NAME, SCHEDULER_NAME)
+                       if (Path(checkpoint) / name).is_file() and not zipfile.is_zipfile(Path(checkpoint) / name)]
+            if not damaged:
+                raise
+            raise ValueError(f"{damaged[0]} cannot be read ({type(error).__name__}: {error}): it was cut short or "
+                             "damaged (a save that stopped?). Resume from an earlier checkpoint.") from error
 
     def get_train_dataloader(self) -> DataLoader:
         if self.max_tokens_per_batch is None:

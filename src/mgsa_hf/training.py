@@ -586,15 +586,12 @@ def train(config: TrainConfig, callbacks: list | None = None):
 
 
 def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores: list[dict], build_model_card):
-    """Write the model folder (model, processor, card; uploaded when `training.push_to_hub`), then the run's own files
-    in the run folder: each scored split's translations (`<split>.hyp.<target_lang>`) and `results.json`."""
+    """Write the model folder (model, processor, card: swapped in whole; uploaded when `training.push_to_hub`), then
+    the run's files in the run folder: the splits' translations (`<split>.hyp.<target_lang>`) and `results.json`."""
+    from .atomic_saves import MODEL_FILES, PROCESSOR_FILES, staged_folder
     from .model_card import card_dataset, describe_tree_source
 
     output_dir = Path(config.output_dir)
-    trainer.model.save_pretrained(output_dir)  # with the model's code, the translation pipeline's included
-    # `truncation=True` (the pipeline's, the processor's) then cuts sources where the recipe did
-    processor.tokenizer.model_max_length = config.max_source_length
-    processor.save_pretrained(output_dir)
     hyperparameters = {key: config.training[key] for key in sorted(config.training)
                        if key in ("learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size",
                                   "warmup_steps", "label_smoothing_factor", "lr_scheduler_type")}
@@ -624,7 +621,12 @@ def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores
         parser=processor.parser.resolved_name if processor.with_syntax else None,
         tree_source=describe_tree_source(processor.parser.tree_parser, bool(config.trees or config.tree_column)),
     )
-    card.save(output_dir / "README.md")
+    with staged_folder(output_dir, replaces=(*MODEL_FILES, *PROCESSOR_FILES, "README.md")) as staging:
+        trainer.model.save_pretrained(staging)  # with the model's code, the translation pipeline's included
+        # `truncation=True` (the pipeline's, the processor's) then cuts sources where the recipe did
+        processor.tokenizer.model_max_length = config.max_source_length
+        processor.save_pretrained(staging)
+        card.save(staging / "README.md")
     if hub_repo_id:  # the whole model folder, as `hf upload` would
         hub.upload_folder(repo_id=hub_repo_id, folder_path=str(output_dir), commit_message="Upload model")
         results["hub_repo_id"] = hub_repo_id

@@ -5,11 +5,17 @@
 folder too. `from_pretrained` of a local folder that has the record checks every file it names and refuses one whose
 bytes changed; a folder without it (saved before the record, or an opus-mt / T5 one) loads as before. safetensors
 checks the header of a file, not its data: a flipped bit in a weight otherwise loads silently.
+
+The whole save is written beside the folder and swapped in when complete (`atomic_saves.staged_folder`): a save
+that stops leaves the folder as it was, and a folder never holds the weights of two saves.
 """
 
 import hashlib
+import json
 import os
 from pathlib import Path
+
+from .atomic_saves import MODEL_FILES, staged_folder
 
 
 CHECKSUMS_NAME = "weights.sha256"
@@ -45,8 +51,13 @@ def write_weights_checksums(folder: str | os.PathLike) -> Path | None:
 def read_weights_checksums(record: Path) -> dict[str, str]:
     """File name -> hex SHA-256, from a `weights.sha256` record (`sha256sum`'s `<digest>  <name>` lines; a `*`
     before the name, binary mode, is accepted)."""
+    try:
+        text = record.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{record} is not a `sha256sum` record (not UTF-8 text: {error}); it was damaged: save the "
+                         "model again, or delete the file to load the folder unchecked.") from None
     checksums = {}
-    for number, line in enumerate(record.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         digest, separator, name = line.partition(" ")
@@ -85,10 +96,32 @@ def verify_weights_checksums(folder: str | os.PathLike) -> list[str]:
     return checked
 
 
+def check_generation_config(folder: str | os.PathLike) -> None:
+    """Transformers loads a model without its `generation_config.json` when that file cannot be read, and decodes
+    with defaults instead (greedy, 20 new tokens) without a word: a damaged one is refused here.
+
+    Raises:
+        ValueError: naming the file, when it is not a JSON mapping.
+    """
+    path = Path(folder) / "generation_config.json"
+    if not path.is_file():
+        return
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        settings = error
+    if not isinstance(settings, dict):
+        problem = f"not valid JSON ({settings})" if isinstance(settings, Exception) else "not a JSON mapping"
+        raise ValueError(f"{path} is damaged: {problem}. Loaded without it, the model would decode with default "
+                         "settings; save the model again, or delete the file to decode with the model config's.")
+
+
 class WeightsChecksumMixin:
-    """`save_pretrained` records the SHA-256 of the weights it wrote (`weights.sha256`), `from_pretrained` of a local
-    folder checks them. Every way of saving goes through `save_pretrained`: `Trainer.save_model`, the Trainer's
-    checkpoints, sharded saves, `push_to_hub` (which saves into a temporary folder and uploads it whole)."""
+    """`save_pretrained` records the SHA-256 of the weights it wrote (`weights.sha256`) and swaps the whole save into
+    its folder at once (the folder's other files kept, the earlier save's weights not), `from_pretrained` of a local
+    folder checks the weights and refuses a damaged `generation_config.json`. Every way of saving goes through
+    `save_pretrained`: `Trainer.save_model`, the Trainer's checkpoints, sharded saves, `push_to_hub` (which saves into
+    a temporary folder and uploads it whole)."""
 
     def save_pretrained(self, save_directory, *args, push_to_hub: bool = False, **kwargs):
         if push_to_hub:
@@ -101,16 +134,20 @@ class WeightsChecksumMixin:
                 hub_options.update({name: kwargs[name] for name in ("token", "max_shard_size") if name in kwargs})
                 self.push_to_hub(repo_id, **hub_options)
             return
-        super().save_pretrained(save_directory, *args, **kwargs)
         saves_here = kwargs.get("is_main_process", True)
         if hasattr(self, "should_save_on_this_rank"):  # tensor parallelism: one rank writes
             saves_here = self.should_save_on_this_rank(saves_here)
-        if saves_here and Path(save_directory).is_dir():
-            write_weights_checksums(save_directory)
+        if not saves_here or os.path.isfile(save_directory):
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        with staged_folder(save_directory, replaces=MODEL_FILES) as staging:  # whole or not at all
+            super().save_pretrained(staging, *args, **kwargs)
+            write_weights_checksums(staging)
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
         if source is not None and os.path.isdir(source):
-            verify_weights_checksums(Path(source) / (kwargs.get("subfolder") or ""))
+            folder = Path(source) / (kwargs.get("subfolder") or "")
+            verify_weights_checksums(folder)
+            check_generation_config(folder)
         return super().from_pretrained(*args, **kwargs)
