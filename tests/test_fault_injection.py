@@ -315,7 +315,8 @@ def test_killed_process_leaves_the_earlier_save(multi30k_processor, tiny_config,
 
 def tokenizer_config(output_dir, vocab_size):
     return SimpleNamespace(tokenizer=None, init_from=None, output_dir=output_dir, vocab_size=vocab_size,
-                           source_lang="en", target_lang="de", resume_from_checkpoint=None)
+                           source_lang="en", target_lang="de", resume_from_checkpoint=None,
+                           tokenizer_max_sentences=None)
 
 
 @pytest.fixture(scope="module")
