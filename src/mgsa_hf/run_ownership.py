@@ -153,15 +153,19 @@ def _take(output_dir: Path, overwrite: bool, resume, keep: dict) -> RunClaim:
             if (output_dir / "config.json").is_file():
                 shutil.rmtree(output_dir)
             for path in run_dir.iterdir():
-                if path.name not in (LOCK_FILE, HOLDER_FILE):
-                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+                if path.name in (LOCK_FILE, HOLDER_FILE):
+                    continue
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
         elif earlier and not resumes_here:
             shown = ", ".join(earlier[:4]) + (f" and {len(earlier) - 4} more" if len(earlier) > 4 else "")
             raise FileExistsError(
                 f"output_dir={str(output_dir)!r} holds another run ({shown}): a new run there would replace its model "
                 "and mix with its checkpoints. Train into another `output_dir`, continue that run with "
-                f"`resume_from_checkpoint=true`, or replace it with `overwrite_output_dir=true` (which removes "
-                f"{output_dir} and the contents of {run_dir} first)."
+                f"`resume_from_checkpoint=true`, or replace it with `overwrite_output_dir=true` (which first removes "
+                f"its model folder {output_dir} and the contents of {run_dir})."
             )
         resumed_step = None
         if resume is True:
