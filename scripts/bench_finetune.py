@@ -76,7 +76,7 @@ def finetune(args, encoder_type: str, seed: int) -> dict:
     output_dir = Path(args.root) / encoder_type / f"seed-{seed}"
     config = load_train_config(FINETUNE_CONFIG, [
         f"data={args.data}", f"init_from={Path(args.root) / encoder_type / 'converted'}", f"output_dir={output_dir}",
-        f"training.seed={seed}", *args.overrides,
+        f"training.seed={seed}", "overwrite_output_dir=true", *args.overrides,  # a job not recorded: again
     ])
     results, _ = train(config)
     test = next(row for row in results["scores"] if row["split"] == "test")

@@ -57,6 +57,7 @@ def main() -> None:
             *([f"training.max_steps={args.max_steps}"] if args.max_steps else []),
             "training.eval_strategy=no", "training.save_strategy=steps", f"training.save_steps={args.every}",
             "training.save_total_limit=null", "training.disable_tqdm=true", "training.logging_steps=50",
+            "overwrite_output_dir=true",  # a candidate not recorded as done is trained again from its start
             *args.set,
         ]
         command = [sys.executable, "-m", "mgsa_hf.cli", "train", *overrides]

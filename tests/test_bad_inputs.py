@@ -860,7 +860,8 @@ def test_bad_average_last_checkpoints(tmp_path, value):
 
 def test_rerun_with_another_vocab_size(copied_run):
     """A second run in the same `output_dir` with another `vocab_size`: resuming stops, naming the change (the
-    checkpoints embed the earlier vocabulary); starting again trains the vocabulary again instead of reusing it."""
+    checkpoints embed the earlier vocabulary); starting again (over the earlier run) trains the vocabulary again
+    instead of reusing it."""
     from transformers import AutoTokenizer
 
     from mgsa_hf.training import run_folder, train
@@ -869,7 +870,7 @@ def test_rerun_with_another_vocab_size(copied_run):
     earlier = len(AutoTokenizer.from_pretrained(run_folder(folder) / "tokenizer"))
     with pytest.raises(ValueError, match=r"tokenizer in .* other settings \(vocab_size=300 → 120\).*resume"):
         train(tiny_run_config(folder, "training.max_steps=2", "vocab_size=120", "resume_from_checkpoint=true"))
-    _, model = train(tiny_run_config(folder, "training.max_steps=1", "vocab_size=120"))
+    _, model = train(tiny_run_config(folder, "training.max_steps=1", "vocab_size=120", "overwrite_output_dir=true"))
     retrained = len(AutoTokenizer.from_pretrained(run_folder(folder) / "tokenizer"))
     assert retrained <= 120 < earlier
     assert model.config.vocab_size == retrained

@@ -65,6 +65,7 @@ def collapse_run(candidate: str, seed: int, args, threads: int) -> dict:
         f"training.save_steps={args.every or args.steps}", "training.save_total_limit=null",
         "training.logging_steps=10", "training.disable_tqdm=true", "training.eval_strategy=no",
         "collapse_check_step=null",  # the run is measured, not restarted
+        "overwrite_output_dir=true",  # an unfinished run (no results.json) is trained again from its start
         f"max_eval_samples={args.validation_samples}", "max_test_samples=1", "examples=[]",
         *([f"tokenizer={args.tokenizer}"] if args.tokenizer else []),
     ]

@@ -8,9 +8,11 @@ import itertools
 import multiprocessing
 import os
 import queue
+import signal
 import sys
 import threading
 import warnings
+import weakref
 
 import numpy as np
 
@@ -114,14 +116,43 @@ def can_fork_parse(inputs: list) -> bool:
 
 
 _DOCS_PER_MESSAGE = 32
+# the parse processes' pipe ends held by this process: a process forked later closes them (see `_detach`)
+_PARENT_ENDS = weakref.WeakSet()
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _detach(own_end, owner: int, from_main_thread: bool) -> None:
+    """
+    Make a forked parse process end with its parent. It closes the pipe ends it inherited from its parent (its
+    parent's end of its own pipe and of other parse processes'), so that it reads the end of its pipe when the parent
+    is gone; on Linux it asks the kernel for SIGKILL when the parent ends (`PR_SET_PDEATHSIG`; only when forked by the
+    main thread, as the signal follows the forking thread). Its standard output goes to /dev/null: a parse prints
+    nothing, and a reader of the parent's output (`... | cat`) then waits for no other process.
+    """
+    for end in list(_PARENT_ENDS):
+        end.close()
+    own_end.close()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    if from_main_thread and sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):  # no prctl: the closed pipe ends it when it next reads or writes
+            pass
+    if os.getppid() != owner:  # the parent ended before the request was made
+        os._exit(0)
 
 
 class ParseProcess(_ClosedWhenDropped):
     """A child process forked from this one that parses texts with the spaCy pipeline it inherited, for one
     [`SyntaxParser`]: the parse then runs beside the caller's work on each doc without sharing the GIL with it. It is
     forked once and serves every long batch of its parser (a child forked per batch parsed about a tenth slower, most
-    likely from copying the pages that the parse writes to); it ends with its parser, with this process, or when a
-    caller stops reading a batch early.
+    likely from copying the pages that the parse writes to); it ends with its parser, with this process (also killed,
+    or a `Dataset.map` worker that ends without its clean-up; see [`_detach`]), or when a caller stops reading a batch
+    early.
 
     [`parse`] sends the texts and returns an iterator over the docs' [`doc_attributes`] arrays, which the child sends
     in messages of a few docs with the strings of the tag and label hashes it has not sent before; the last batch is
@@ -131,14 +162,16 @@ class ParseProcess(_ClosedWhenDropped):
         context = multiprocessing.get_context("fork")
         self._connection, child_connection = context.Pipe()
         self._owner = os.getpid()
-        self._process = context.Process(target=self._serve, args=(nlp, child_connection), name="mgsa-spacy-parse",
-                                        daemon=True)
+        detach = (self._connection, self._owner, threading.current_thread() is threading.main_thread())
+        self._process = context.Process(target=self._serve, args=(nlp, child_connection, detach),
+                                        name="mgsa-spacy-parse", daemon=True)
         with warnings.catch_warnings():
             # Python >= 3.12 warns that a fork with threads alive may deadlock in the child; this child takes no lock
             # of those threads (it runs spaCy's CPU pipeline and writes to its pipe)
             warnings.filterwarnings("ignore", r".*fork\(\) may lead to deadlocks", DeprecationWarning)
             self._process.start()
         child_connection.close()
+        _PARENT_ENDS.add(self._connection)
         self.busy = False
 
     @property
@@ -174,7 +207,15 @@ class ParseProcess(_ClosedWhenDropped):
         self._connection.close()
 
     @staticmethod
-    def _serve(nlp, connection):
+    def _serve(nlp, connection, detach):
+        _detach(*detach)
+        try:
+            ParseProcess._answer(nlp, connection)
+        except (BrokenPipeError, ConnectionResetError):  # the parent is gone
+            pass
+
+    @staticmethod
+    def _answer(nlp, connection):
         gc.freeze()  # collections here skip the objects inherited from the parent, whose pages they would copy
         gc.enable()
         attributes, sent = doc_attributes(), set()

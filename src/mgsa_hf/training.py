@@ -21,6 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from .run_ownership import own_run_folders, run_folder
+
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +66,10 @@ class TrainConfig:
 
     `resume_from_checkpoint`: true (the newest complete checkpoint in the run folder's `checkpoints/`; an error when
     there is none) or a checkpoint folder, which must hold what resuming reads ([`MgsaSeq2SeqTrainer.train`]).
-    `average_last_checkpoints`: N >= 0, the last N checkpoints averaged when that scores at least as well (0: none).
+    `average_last_checkpoints`: N >= 0, the last N of the run's own checkpoints averaged when that scores at least as
+    well (0: none). A run holds its folders' lock (`run.lock` in the run folder) to its end, and starts only where no
+    other run left a model or run files, unless it resumes that run or `overwrite_output_dir: true` (transformers 5
+    has no such training argument) removes them first ([`own_run_folders`]).
 
     `collapse_check_step`: at this step the spread of the encoder's output states over the tokens of 100 validation
     sentences is measured ([`EncoderCollapseCallback`]); under `collapse_min_spread` the run has become a target-side
@@ -101,6 +106,7 @@ class TrainConfig:
     max_target_length: int = 128
     average_last_checkpoints: int = 0
     resume_from_checkpoint: str | bool | None = None
+    overwrite_output_dir: bool = False
     output_dir: str = "runs/mgsa-multi30k"
     examples: list = field(default_factory=list)
     reuse_cpu_memory: bool = True
@@ -182,17 +188,6 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] = ())
     if unknown:
         raise ValueError(f"unknown training config key(s) {unknown} in {path}; allowed: {sorted(known)}.")
     return TrainConfig(**raw)
-
-
-def run_folder(output_dir: str | Path) -> Path:
-    """
-    The folder beside the model folder `output_dir` where a run keeps what is not part of the model: `checkpoints/`
-    (what `resume_from_checkpoint` reads), `tokenizer/` (the joint vocabulary trained for the run), `results.json`
-    and `<split>.hyp.<target_lang>`, the translations the scores were computed from. `runs/mgsa-multi30k` →
-    `runs/mgsa-multi30k-run`.
-    """
-    output_dir = Path(output_dir)
-    return output_dir.with_name(f"{output_dir.name}-run")
 
 
 def _accelerator_available() -> bool:
@@ -431,12 +426,6 @@ def _references(dataset, lang: str) -> list[str]:
     return [pair[lang] for pair in dataset["translation"]]
 
 
-def _checkpoints(folder: Path) -> list[Path]:
-    found = [path for path in folder.glob("checkpoint-*")
-             if (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()]
-    return sorted(found, key=lambda path: int(path.name.split("-")[-1]))
-
-
 def _reads_source_syntax(config: TrainConfig) -> bool:
     """Whether the model to train reads the processor's syntax fields (every encoder type but `"transformer"`)."""
     encoder_type = config.model.get("encoder_type")
@@ -484,11 +473,12 @@ def _score_split(trainer, processed, corpus, split: str, config: TrainConfig, to
     return {"split": split, **scores, "predictions": predictions}
 
 
-def _maybe_average(trainer, config: TrainConfig, processed, corpus, tokenizer) -> dict | None:
-    """Average the last N checkpoints; keep the average when it scores at least as well as the selected model."""
+def _maybe_average(trainer, config: TrainConfig, processed, corpus, tokenizer, claim) -> dict | None:
+    """Average the run's last N checkpoints ([`RunClaim.checkpoints`]); keep the average when it scores at least as
+    well as the selected model."""
     from .evaluation import average_checkpoints
 
-    checkpoints = _checkpoints(Path(trainer.args.output_dir))[-config.average_last_checkpoints :]
+    checkpoints = claim.checkpoints(trainer.args.output_dir)[-config.average_last_checkpoints :]
     if len(checkpoints) < 2:
         return None
     selected = _score_split(trainer, processed, corpus, "validation", config, tokenizer)
@@ -519,7 +509,19 @@ def train(config: TrainConfig, callbacks: list | None = None):
     `collapse_check_step`, a run whose encoder has collapsed by that step starts again with the next seed, at most
     `collapse_restarts` times (the results list them under `restarts`). With `training.push_to_hub` the saved model
     folder is uploaded to the Hub repository `training.hub_model_id` (else one named after the folder; the results
-    name it as `hub_repo_id`), its card naming the model by that id."""
+    name it as `hub_repo_id`), its card naming the model by that id. The run holds its folders from its checks on
+    ([`own_run_folders`]): another run in them stops it at once."""
+    training_args = _training_arguments(config)  # validates the `training` section before any work
+    _check_run_settings(config)
+    validate_model_section(config)
+    keep = {"tokenizer": config.tokenizer, "init_from": config.init_from}
+    with own_run_folders(config.output_dir, config.overwrite_output_dir, config.resume_from_checkpoint, keep,
+                         training_args.process_index, training_args.world_size) as claim:
+        return _train(config, training_args, callbacks, claim)
+
+
+def _train(config: TrainConfig, training_args, callbacks, claim):
+    """The recipe of [`train`], its settings checked and its folders held (`claim`)."""
     import shutil
 
     from transformers import set_seed
@@ -529,9 +531,6 @@ def train(config: TrainConfig, callbacks: list | None = None):
     from .model_card import build_model_card
     from .trainer_mgsa import MgsaSeq2SeqTrainer
 
-    training_args = _training_arguments(config)  # validates the `training` section before any work
-    _check_run_settings(config)
-    validate_model_section(config)
     if config.reuse_cpu_memory and training_args.use_cpu:
         reuse_freed_cpu_memory()
     corpus, processor, processed = prepare(config, training_args)
@@ -576,7 +575,7 @@ def train(config: TrainConfig, callbacks: list | None = None):
         # the main process translates validation and test in corpus order and saves; the others are done
         _set_generation_settings(trainer.model, training_args)
         if config.average_last_checkpoints:
-            results["averaging"] = _maybe_average(trainer, config, processed, corpus, tokenizer)
+            results["averaging"] = _maybe_average(trainer, config, processed, corpus, tokenizer, claim)
         scores = [_score_split(trainer, processed, corpus, split, config, tokenizer)
                   for split in ("validation", "test") if split in processed]
         results["scores"] = [{k: v for k, v in row.items() if k != "predictions"} for row in scores]
