@@ -136,3 +136,26 @@ def test_two_machines_share_one_tokenizer(tmp_path):
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert ranks[0]["built"] == [True, True] and ranks[1]["built"] == [False, False]
     assert ranks[0]["vocabulary"] == ranks[1]["vocabulary"]
+
+
+def test_scored_splits_are_translated_whole(tmp_path):
+    """Validation and test are scored on whole sources: `max_source_length` cuts the training split alone; a source
+    longer than the model's positions is cut to them, and the results and the card say how many were."""
+    from mgsa_hf.training import train
+
+    config = recipe(tmp_path, "model.encoder_type=transformer", "max_source_length=8", "max_target_length=8",
+                    "model.max_position_embeddings=24", "training.max_steps=2", "training.eval_strategy=no",
+                    "training.save_strategy=no")
+    results, _ = train(config)
+    _, processor, processed = prepare(config)
+    assert max(len(ids) for ids in processed["train"]["input_ids"]) <= 8
+    test_lengths = [len(ids) for ids in processed["test"]["input_ids"]]
+    assert max(test_lengths) == 24 and min(test_lengths) > 8
+    sources = [pair["en"] for pair in prepare(config)[0]["test"]["translation"]]
+    longer = sum(len(ids) > 24 for ids in processor.tokenizer(sources)["input_ids"])
+    row = next(row for row in results["scores"] if row["split"] == "test")
+    assert longer > 0 and row["cut_sources"] == longer and row["source_limit"] == 24
+    saved = json.loads((tmp_path / "model-run" / "results.json").read_text())
+    assert saved["scores"][1]["cut_sources"] == longer
+    assert f"{longer} of test_2016_flickr's were longer than the model's 24 positions" in \
+        (tmp_path / "model" / "README.md").read_text()

@@ -212,26 +212,32 @@ def build_corpus(config, staging: Path) -> dict:
         shutil.rmtree(cache_dir, ignore_errors=True)
 
 
-def build_processed(processor, corpus, config, staging: Path, num_proc: int | None) -> dict:
+def build_processed(processor, corpus, config, staging: Path, num_proc: int | None, limit: int | None) -> dict:
     """Write the tokenized (and parsed) splits of `corpus` into `staging` with `num_proc` worker processes; returns
-    their sizes."""
+    their sizes. The training split is cut at `max_source_length` / `max_target_length`; the others, which are
+    scored, at the model's positions alone (`limit`; None: not at all)."""
+    from datasets import DatasetDict
+
     from .data import TREE_COLUMN
 
     tree_column = TREE_COLUMN if TREE_COLUMN in corpus["train"].column_names else None
     cache_dir = staging.with_name(staging.name + "-map")
     cache_dir.mkdir(parents=True, exist_ok=True)
     try:
-        processed = processor.map_dataset(
-            corpus.flatten(),
-            f"translation.{config.source_lang}",
-            f"translation.{config.target_lang}",
-            tree_column,
-            num_proc=num_proc if num_proc and num_proc > 1 else None,
-            cache_dir=str(cache_dir),
-            max_length=config.max_source_length,
-            max_target_length=config.max_target_length,
-            truncation=True,
-        )
+        processed = DatasetDict()
+        for split, data in corpus.flatten().items():
+            lengths = (dict(max_length=config.max_source_length, max_target_length=config.max_target_length,
+                            truncation=True) if split == "train" else
+                       dict(max_length=limit, max_target_length=limit, truncation=limit is not None))
+            processed[split] = processor.map_dataset(
+                data,
+                f"translation.{config.source_lang}",
+                f"translation.{config.target_lang}",
+                tree_column,
+                num_proc=num_proc if num_proc and num_proc > 1 and len(data) >= 10 * num_proc else None,
+                cache_dir=str(cache_dir),
+                **lengths,
+            )
         processed.save_to_disk(str(staging))
         return {"step": "processed", "rows": {name: len(data) for name, data in processed.items()},
                 "num_proc": num_proc or 1}
@@ -239,10 +245,10 @@ def build_processed(processor, corpus, config, staging: Path, num_proc: int | No
         shutil.rmtree(cache_dir, ignore_errors=True)
 
 
-def processed_parts(config, corpus_key: str, processor) -> dict:
+def processed_parts(config, corpus_key: str, processor, limit: int | None) -> dict:
     """What decides the processed step's content, besides the corpus."""
     return {"corpus": corpus_key, "processor": processor._fingerprint(),
-            "lengths": [config.max_source_length, config.max_target_length]}
+            "lengths": [config.max_source_length, config.max_target_length, limit]}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -370,7 +376,7 @@ def prepare(config, is_main: bool = True, num_proc: int | None = None):
     from .conversion import saved_processor_settings
     from .data import TREE_COLUMN
     from .processing_mgsa import MgsaProcessor
-    from .training import _reads_source_syntax
+    from .training import _reads_source_syntax, source_position_limit
 
     if config.trees is not None and not isinstance(config.trees, dict):
         raise ValueError(f"`trees` maps a split to a file of PTB trees, e.g. {{train: train.trees}}, got "
@@ -387,9 +393,10 @@ def prepare(config, is_main: bool = True, num_proc: int | None = None):
     if TREE_COLUMN in corpus["train"].column_names and not processor.with_syntax:
         logger.warning("the model reads no syntax (encoder_type transformer): the given trees are not used.")
     num_proc = num_proc if num_proc is not None else config.num_proc
-    key = content_key(processed_parts(config, corpus_key, processor))
+    limit = source_position_limit(config)
+    key = content_key(processed_parts(config, corpus_key, processor, limit))
     processed_folder = build_once(root / f"processed-{key}",
-                                  lambda staging: build_processed(processor, corpus, config, staging, num_proc),
+                                  lambda staging: build_processed(processor, corpus, config, staging, num_proc, limit),
                                   is_main, "the tokenized and parsed corpus" if processor.with_syntax else
                                   "the tokenized corpus")
     return corpus, processor, load_from_disk(str(processed_folder))

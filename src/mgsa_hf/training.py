@@ -363,6 +363,21 @@ def _model_config_fields(config: TrainConfig, tokenizer) -> dict:
     return {**fields, **config.model}
 
 
+def source_position_limit(config: TrainConfig) -> int | None:
+    """The most source tokens the model to train reads: a Marian backbone's `max_position_embeddings` (the recipe's,
+    or `init_from`'s); None for T5, whose positions are relative."""
+    from .conversion import checkpoint_backbone
+
+    if config.init_from:
+        if checkpoint_backbone(config.init_from) == "t5":
+            return None
+        return config.model.get("max_position_embeddings", _init_from_config(config).get("max_position_embeddings"))
+    if config.backbone != "marian":
+        return None
+    return config.model.get("max_position_embeddings",
+                            max(config.max_source_length, config.max_target_length, 256))
+
+
 def _init_from_config(config: TrainConfig) -> dict:
     """The `config.json` of `init_from` (a folder or Hub id), or an error saying it has none."""
     from transformers import PretrainedConfig
@@ -455,7 +470,8 @@ def _set_generation_settings(model, args) -> None:
 
 def _score_split(trainer, processed, corpus, split: str, config: TrainConfig, tokenizer) -> dict:
     """Translate a whole split in corpus order with the model's generation config (see [`_set_generation_settings`])
-    and score the detokenized output against the raw references."""
+    and score the detokenized output against the raw references. The sources are whole (`max_source_length` cuts
+    the training split only), but for those longer than the model's positions: their number is `cut_sources`."""
     import torch
 
     from .evaluation import decode_token_ids, translation_scores
@@ -470,7 +486,11 @@ def _score_split(trainer, processed, corpus, split: str, config: TrainConfig, to
             batch = trainer.data_collator(list(rows)).to(model.device)
             predictions.extend(decode_token_ids(tokenizer, model.generate(**batch).cpu()))
     scores = translation_scores(predictions, _references(corpus[split], config.target_lang))
-    return {"split": split, **scores, "predictions": predictions}
+    # validation and test are prepared whole, but for sources longer than the model's positions
+    limit = source_position_limit(config)
+    lengths = [len(ids) for ids in tokenizer(_references(corpus[split], config.source_lang))["input_ids"]]
+    cut = sum(length > limit for length in lengths) if limit is not None else 0
+    return {"split": split, **scores, "cut_sources": cut, "source_limit": limit, "predictions": predictions}
 
 
 def _maybe_average(trainer, config: TrainConfig, processed, corpus, tokenizer, claim) -> dict | None:
@@ -669,7 +689,9 @@ def run_train(args) -> dict:
                   f"{restart['encoder_token_spread']:.4f}); trained again with seed {restart['seed'] + 1}")
         for row in results["scores"]:
             print(f"{row['split']}: BLEU {row['bleu']:.2f}  chrF {row['chrf']:.2f}  "
-                  f"{row['distinct_fraction']:.1%} distinct  ({row['bleu_signature']})")
+                  f"{row['distinct_fraction']:.1%} distinct  ({row['bleu_signature']})"
+                  + (f"; {row['cut_sources']} sources longer than the model's {row['source_limit']} positions cut"
+                     if row.get("cut_sources") else ""))
         collapsed = [row["split"] for row in results["scores"] if row["distinct_fraction"] < COLLAPSED_FRACTION]
         if collapsed:
             message = (f"the model writes the same few sentences for most inputs of {' and '.join(collapsed)} (under "
