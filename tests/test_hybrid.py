@@ -367,3 +367,32 @@ def test_a_concat_checkpoint_in_the_earlier_layout_is_refused(tmp_path):
     (tmp_path / "weights.sha256").unlink()  # saved before the record existed
     with pytest.raises(ValueError, match=r"earlier layout.*layers\.0\.self_attn\.concat_proj"):
         MgsaForConditionalGeneration.from_pretrained(tmp_path)
+
+
+def test_a_hybrid_model_trains_and_serves_without_spacy(tmp_path):
+    """Hybrid attention reads no syntax field (as the transformer and n-gram MG-SA): `mgsa-hf train` saves a
+    processor that only tokenizes, and the run and the translation pipeline never import spaCy."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    script = f"""
+import sys
+from transformers import pipeline
+from mgsa_hf.training import load_train_config, train
+config = load_train_config({str(repo / "configs" / "train" / "tiny.yaml")!r}, [
+    "data={repo.parent / "shared" / "data" / "multi30k"}", "output_dir={tmp_path / "model"}",
+    "model.encoder_type=hybrid", "training.max_steps=2", "training.eval_strategy=no", "training.save_strategy=no"])
+train(config)
+print(pipeline("translation", model={str(tmp_path / "model")!r}, device="cpu")("A dog runs.")[0]["translation_text"])
+assert "spacy" not in sys.modules, "spaCy was imported"
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "model" / "processor_config.json").read_text())["with_syntax"] is False
+    assert not MgsaConfig(encoder_type="hybrid").reads_source_syntax
+    assert not MgsaConfig(encoder_type="phrase_memory", phrase_partition="ngram",
+                          phrase_tag_supervision=False).reads_source_syntax
+    assert MgsaConfig(encoder_type="rhe").reads_source_syntax
+    assert MgsaConfig(encoder_type="phrase_memory").reads_source_syntax

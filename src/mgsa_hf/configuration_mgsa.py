@@ -145,6 +145,12 @@ class MgsaVariantConfig(*_VARIANT_FIELD_MIXINS):
         return VARIANTS[self.encoder_type]
 
     @property
+    def reads_source_syntax(self) -> bool:
+        """Whether the model reads any source syntax field (its variant's `syntax_fields`): `False` for the
+        transformer, hybrid attention and n-gram MG-SA, whose processor then only tokenizes and never loads spaCy."""
+        return bool(self.variant.syntax_fields(self))
+
+    @property
     def variant_layers(self) -> list[int]:
         """Encoder layers whose self-attention the chosen variant replaces (empty for a variant of whole layers)."""
         return self.variant.layers(self)

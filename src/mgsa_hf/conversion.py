@@ -142,7 +142,7 @@ def convert_checkpoint(path: str, output_dir: str, encoder_type: str | None = No
         tokenizer = None
     if tokenizer is not None:
         # the source processor's settings, if it has one; the parse only where the encoder reads syntax
-        settings = {**saved, "with_syntax": model.config.encoder_type != "transformer"}
+        settings = {**saved, "with_syntax": model.config.reads_source_syntax}
         MgsaProcessor(tokenizer, **settings).save_pretrained(output_dir)
     return {
         "source": str(path),

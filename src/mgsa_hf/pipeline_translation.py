@@ -134,6 +134,10 @@ class MgsaTranslationPipeline(Pipeline):
             )
         if self.processor is None and self.tokenizer is None:
             raise ValueError("the translation pipeline needs the model's processor or tokenizer: pass `tokenizer=`.")
+        reads_syntax = getattr(self.model.config, "reads_source_syntax", True)
+        if getattr(self.processor, "with_syntax", False) and not reads_syntax:
+            self.processor = copy.copy(self.processor)  # it parses nothing the model does not read
+            self.processor.with_syntax = False
         check_batching(self._batch_size, self._num_workers)
         self._collator = None  # made at the first batch: one sentence at a time needs no pad token
 

@@ -16,7 +16,7 @@ from transformers.utils import PROCESSOR_NAME as PROCESSOR_CONFIG_FILE
 from transformers.utils import logging
 
 from .atomic_saves import PROCESSOR_FILES, staged_folder
-from .configuration_mgsa import MgsaConfig
+from .configuration_mgsa import MgsaConfig, MgsaT5Config
 from .constituency_conversion import MODEL_FILE
 from .data_collator import pad_batch
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
@@ -121,7 +121,7 @@ class MgsaProcessor(ProcessorMixin):
             sentences is parsed beside the tokenizer and the fields, in a child process forked once on Linux, else on
             a second thread (see [`~mgsa_hf.syntax_parser.SyntaxParser.pipe`]).
         with_syntax (`bool`, defaults to `True`):
-            Make the source syntax fields. `False` for a model that reads none (`encoder_type="transformer"`): the
+            Make the source syntax fields. `False` for a model that reads none (`config.reads_source_syntax`): the
             processor then returns only `input_ids`, `attention_mask` (and `labels`) and never loads spaCy.
     """
 
@@ -635,13 +635,14 @@ def _read_json(path) -> dict:
 
 def _settings_of_saved_model(config_file: str | None, folder, kwargs: dict) -> dict:
     """`kwargs` of `from_pretrained` for a folder without `processor_config.json`, completed from the MGSA model whose
-    `config.json` is `config_file`: `with_syntax=False` for one that reads no syntax (`encoder_type="transformer"`),
+    `config.json` is `config_file`: `with_syntax=False` for one that reads no syntax (`reads_source_syntax`),
     else its `phrase_levels`, with a warning that the other settings are the defaults. Settings given in `kwargs`
     stay; a folder without an MGSA model changes nothing."""
     model_config = json.loads(Path(config_file).read_text()) if config_file else {}
     if model_config.get("model_type") not in ("mgsa", "mgsa_t5"):
         return kwargs
-    if model_config.get("encoder_type", "transformer") == "transformer":
+    config_class = MgsaConfig if model_config["model_type"] == "mgsa" else MgsaT5Config
+    if not config_class.from_dict(model_config).reads_source_syntax:
         return {"with_syntax": False, **kwargs}
     kwargs = dict(kwargs)
     taken = ""

@@ -442,11 +442,14 @@ def _references(dataset, lang: str) -> list[str]:
 
 
 def _reads_source_syntax(config: TrainConfig) -> bool:
-    """Whether the model to train reads the processor's syntax fields (every encoder type but `"transformer"`)."""
-    encoder_type = config.model.get("encoder_type")
-    if encoder_type is None and config.init_from:
-        encoder_type = _init_from_config(config).get("encoder_type")
-    return (encoder_type or "transformer") != "transformer"
+    """Whether the model to train reads any of the processor's syntax fields (see `MgsaConfig.reads_source_syntax`:
+    not the transformer, hybrid attention or n-gram MG-SA)."""
+    from .conversion import BACKBONES, checkpoint_backbone
+
+    if not config.init_from:
+        return _backbone_classes(config)[0](**config.model).reads_source_syntax
+    config_class = BACKBONES[checkpoint_backbone(config.init_from)][0]
+    return config_class.from_pretrained(config.init_from, **config.model).reads_source_syntax
 
 
 def prepare(config: TrainConfig, training_args=None):
