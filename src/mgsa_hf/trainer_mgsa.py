@@ -34,11 +34,13 @@ from transformers import (
     TrainerCallback,
     default_data_collator,
 )
+from transformers.trainer_pt_utils import LabelSmoother
 
 from .evaluation import encoder_token_spread
 from .modeling_common import with_tag_loss
 from .prepared_training import token_batches
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
+from .target_tokens import at_least_one, target_token_count
 
 
 logger = logging.getLogger(__name__)
@@ -165,6 +167,16 @@ class TokenBatchSampler(Sampler):
         return self._num_batches
 
 
+class TargetlessBatchLabelSmoother(LabelSmoother):
+    """The Trainer's `LabelSmoother`, whose loss of a batch without target tokens (every label -100) is 0 with a zero
+    gradient instead of 0 / 0 = NaN (which turns every weight NaN in one step while the Trainer logs the loss as 0)."""
+
+    def __call__(self, model_output, labels, shift_labels=False, num_items_in_batch=None):
+        if not shift_labels:  # the count the smoother divides by (its own when none is given), at least 1
+            num_items_in_batch = at_least_one(target_token_count(labels, num_items_in_batch))
+        return super().__call__(model_output, labels, shift_labels, num_items_in_batch)
+
+
 class EncoderCollapseCallback(TrainerCallback):
     """
     Stops training at `check_step` when the encoder has collapsed: when the spread of its output states over the
@@ -221,6 +233,9 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
     def __init__(self, *args, max_tokens_per_batch: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.max_tokens_per_batch = max_tokens_per_batch
+        if self.label_smoother is not None:
+            self.label_smoother = TargetlessBatchLabelSmoother(self.label_smoother.epsilon,
+                                                               self.label_smoother.ignore_index)
         self._tag_loss_total = None
         self._tag_loss_count = 0
         self._pairs_trained = 0
