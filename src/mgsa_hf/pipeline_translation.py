@@ -24,6 +24,7 @@ from transformers.utils import logging
 
 from .data_collator import MgsaDataCollator
 from .generation_arguments import check_counts, check_generation_arguments
+from .input_checks import check_tokenizer_fits
 from .tokenization_utils import missing_tokenizer_files
 
 
@@ -117,6 +118,8 @@ class MgsaTranslationPipeline(Pipeline):
             )
         if self.processor is None and self.tokenizer is None:
             raise ValueError("the translation pipeline needs the model's processor or tokenizer: pass `tokenizer=`.")
+        check_tokenizer_fits(self.tokenizer if self.processor is None else self.processor.tokenizer, self.model,
+                             "the translation pipeline")
         check_batching(self._batch_size, self._num_workers)
         self._collator = None  # made at the first batch: one sentence at a time needs no pad token
 
