@@ -67,6 +67,21 @@ def checkpoint_folders(folder: str | Path) -> list[Path]:
     return sorted(found, key=lambda path: int(CHECKPOINT_FOLDER.match(path.name).group(1)))
 
 
+def trainer_state_problems(path: Path) -> list[str]:
+    """`[]` when `path` is a Trainer state (`trainer_state.json`, a JSON object with `global_step`), else what is
+    wrong with it, naming the file (the Trainer would fail reading it with a bare `JSONDecodeError`)."""
+    if not path.is_file():
+        return [path.name]
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        reason = "it is empty" if not path.stat().st_size else f"not valid JSON: {error}"
+        return [f"a readable {path.name} ({path} is damaged, {reason})"]
+    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+        return [f"a readable {path.name} ({path} holds no `global_step`)"]
+    return []
+
+
 def missing_checkpoint_files(checkpoint: str | Path, args, sharded: bool = False) -> list[str]:
     """
     The files that resuming from the Trainer checkpoint `checkpoint` reads and that it lacks, as the Trainer reads
@@ -77,7 +92,7 @@ def missing_checkpoint_files(checkpoint: str | Path, args, sharded: bool = False
     layout of their own (only the trainer state and random states are checked).
     """
     checkpoint = Path(checkpoint)
-    missing = [] if (checkpoint / "trainer_state.json").is_file() else ["trainer_state.json"]
+    missing = trainer_state_problems(checkpoint / "trainer_state.json")
     if not sharded and not any((checkpoint / name).is_file() for name in CHECKPOINT_WEIGHTS):
         missing.append("model.safetensors")
     if args.save_only_model:
