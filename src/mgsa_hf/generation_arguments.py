@@ -58,9 +58,9 @@ def check_generation_length(arguments: Mapping, config_arguments: Mapping, prefi
             continue
         if value > limit:
             raise ValueError(
-                f"`{'' if given else prefix}{name}` = {value} is beyond the model's positions: its decoder has "
-                f"position embeddings for `max_position_embeddings` = {positions} tokens, so `max_new_tokens` can be "
-                f"at most {positions} (`max_length` at most {positions + 1})."
+                f"`{'' if given else prefix}{name}` = {value} is beyond the model's positions: the target sequence "
+                f"has position embeddings for `max_position_embeddings` = {positions} tokens, so `max_new_tokens` can "
+                f"be at most {positions} (`max_length` at most {positions + 1})."
             )
         return  # `max_new_tokens` is used where both are set
 
