@@ -178,6 +178,17 @@ def test_weights_holding_nan_are_named_at_load_and_generate(multi30k_processor, 
         loaded.generate(**inputs, max_new_tokens=3)
     assert re.search(rf"generate: 1 weight tensor.*{re.escape(name)}", caplog.text)
 
+    # weights that turn NaN after a check (a diverged training step) are read again at the next `generate`
+    fresh = make_model(multi30k_processor, tiny_config, tiny_t5_config, backbone)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        fresh.generate(**inputs, max_new_tokens=2)
+        assert "NaN or inf" not in caplog.text
+        with torch.no_grad():
+            fresh.get_input_embeddings().weight[3, 1] = float("inf")
+        fresh.generate(**inputs, max_new_tokens=2)
+    assert re.search(r"generate: 1 weight tensor.*\(\S*shared.weight\)", caplog.text)
+
 
 # --- errors that name what to fix ---
 

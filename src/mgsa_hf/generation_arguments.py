@@ -10,7 +10,7 @@ import numbers
 from collections.abc import Mapping
 
 from .input_checks import check_token_ids
-from .weights_numerics import warn_non_finite_weights_once
+from .weights_numerics import warn_non_finite_weights
 
 
 # generate parameter -> the least value it takes (each an integer)
@@ -69,8 +69,8 @@ class CheckedGenerationMixin:
     """Placed before `GenerationMixin` in a model's bases: `generate` checks its counting parameters
     ([`check_generation_arguments`]), those passed and those of the generation config it decodes with (the one
     passed, else the model's), the translation length against the model's positions ([`check_generation_length`]),
-    the `input_ids` (a 2-d batch of ids within the vocabulary), and warns of weights holding NaN or inf (checked
-    again when they changed)."""
+    the `input_ids` (a 2-d batch of ids within the vocabulary), and warns of weights holding NaN or inf (read
+    again only when they changed)."""
 
     def generate(self, inputs=None, generation_config=None, **kwargs):
         check_generation_arguments(kwargs)
@@ -85,5 +85,5 @@ class CheckedGenerationMixin:
         input_ids = inputs if inputs is not None else kwargs.get("input_ids")
         if input_ids is not None:
             check_token_ids(input_ids, self.get_input_embeddings().num_embeddings, "input_ids")
-        warn_non_finite_weights_once(self, "generate")
+        warn_non_finite_weights(self, "generate")
         return super().generate(inputs, generation_config, **kwargs)
