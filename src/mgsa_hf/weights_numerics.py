@@ -65,8 +65,8 @@ def warn_non_finite_weights(model: nn.Module, when: str) -> list[str]:
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         logger.warning_once(
             f"{when}: {len(names)} weight tensor(s) of the {type(model).__name__} hold NaN or inf values ({shown}): "
-            "every output of the model is undefined (translations come out empty). The weights were saved after a "
-            "training step that diverged or the file is damaged: load an earlier checkpoint."
+            "every output of the model is undefined (translations come out empty). They come from a training step "
+            "that diverged or from a damaged file: load an earlier checkpoint."
         )
     return names
 
