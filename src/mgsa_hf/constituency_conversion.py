@@ -19,6 +19,7 @@ sample and parsed with the same spaCy pipeline; the package ships the result (`c
 import functools
 import gzip
 import json
+import zlib
 from itertools import repeat
 from pathlib import Path
 
@@ -191,10 +192,23 @@ class DependencyToConstituency:
 
     @classmethod
     def load(cls, path=MODEL_FILE) -> "DependencyToConstituency":
-        with gzip.open(path, "rt") as file:
-            data = json.load(file)
-        weights = np.asarray(data["weights"], dtype=np.float32).reshape(len(data["features"]), len(data["classes"]))
-        return cls({feature: i for i, feature in enumerate(data["features"])}, weights, data["classes"])
+        """The model saved in `path` (gzipped JSON, as [`save`] writes it); an `OSError` naming the file when it is not
+        one (cut short, overwritten, not gzipped)."""
+        try:
+            with gzip.open(path, "rt", encoding="utf-8") as file:
+                data = json.load(file)
+            weights = np.asarray(data["weights"], dtype=np.float32).reshape(len(data["features"]),
+                                                                          len(data["classes"]))
+            return cls({feature: i for i, feature in enumerate(data["features"])}, weights, data["classes"])
+        except FileNotFoundError:
+            raise
+        except (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError) as error:
+            raise OSError(
+                f"The tree model file {path} is damaged ({type(error).__name__}: {error}): it is not the gzipped "
+                "JSON that `DependencyToConstituency.save` writes. Copy it again from where it was saved (a "
+                "processor's folder keeps the one it was saved with; the package's own is "
+                f"{MODEL_FILE.name} in mgsa_hf, restored by reinstalling mgsa-hf)."
+            ) from error
 
     def save(self, path):
         """Writes the model as gzipped JSON, the same bytes for the same model: the gzip header holds no time and no

@@ -79,6 +79,28 @@ def _row_list(indices: list[int], shown: int = 10) -> str:
     return f"{indices[:shown]}{more}"
 
 
+def _holds_text(value) -> bool:
+    """Whether a row's value is text, or a list holding text (which no tensor can hold)."""
+    if isinstance(value, (str, bytes)):
+        return True
+    return isinstance(value, (list, tuple)) and any(_holds_text(item) for item in value[:1])
+
+
+def _check_no_text(batch: dict[str, list]) -> None:
+    """A `ValueError` naming the field and rows of a batch that hold text (e.g. a dataset's raw `translation` column),
+    instead of transformers' "Unable to create tensor" when the batch is turned into tensors."""
+    for name, rows in batch.items():
+        rows_with_text = [index for index, value in enumerate(rows) if _holds_text(value)]
+        if rows_with_text:
+            example = rows[rows_with_text[0]]
+            raise ValueError(
+                f"MgsaDataCollator: `{name}` of rows {_row_list(rows_with_text)} holds text ({str(example)[:40]!r}), "
+                "which cannot be batched into a tensor: remove the column from the dataset "
+                f"(`dataset.remove_columns(['{name}'])`), or keep `remove_unused_columns=True` in the training "
+                "arguments so that the Trainer drops the columns the model does not read."
+            )
+
+
 def _as_list(row):
     return row.tolist() if hasattr(row, "tolist") else row
 
@@ -113,7 +135,8 @@ class MgsaDataCollator:
 
     Raises:
         `ValueError` naming the rows when some rows of a batch have a field that others lack (e.g. `labels`), or when
-        rows made by processors with different `phrase_levels` have different numbers of levels.
+        rows made by processors with different `phrase_levels` have different numbers of levels, or when a field
+        holds text (a raw column the collator cannot turn into a tensor).
     """
 
     tokenizer: Any = None
@@ -141,6 +164,7 @@ class MgsaDataCollator:
                                  f"{_row_list(missing)} do not; every row of a batch needs the same fields (e.g. "
                                  "all with `labels`, from `text_target`, or none).")
         batch = {name: [feature[name] for feature in features] for name in fields}
+        _check_no_text(batch)
         batch = pad_batch(
             batch, self.pad_token_id, self.label_pad_token_id, pad_to_multiple_of=self.pad_to_multiple_of
         )

@@ -180,3 +180,27 @@ def average_checkpoints(checkpoint_dirs: list[str | Path]) -> dict[str, torch.Te
         else:
             averaged[name] = last
     return averaged
+
+
+def load_checkpoint_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """
+    Load `state` (e.g. [`average_checkpoints`] of checkpoints of `model`) into `model`, strictly: every weight a saved
+    checkpoint holds must be there, and nothing else. Only the weights `save_pretrained` leaves out may be missing:
+    those it rebuilds at load (`_keys_to_ignore_on_save`, the sinusoidal position tables) and those tied to another
+    (`lm_head.weight`). A `ValueError` naming the keys and `source` otherwise, before any weight changes (a load with
+    `strict=False` would keep the model's own values for them without a word).
+    """
+    expected = set(model.state_dict())
+    not_saved = set(getattr(model, "_keys_to_ignore_on_save", None) or ())
+    not_saved |= set(getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or ())
+    missing = sorted(expected - not_saved - set(state))
+    unexpected = sorted(set(state) - expected)
+    if missing or unexpected:
+        def listed(keys: list[str]) -> str:
+            return ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+
+        problems = ([f"lacks {listed(missing)}"] if missing else []) + \
+            ([f"holds weights the model has not: {listed(unexpected)}"] if unexpected else [])
+        raise ValueError(f"{source} {'; '.join(problems)}: it is not a checkpoint of this model (another "
+                         "configuration or run), so its weights cannot be loaded into it.")
+    model.load_state_dict(state, strict=False)

@@ -30,6 +30,7 @@ from transformers.utils import TransformersKwargs, logging
 from transformers.utils.generic import can_return_tuple
 
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
+from .target_tokens import at_least_one, per_target_token, target_token_count
 
 
 logger = logging.get_logger(__name__)
@@ -748,10 +749,7 @@ def tag_loss_per_target_token(
     tokens of the whole accumulated batch), so the tag term is the batch's sum of sentence tag losses (`tag_loss`,
     their mean, times B) over the same count.
     """
-    tokens = num_items_in_batch if num_items_in_batch is not None else labels.ne(-100).sum()
-    if torch.is_tensor(tokens):
-        tokens = tokens.to(tag_loss.device)
-    return tag_loss * labels.shape[0] / tokens
+    return per_target_token(tag_loss * labels.shape[0], labels, num_items_in_batch)  # 0 without target tokens
 
 
 def translation_loss(
@@ -768,13 +766,9 @@ def translation_loss(
     """
     loss = nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, label_smoothing=label_smoothing,
-        reduction="mean" if num_items_in_batch is None else "sum",
-    )
-    if num_items_in_batch is not None:
-        if torch.is_tensor(num_items_in_batch):
-            num_items_in_batch = num_items_in_batch.to(loss.device)
-        loss = loss / num_items_in_batch
-    return loss
+        reduction="sum",
+    )  # a batch without target tokens: 0 (a mean of no tokens would be NaN, and so would every gradient)
+    return loss / at_least_one(target_token_count(labels, num_items_in_batch, loss.device)).to(loss.dtype)
 
 
 def with_tag_loss(

@@ -27,6 +27,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_mgsa import MgsaConfig
 from .generation_arguments import CheckedGenerationMixin
+from .input_checks import check_token_ids
 from .modeling_common import (
     OUTPUT_CACHE_FIELD,
     BaseModelAutoMapMixin,
@@ -45,6 +46,7 @@ from .modeling_common import (
     resolve_cache,
 )
 from .weights_checksums import WeightsChecksumMixin
+from .weights_numerics import CheckedWeightsMixin
 
 
 logger = logging.get_logger(__name__)
@@ -201,7 +203,7 @@ def build_decoder_layer(config: MgsaConfig, layer_idx: int) -> MgsaDecoderLayer:
     return config.variant.decoder_layer_class(MgsaDecoderLayer)(config, layer_idx)
 
 
-class MgsaPreTrainedModel(VariantUpgradeMixin, WeightsChecksumMixin, PreTrainedModel):
+class MgsaPreTrainedModel(CheckedWeightsMixin, VariantUpgradeMixin, WeightsChecksumMixin, PreTrainedModel):
     config: MgsaConfig
     config_class = MgsaConfig
     base_model_prefix = "model"
@@ -294,6 +296,8 @@ class MgsaEncoder(MgsaPreTrainedModel):
             syntax = MgsaSyntaxInputs.pack(locals())
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        if input_ids is not None:
+            check_token_ids(input_ids, self.embed_tokens.num_embeddings, "input_ids")
         check_length(inputs_embeds if input_ids is None else input_ids, 0, self.config.max_position_embeddings,
                      "source")
         if inputs_embeds is None:
@@ -361,6 +365,7 @@ class MgsaDecoder(MgsaPreTrainedModel):
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of decoder_input_ids or decoder_inputs_embeds")
         if inputs_embeds is None:
+            check_token_ids(input_ids, self.embed_tokens.num_embeddings, "decoder_input_ids (or labels)")
             inputs_embeds = self.embed_tokens(input_ids)
         inputs_embeds = inputs_embeds * self.embed_scale
 

@@ -35,6 +35,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_mgsa import MgsaT5Config
 from .generation_arguments import CheckedGenerationMixin
+from .input_checks import check_token_ids
 from .modeling_common import (
     OUTPUT_CACHE_FIELD,
     BaseModelAutoMapMixin,
@@ -51,6 +52,7 @@ from .modeling_common import (
     resolve_cache,
 )
 from .weights_checksums import WeightsChecksumMixin
+from .weights_numerics import CheckedWeightsMixin
 
 
 def extend_cache(past_key_values: Cache | None, num_layers: int) -> None:
@@ -264,7 +266,7 @@ def build_decoder_block(config: MgsaT5Config, layer_idx: int) -> MgsaT5DecoderBl
     return config.variant.decoder_layer_class(MgsaT5DecoderBlock)(config, layer_idx)
 
 
-class MgsaT5PreTrainedModel(VariantUpgradeMixin, WeightsChecksumMixin, T5PreTrainedModel):
+class MgsaT5PreTrainedModel(CheckedWeightsMixin, VariantUpgradeMixin, WeightsChecksumMixin, T5PreTrainedModel):
     config: MgsaT5Config
     config_class = MgsaT5Config
     base_model_prefix = "transformer"
@@ -393,6 +395,7 @@ class MgsaT5Encoder(MgsaT5Stack):
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
+            check_token_ids(input_ids, self.embed_tokens.num_embeddings, "input_ids")
             inputs_embeds = self.embed_tokens(input_ids)
         syntax = syntax.with_padding(inputs_embeds, attention_mask)
         attention_mask = create_bidirectional_mask(
@@ -447,6 +450,7 @@ class MgsaT5Decoder(MgsaT5Stack):
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of decoder_input_ids or decoder_inputs_embeds")
         if inputs_embeds is None:
+            check_token_ids(input_ids, self.embed_tokens.num_embeddings, "decoder_input_ids (or labels)")
             inputs_embeds = self.embed_tokens(input_ids)
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))

@@ -25,6 +25,7 @@ from transformers.utils import PROCESSOR_NAME, logging
 
 from .data_collator import MgsaDataCollator
 from .generation_arguments import check_counts, check_generation_arguments
+from .input_checks import check_tokenizer_fits
 from .syntax_spacy import refuse_saved_code
 from .tokenization_utils import missing_tokenizer_files
 
@@ -138,6 +139,8 @@ class MgsaTranslationPipeline(Pipeline):
         if getattr(self.processor, "with_syntax", False) and not reads_syntax:
             self.processor = copy.copy(self.processor)  # it parses nothing the model does not read
             self.processor.with_syntax = False
+        check_tokenizer_fits(self.tokenizer if self.processor is None else self.processor.tokenizer, self.model,
+                             "the translation pipeline")
         check_batching(self._batch_size, self._num_workers)
         self._collator = None  # made at the first batch: one sentence at a time needs no pad token
 

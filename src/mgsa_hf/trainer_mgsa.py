@@ -37,6 +37,7 @@ from transformers import (
     default_data_collator,
 )
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
+from transformers.trainer_pt_utils import LabelSmoother
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .atomic_saves import disk_full_error, is_disk_full
@@ -44,6 +45,7 @@ from .evaluation import encoder_token_spread
 from .modeling_common import with_tag_loss
 from .prepared_training import token_batches
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
+from .target_tokens import at_least_one, target_token_count
 
 
 logger = logging.getLogger(__name__)
@@ -72,6 +74,21 @@ def checkpoint_folders(folder: str | Path) -> list[Path]:
     return sorted(found, key=lambda path: int(CHECKPOINT_FOLDER.match(path.name).group(1)))
 
 
+def trainer_state_problems(path: Path) -> list[str]:
+    """`[]` when `path` is a Trainer state (`trainer_state.json`, a JSON object with `global_step`), else what is
+    wrong with it, naming the file (the Trainer would fail reading it with a bare `JSONDecodeError`)."""
+    if not path.is_file():
+        return [path.name]
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        reason = "it is empty" if not path.stat().st_size else f"not valid JSON: {error}"
+        return [f"a readable {path.name} ({path} is damaged, {reason})"]
+    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+        return [f"a readable {path.name} ({path} holds no `global_step`)"]
+    return []
+
+
 def missing_checkpoint_files(checkpoint: str | Path, args, sharded: bool = False) -> list[str]:
     """
     The files that resuming from the Trainer checkpoint `checkpoint` reads and that it lacks, as the Trainer reads
@@ -82,7 +99,7 @@ def missing_checkpoint_files(checkpoint: str | Path, args, sharded: bool = False
     layout of their own (only the trainer state and random states are checked).
     """
     checkpoint = Path(checkpoint)
-    missing = [] if (checkpoint / "trainer_state.json").is_file() else ["trainer_state.json"]
+    missing = trainer_state_problems(checkpoint / "trainer_state.json")
     if not sharded and not any((checkpoint / name).is_file() for name in CHECKPOINT_WEIGHTS):
         missing.append("model.safetensors")
     if args.save_only_model:
@@ -172,6 +189,16 @@ class TokenBatchSampler(Sampler):
         return self._num_batches
 
 
+class TargetlessBatchLabelSmoother(LabelSmoother):
+    """The Trainer's `LabelSmoother`, whose loss of a batch without target tokens (every label -100) is 0 with a zero
+    gradient instead of 0 / 0 = NaN (which turns every weight NaN in one step while the Trainer logs the loss as 0)."""
+
+    def __call__(self, model_output, labels, shift_labels=False, num_items_in_batch=None):
+        if not shift_labels:  # the count the smoother divides by (its own when none is given), at least 1
+            num_items_in_batch = at_least_one(target_token_count(labels, num_items_in_batch))
+        return super().__call__(model_output, labels, shift_labels, num_items_in_batch)
+
+
 class EncoderCollapseCallback(TrainerCallback):
     """
     Stops training at `check_step` when the encoder has collapsed: when the spread of its output states over the
@@ -229,6 +256,9 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
     def __init__(self, *args, max_tokens_per_batch: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.max_tokens_per_batch = max_tokens_per_batch
+        if self.label_smoother is not None:
+            self.label_smoother = TargetlessBatchLabelSmoother(self.label_smoother.epsilon,
+                                                               self.label_smoother.ignore_index)
         self._tag_loss_total = None
         self._tag_loss_count = 0
         self._pairs_trained = 0

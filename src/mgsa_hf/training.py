@@ -499,14 +499,14 @@ def _score_split(trainer, processed, corpus, split: str, config: TrainConfig, to
 def _maybe_average(trainer, config: TrainConfig, processed, corpus, tokenizer, claim) -> dict | None:
     """Average the run's last N checkpoints ([`RunClaim.checkpoints`]); keep the average when it scores at least as
     well as the selected model."""
-    from .evaluation import average_checkpoints
+    from .evaluation import average_checkpoints, load_checkpoint_state
 
     checkpoints = claim.checkpoints(trainer.args.output_dir)[-config.average_last_checkpoints :]
     if len(checkpoints) < 2:
         return None
     selected = _score_split(trainer, processed, corpus, "validation", config, tokenizer)
     selected_state = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    trainer.model.load_state_dict(average_checkpoints(checkpoints), strict=False)
+    load_checkpoint_state(trainer.model, average_checkpoints(checkpoints), f"the average of {checkpoints[0].parent}")
     averaged = _score_split(trainer, processed, corpus, "validation", config, tokenizer)
     kept = averaged["bleu"] >= selected["bleu"]
     if not kept:

@@ -1,0 +1,58 @@
+"""Checks of the token ids a model is given, before they reach an embedding.
+
+An id at or beyond the embedding's rows fails inside torch with `IndexError: index out of range in self` (on a GPU, a
+device-side assert that ends the process), and a list or a 1-d tensor as `input_ids` with an `AttributeError` or an
+`IndexError` deep inside the model. These checks name the field, the id and the vocabulary instead.
+"""
+
+import torch
+
+
+def check_token_ids(token_ids, vocab_size: int, name: str) -> None:
+    """
+    Raise a clear error unless `token_ids` is a (batch_size, sequence_length) tensor of integer ids in
+    `[0, vocab_size)`: a `TypeError` for a list or a floating-point tensor, a `ValueError` for another shape or an id
+    out of range (read back once; not checked while compiled, exported or traced, where the graph stays as it is).
+
+    Args:
+        token_ids: the ids given to the model.
+        vocab_size: the rows of the embedding that reads them.
+        name: the argument's name in the error, e.g. `input_ids`.
+    """
+    if not torch.is_tensor(token_ids) or token_ids.is_floating_point() or token_ids.is_complex():
+        kind = type(token_ids).__name__ if not torch.is_tensor(token_ids) else f"{token_ids.dtype} tensor"
+        raise TypeError(
+            f"`{name}` must be a 2-d LongTensor batch of token ids (batch_size, sequence_length), got a {kind}: "
+            "pass the tokenizer's or processor's output with `return_tensors='pt'`."
+        )
+    if token_ids.dim() != 2:
+        hint = " (one sentence: `ids.unsqueeze(0)`)" if token_ids.dim() == 1 else ""
+        raise ValueError(
+            f"`{name}` must be a 2-d LongTensor batch of token ids (batch_size, sequence_length), got a tensor of "
+            f"shape {tuple(token_ids.shape)}{hint}."
+        )
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing():
+        return
+    if not token_ids.numel():
+        return
+    low, high = torch.stack(torch.aminmax(token_ids)).tolist()
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"`{name}` holds the token id {high if high >= vocab_size else low}, but the model's vocabulary has "
+            f"`vocab_size` = {vocab_size} ids (0 to {vocab_size - 1}): the ids come from a tokenizer larger than the "
+            "model's vocabulary, or another model's; use the model's own tokenizer (or resize the embeddings with "
+            "`model.resize_token_embeddings(len(tokenizer))`)."
+        )
+
+
+def check_tokenizer_fits(tokenizer, model, where: str) -> None:
+    """Raise a `ValueError` when `tokenizer` has more ids than `model`'s input embedding has rows (ids beyond them
+    would reach the embedding); `where` names the pairing, e.g. "the translation pipeline"."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    if rows is not None and len(tokenizer) > rows:
+        raise ValueError(
+            f"{where}: the tokenizer has {len(tokenizer)} tokens but the model ({model.name_or_path or 'given'}) "
+            f"embeds {rows} (`vocab_size`): pair the model with its own tokenizer or processor (saved in its "
+            "folder), or resize the embeddings with `model.resize_token_embeddings(len(tokenizer))`."
+        )
