@@ -44,10 +44,10 @@ def test_prepared_once_equal_to_mapping_in_memory(tmp_path, monkeypatch):
     in_memory = load_parallel_corpus(DATA, "en", "de", config.splits)
     in_memory = in_memory.__class__({split: data.select(range(min(len(data), limit))) for (split, data), limit
                                      in zip(in_memory.items(), (40, 8, 8), strict=True)})
-    expected = processor.map_dataset(in_memory.flatten(), "translation.en", "translation.de", max_length=32,
-                                     max_target_length=32, truncation=True)
-    for split in ("train", "validation", "test"):
-        assert processed[split][:] == expected[split][:] and corpus[split][:] == in_memory[split][:]
+    for split, limit in (("train", 32), ("validation", 64), ("test", 64)):  # the scored splits: the positions only
+        expected = processor.map_dataset(in_memory[split].flatten(), "translation.en", "translation.de",
+                                         max_length=limit, max_target_length=limit, truncation=True)
+        assert processed[split][:] == expected[:] and corpus[split][:] == in_memory[split][:]
         assert all(str(tmp_path) in file["filename"] for file in processed[split].cache_files)
 
     def no_build(*args, **kwargs):
