@@ -209,6 +209,8 @@ class MgsaPreTrainedModel(VariantUpgradeMixin, WeightsChecksumMixin, PreTrainedM
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = True
+    # the default configuration's layer classes; a model's own are those its configuration builds (PR's carry the
+    # variant's mixin): what FSDP's transformer-based wrap policy and `device_map` keep whole
     _no_split_modules = ["MgsaEncoderLayer", "MgsaDecoderLayer"]
     # the class's value holds for the default configuration (tools read it before building a model); a model's own
     # follows its configuration (its variant's `compiles_fullgraph`)
@@ -218,6 +220,8 @@ class MgsaPreTrainedModel(VariantUpgradeMixin, WeightsChecksumMixin, PreTrainedM
         config.validate()  # a configuration changed after construction (its fields are checked one by one) as a whole
         super().__init__(config, *inputs, **kwargs)
         self._can_compile_fullgraph = config.variant.compiles_fullgraph(config)
+        self._no_split_modules = [config.variant.encoder_layer_class(MgsaEncoderLayer).__name__,
+                                  config.variant.decoder_layer_class(MgsaDecoderLayer).__name__]
 
     @torch.no_grad()
     def _init_weights(self, module):

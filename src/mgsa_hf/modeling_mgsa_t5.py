@@ -268,6 +268,7 @@ class MgsaT5PreTrainedModel(VariantUpgradeMixin, WeightsChecksumMixin, T5PreTrai
     config: MgsaT5Config
     config_class = MgsaT5Config
     base_model_prefix = "transformer"
+    # as on the Marian backbone: the default configuration's blocks, and a model's own from its configuration
     _no_split_modules = ["MgsaT5EncoderBlock", "MgsaT5DecoderBlock"]
     # the relative position bias is added to the logits, which flash attention cannot take
     _supports_flash_attn = False
@@ -280,6 +281,8 @@ class MgsaT5PreTrainedModel(VariantUpgradeMixin, WeightsChecksumMixin, T5PreTrai
         config.validate()  # a configuration changed after construction (its fields are checked one by one) as a whole
         super().__init__(config, *inputs, **kwargs)
         self._can_compile_fullgraph = config.variant.compiles_fullgraph(config)
+        self._no_split_modules = [config.variant.encoder_layer_class(MgsaT5EncoderBlock).__name__,
+                                  config.variant.decoder_layer_class(MgsaT5DecoderBlock).__name__]
 
     def t5_weight_stds(self) -> dict[int, float]:
         """The std T5 draws each of its linear and embedding weights with (module id → std): its attention scheme for
