@@ -4,6 +4,7 @@ both backbones; two processes sharding a model with FSDP2 (gloo) train it, and t
 translates, saves and reloads it; DeepSpeed takes gradient accumulation and clipping from the training arguments;
 DDP does not search for unused parameters where every parameter is used."""
 
+import copy
 import json
 import socket
 import time
@@ -37,7 +38,7 @@ def tiny_model(backbone: str, encoder_type: str, **fields):
     if backbone == "t5":
         return MgsaT5ForConditionalGeneration(MgsaT5Config(
             d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2, num_heads=4,
-            relative_attention_num_buckets=8, relative_attention_max_distance=16, **fields))
+            relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0, **fields))
     return MgsaForConditionalGeneration(MgsaConfig(**tiny_sizes(**fields)))
 
 
@@ -121,17 +122,23 @@ def fsdp2_run(backbone: str, output_dir: Path, rank: int) -> dict:
     model = tiny_model(backbone, "phrase_representation", vocab_size=VOCAB, pad_token_id=PAD,
                        decoder_start_token_id=PAD, eos_token_id=EOS)
     initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    reference = copy.deepcopy(model)  # trained in one process on both processes' batches, for the comparison
     policy = fsdp2_prepare_auto_wrap_policy(
         FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap"), model)
     wrapped = [name for name, module in model.named_modules() if policy(module)]
     for name in reversed(wrapped):
         fully_shard(model.get_submodule(name))
     fully_shard(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
     for step in range(3):
         model(**random_batch(100 * rank + step)).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+        # FSDP averages the processes' gradients
+        sum(reference(**random_batch(100 * other + step)).loss for other in range(2)).div(2).backward()
+        reference_optimizer.step()
+        reference_optimizer.zero_grad()
     # what the shards hold, gathered parameter by parameter (every process takes part)
     trained = {name: tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
                for name, tensor in model.state_dict().items()}
@@ -144,7 +151,10 @@ def fsdp2_run(backbone: str, output_dir: Path, rank: int) -> dict:
         reloaded = AutoModelForSeq2SeqLM.from_pretrained(output_dir / backbone)
         record.update(
             full_is_sharded=bool(fsdp_modules(full)),
-            trained_moved=any(not torch.equal(initial[name], trained[name]) for name in trained),
+            trained_moved=all(not torch.equal(initial[name], trained[name])
+                              for name, parameter in reference.named_parameters() if parameter.requires_grad),
+            unlike_one_process=[name for name in trained
+                                if not torch.allclose(reference.state_dict()[name], trained[name], atol=1e-5)],
             full_equals_trained=all(torch.equal(full.state_dict()[name], trained[name]) for name in trained),
             reloaded_class=type(reloaded).__name__,
             reloaded_equals_trained=all(torch.equal(reloaded.state_dict()[name], trained[name]) for name in trained),
@@ -173,7 +183,7 @@ def test_fsdp2_processes_train_then_gather_translate_save_and_reload(tmp_path):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    backbones = ["marian"]
+    backbones = ["marian", "t5"]
     processes = torch.multiprocessing.start_processes(fsdp2_process, args=(2, port, tmp_path, backbones), nprocs=2,
                                                       join=False, start_method="fork")
     deadline = time.monotonic() + 180
@@ -188,7 +198,8 @@ def test_fsdp2_processes_train_then_gather_translate_save_and_reload(tmp_path):
         assert run["wrapped"] == other_run["wrapped"] == list(layers(tiny_model(backbone, "phrase_representation")))
         assert run["sharded_modules"] == len(run["wrapped"]) + 1  # each layer and the model
         assert other_run["own_model_back"] and not run["own_model_back"]
-        assert not run["full_is_sharded"] and run["trained_moved"] and run["full_equals_trained"], run
+        assert run["trained_moved"] and run["unlike_one_process"] == [], run  # T5's position bias table included
+        assert not run["full_is_sharded"] and run["full_equals_trained"], run
         assert run["reloaded_equals_trained"] and run["reloaded_translates_alike"], run
         assert run["reloaded_class"] == type(tiny_model(backbone, "transformer")).__name__
 
