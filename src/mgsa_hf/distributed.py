@@ -5,7 +5,8 @@ Under FSDP each process holds a shard of every parameter (FSDP2's `fully_shard` 
 model that one process calls alone either fails ("mixed torch.Tensor and DTensor" in `generate`) or waits forever
 for the others (gathering its weights in `save_pretrained`). At the end of a run every process therefore takes part
 in gathering the full state dict, and the main process loads it into a plain model of the same class, which it
-scores and saves exactly as the model of a single process ([`model_for_main_process`]).
+scores and saves exactly as the model of a single process ([`model_for_main_process`]). DeepSpeed ZeRO stage 3, which
+shards the parameters too, is not handled: the recipe takes ZeRO stages 1 and 2 (`configs/accelerate/`).
 """
 
 import copy
@@ -70,8 +71,8 @@ def model_for_main_process(model: torch.nn.Module, device: torch.device | str | 
 
     Returns:
         `model` itself when it is not sharded (one process, DDP, DeepSpeed ZeRO-1/2: every process holds all of
-        it). Under FSDP: on the main process a new model of the same class and configuration (and generation
-        config) holding the gathered full state dict, in eval mode, a plain model that `generate` and
+        it). Under FSDP: on the main process a new model of the same class, configuration, generation config and
+        dtype holding the gathered full state dict, in eval mode, a plain model that `generate` and
         `save_pretrained` take alone; `model` itself, sharded, on the other processes.
     """
     if not fsdp_modules(model):
@@ -83,7 +84,7 @@ def model_for_main_process(model: torch.nn.Module, device: torch.device | str | 
     full = unsharded_class(unwrapped)(copy.deepcopy(unwrapped.config))
     full.generation_config = copy.deepcopy(unwrapped.generation_config)
     full.load_state_dict(state)
-    return full.to(device or "cpu").eval()
+    return full.to(device or "cpu", dtype=unwrapped.dtype).eval()
 
 
 def ddp_find_unused_parameters(model: torch.nn.Module, training: dict) -> bool:
