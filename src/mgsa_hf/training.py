@@ -579,11 +579,11 @@ def _collapse_guard(config: TrainConfig, processed, collator):
 
 def train(config: TrainConfig, callbacks: list | None = None):
     """Run the whole recipe; returns `(results, model)`: the results written to the run folder's `results.json` and the
-    trained model (under FSDP the main process's is a full copy, gathered from all). `callbacks`: `TrainerCallback`s
-    added to the Trainer. With `collapse_check_step`, a run whose encoder has collapsed by that step starts again with
-    the next seed, at most `collapse_restarts` times (the results list them under `restarts`). With
-    `training.push_to_hub` the saved model folder is uploaded to the Hub repository `training.hub_model_id` (else one
-    named after the folder; the results name it as `hub_repo_id`), its card naming the model by that id."""
+    trained model (FSDP: gathered on the main process). `callbacks` are `TrainerCallback`s added to the Trainer. With
+    `collapse_check_step`, a run whose encoder has collapsed by that step starts again with the next seed, at most
+    `collapse_restarts` times (the results list them under `restarts`). With `training.push_to_hub` the saved model
+    folder is uploaded to the Hub repository `training.hub_model_id` (else one named after the folder; the results
+    name it as `hub_repo_id`), its card naming the model by that id."""
     import shutil
 
     from transformers import set_seed
