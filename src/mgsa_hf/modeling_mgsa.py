@@ -431,6 +431,10 @@ class MgsaModel(MgsaSeq2SeqModelMixin, MgsaPreTrainedModel):
         self.encoder = MgsaEncoder(config)
         self.decoder = MgsaDecoder(config)
         self.post_init()
+        if config.share_encoder_decoder_embeddings:
+            # one module holds the shared weight, as `set_input_embeddings` leaves it (the tied weights are already
+            # one): FSDP2 then finds the weight in one group, with the input embeddings accelerate shards apart
+            self.encoder.embed_tokens = self.decoder.embed_tokens = self.shared
 
     def get_input_embeddings(self):
         return self.get_encoder().get_input_embeddings()

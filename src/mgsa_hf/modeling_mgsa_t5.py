@@ -511,6 +511,12 @@ class MgsaT5Decoder(MgsaT5Stack):
         )
 
 
+def share_embedding_module(model) -> None:
+    """Make `shared` the stacks' `embed_tokens` module, as `set_input_embeddings` does (their weights are already tied
+    into one): FSDP2 then finds the weight in one group, with the input embeddings that accelerate shards apart."""
+    model.encoder.embed_tokens = model.decoder.embed_tokens = model.shared
+
+
 class MgsaT5Model(MgsaSeq2SeqModelMixin, MgsaT5PreTrainedModel):
     """The bare MGSA-T5 encoder-decoder, outputting raw decoder states (T5 layout: `shared`, `encoder`, `decoder`)."""
 
@@ -526,6 +532,7 @@ class MgsaT5Model(MgsaSeq2SeqModelMixin, MgsaT5PreTrainedModel):
         self.encoder = MgsaT5Encoder(config)
         self.decoder = MgsaT5Decoder(config)
         self.post_init()
+        share_embedding_module(self)
 
     def get_input_embeddings(self):
         return self.shared
@@ -567,6 +574,7 @@ class MgsaT5ForConditionalGeneration(
         self.decoder = MgsaT5Decoder(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
+        share_embedding_module(self)
 
     def get_input_embeddings(self):
         return self.shared
