@@ -1,8 +1,8 @@
 """The shipped `configs/accelerate/` configs for several GPUs, checked on CPU: FSDP's wrap policy, resolved by
 accelerate from `fsdp.yaml` as `accelerate launch` passes it on, finds the layer classes of every encoder type on
-both backbones; two processes sharding a model with FSDP2 (gloo) train it, and the end of a run gathers it,
-translates, saves and reloads it; DeepSpeed takes gradient accumulation and clipping from the training arguments;
-DDP does not search for unused parameters where every parameter is used."""
+both backbones; two processes (gloo) in which accelerate shards a model with FSDP2 train it, and the end of a run
+gathers it, translates, saves and reloads it; DeepSpeed takes gradient accumulation and clipping from the training
+arguments; DDP does not search for unused parameters where every parameter is used."""
 
 import copy
 import json
@@ -51,12 +51,10 @@ def layers(model) -> dict[str, torch.nn.Module]:
             for index, layer in enumerate(getattr(stack, "layers", None) or stack.block)}
 
 
-def launch_environment(config: Path, prepare, **extra) -> dict[str, str]:
+def launch_environment(config: Path, prepare) -> dict[str, str]:
     """The environment `accelerate launch --config_file config` gives the processes (ACCELERATE_* and FSDP_*)."""
     args, defaults, _ = _validate_launch_command(launch_command_parser().parse_args(
         ["--config_file", str(config), "train.py"]))
-    for name, value in extra.items():
-        setattr(args, name, value)
     if defaults.deepspeed_config:  # as `accelerate launch` does before starting DeepSpeed
         args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
     environment = prepare(args)
