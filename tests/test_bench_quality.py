@@ -474,3 +474,47 @@ def test_selection_budget_trains_both_budgets_and_chooses(dry_run, tmp_path, cap
     nested.write_text(json.dumps({"select": {"from": [str(selection)]}}))
     with pytest.raises(SystemExit, match="chooses among budgets that train"):
         bench_quality.main(["train", "--budget", str(nested)])
+
+
+class FakeRun:
+    """A started run (`subprocess.Popen`) that records its GPU and ends at its given poll."""
+
+    def __init__(self, started: list, ends_at: dict, command, env, **kwargs):
+        self.gpu, self.returncode, self.polls = env.get("CUDA_VISIBLE_DEVICES"), None, 0
+        self.ends_at = ends_at[command[-1]]
+        started.append((command[-1], self.gpu))
+
+    def poll(self):
+        self.polls += 1
+        if self.polls >= self.ends_at:
+            self.returncode = 0
+        return self.returncode
+
+
+@pytest.mark.parametrize("visible", [None, "4,6,7"])
+def test_runs_are_spread_over_the_gpus(tmp_path, monkeypatch, visible):
+    """`train --jobs 4` on 3 GPUs: each run sees one GPU (`CUDA_VISIBLE_DEVICES`, named as this process sees them),
+    the one that the fewest running runs use, so the first runs go round-robin and a run that ends frees its GPU for
+    the next; the CPU (`--device cpu`) and a GPU named by its index (`--device cuda:1`) leave the runs as they are."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(bench_quality.time, "sleep", lambda seconds: None)
+    # runs 1 and 3 (on the first and second GPU) end first
+    ends_at = {"run-0": 9, "run-1": 1, "run-2": 9, "run-3": 1, "run-4": 9, "run-5": 9}
+    pending = [(name, tmp_path / name, ["python", name]) for name in ends_at]
+    names = visible.split(",") if visible else ["0", "1", "2"]
+    for device, expected in [(None, [0, 1, 2, 0, 1, 0]), ("cuda", [0, 1, 2, 0, 1, 0]), ("cpu", None),
+                             ("cuda:1", None)]:
+        started = []
+        monkeypatch.setattr(bench_quality.subprocess, "Popen",
+                            lambda command, started=started, **kwargs: FakeRun(started, ends_at, command, **kwargs))
+        arguments = ["train", "--budget", "dry-run", "--root", str(tmp_path), "--jobs", "4"]
+        bench_quality.run_pending(bench_quality.parse_args(arguments + (["--device", device] if device else [])),
+                                  pending)
+        assert [name for name, _ in started] == list(ends_at)
+        gpus = [gpu for _, gpu in started]
+        assert gpus == ([names[index] for index in expected] if expected else [visible] * 6), device

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .benchmarking_rows import BASELINE, REPOSITORY, package_environment, resolve_rows
+from .benchmarking_rows import BASELINE, REPOSITORY, job_gpus, least_busy_gpu, package_environment, resolve_rows
 from .cli import positive_int
 from .evaluation import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, mean_std, paired_bootstrap
 
@@ -206,8 +206,9 @@ def pending_runs(args, name: str, budget: dict) -> list[tuple[str, Path, list[st
 
 
 def run_pending(args, pending: list[tuple[str, Path, list[str]]]) -> None:
-    """Run the commands of `pending_runs`, `--jobs` processes at a time, each writing its run folder's stdout.log."""
-    pending = list(pending)
+    """Run the commands of `pending_runs`, `--jobs` processes at a time, each writing its run folder's stdout.log;
+    on GPUs each process goes to the one that the fewest running processes use ([`least_busy_gpu`])."""
+    pending, gpus = list(pending), job_gpus(args.device)
     env = {**package_environment(), "TOKENIZERS_PARALLELISM": "false"}
     if args.threads:
         env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
@@ -216,13 +217,14 @@ def run_pending(args, pending: list[tuple[str, Path, list[str]]]) -> None:
         while pending and len(running) < args.jobs:
             label, run_dir, command = pending.pop(0)
             run_dir.mkdir(parents=True, exist_ok=True)
-            log = open(run_dir / "stdout.log", "a")
-            print(f"[bench_quality] start {label} → {run_dir}", flush=True)
-            running.append((label, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), log,
-                            time.time()))
+            log, gpu = open(run_dir / "stdout.log", "a"), least_busy_gpu(gpus, [entry[-1] for entry in running])
+            print(f"[bench_quality] start {label} → {run_dir}{f' on GPU {gpu}' if gpu else ''}", flush=True)
+            job_env = env if gpu is None else {**env, "CUDA_VISIBLE_DEVICES": gpu}
+            running.append((label, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=job_env), log,
+                            time.time(), gpu))
         time.sleep(1)
         for entry in list(running):
-            label, process, log, started = entry
+            label, process, log, started, _ = entry
             if process.poll() is None:
                 continue
             running.remove(entry)

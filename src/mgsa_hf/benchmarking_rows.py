@@ -82,3 +82,25 @@ def package_environment() -> dict[str, str]:
     (`python -m mgsa_hf.benchmarking_...`): the GPU machine has the repository, not the installed package."""
     package_parent = str(Path(__file__).resolve().parents[1])
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
+
+
+def job_gpus(device: str | None) -> list[str]:
+    """
+    The GPUs the benchmarks' child processes are spread over, as each child's `CUDA_VISIBLE_DEVICES` (its `cuda`
+    then being that GPU alone): every GPU this process sees (`torch.cuda.device_count()`, named as this process's
+    `CUDA_VISIBLE_DEVICES` names them) when the runs train on the GPU (`device` None or `"cuda"`); none for `"cpu"`,
+    a GPU named by its index (`"cuda:1"`) or a machine without one.
+    """
+    import torch
+
+    if device not in (None, "cuda") or not torch.cuda.is_available():
+        return []
+    count = torch.cuda.device_count()
+    visible = [gpu.strip() for gpu in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if gpu.strip()]
+    return visible[:count] if visible else [str(index) for index in range(count)]
+
+
+def least_busy_gpu(gpus: list[str], busy: list[str | None]) -> str | None:
+    """The GPU of `gpus` that the fewest running jobs use (`busy`: each running job's GPU), the first on a tie, so
+    jobs started together go round-robin; None without GPUs."""
+    return min(gpus, key=busy.count) if gpus else None

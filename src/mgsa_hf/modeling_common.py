@@ -508,27 +508,26 @@ def checkpoint_layer(checkpoint: Callable, layer_call: Callable, *args):
     ("Trying to backward through the graph a second time"), and the tensors inside a layer's [`MgsaLayerOutput`]
     (MG-SA's tag loss, PR's phrases), computed without grad, would get none. So the keyword tensors of `layer_call` (a
     `functools.partial`, as `GradientCheckpointingLayer` makes it) go in positionally, and the layer's contribution
-    comes out as a flat tuple.
+    (and the tensors after it: T5's position bias) comes out as a flat tuple.
     """
     if not isinstance(layer_call, partial):
         return checkpoint(layer_call, *args)
     keywords = dict(layer_call.keywords)
     tensor_names = [name for name, value in keywords.items() if isinstance(value, torch.Tensor)]
-    returns_contribution = False
+    passed_on = None  # with a contribution: how many outputs follow it
 
     def run(*inputs):
-        nonlocal returns_contribution
+        nonlocal passed_on
         layer_args, tensors = inputs[: len(args)], inputs[len(args) :]
         layer_keywords = {**keywords, **dict(zip(tensor_names, tensors, strict=True))}
         output = layer_call.func(*layer_call.args, *layer_args, **layer_keywords)
-        returns_contribution = (
-            isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], MgsaLayerOutput)
-        )
-        return (output[0], *output[1].to_tuple()) if returns_contribution else output
+        if isinstance(output, tuple) and len(output) >= 2 and isinstance(output[1], MgsaLayerOutput):
+            passed_on = len(output) - 2
+        return output if passed_on is None else (output[0], *output[2:], *output[1].to_tuple())
 
     output = checkpoint(run, *args, *(keywords[name] for name in tensor_names))
-    if returns_contribution:  # (hidden_states, *contribution) -> (hidden_states, MgsaLayerOutput)
-        return output[0], MgsaLayerOutput.from_tuple(output[1:])
+    if passed_on is not None:  # (hidden_states, *rest, *contribution) -> (hidden_states, MgsaLayerOutput, *rest)
+        return output[0], MgsaLayerOutput.from_tuple(output[1 + passed_on :]), *output[1 : 1 + passed_on]
     return output
 
 

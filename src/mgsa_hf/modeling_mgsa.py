@@ -211,6 +211,8 @@ class MgsaPreTrainedModel(CheckedWeightsMixin, VariantUpgradeMixin, WeightsCheck
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = True
+    # the default configuration's layer classes; a model's own are those its configuration builds (PR's carry the
+    # variant's mixin): what FSDP's transformer-based wrap policy and `device_map` keep whole
     _no_split_modules = ["MgsaEncoderLayer", "MgsaDecoderLayer"]
     # the class's value holds for the default configuration (tools read it before building a model); a model's own
     # follows its configuration (its variant's `compiles_fullgraph`)
@@ -220,6 +222,8 @@ class MgsaPreTrainedModel(CheckedWeightsMixin, VariantUpgradeMixin, WeightsCheck
         config.validate()  # a configuration changed after construction (its fields are checked one by one) as a whole
         super().__init__(config, *inputs, **kwargs)
         self._can_compile_fullgraph = config.variant.compiles_fullgraph(config)
+        self._no_split_modules = [config.variant.encoder_layer_class(MgsaEncoderLayer).__name__,
+                                  config.variant.decoder_layer_class(MgsaDecoderLayer).__name__]
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -432,6 +436,10 @@ class MgsaModel(MgsaSeq2SeqModelMixin, MgsaPreTrainedModel):
         self.encoder = MgsaEncoder(config)
         self.decoder = MgsaDecoder(config)
         self.post_init()
+        if config.share_encoder_decoder_embeddings:
+            # one module holds the shared weight, as `set_input_embeddings` leaves it (the tied weights are already
+            # one): FSDP2 then finds the weight in one group, with the input embeddings accelerate shards apart
+            self.encoder.embed_tokens = self.decoder.embed_tokens = self.shared
 
     def get_input_embeddings(self):
         return self.get_encoder().get_input_embeddings()

@@ -71,22 +71,19 @@ def extend_cache(past_key_values: Cache | None, num_layers: int) -> None:
                 cache.layers.append(DynamicLayer())
 
 
-def relative_position_bias(
-    attention: MgsaAttention, query_length: int, key_length: int, bidirectional: bool, past_length: int = 0
+def relative_positions(
+    config: MgsaT5Config, query_length: int, key_length: int, bidirectional: bool, past_length: int = 0, device=None
 ) -> torch.Tensor:
-    """T5's bucketed relative position bias (1, H, T, S) from the table `attention.relative_attention_bias`, for
-    queries at positions past_length..past_length + T - 1 and keys at 0..S - 1."""
-    table = attention.relative_attention_bias
-    config = attention.config
-    context = torch.arange(query_length, device=table.weight.device)[:, None] + past_length
-    memory = torch.arange(key_length, device=table.weight.device)[None, :]
-    buckets = T5Attention._relative_position_bucket(
+    """T5's relative position buckets (T, S) of queries at positions past_length..past_length + T - 1 and keys at
+    0..S - 1: the ids the first block looks its position bias up with ([`MgsaT5Block.position_bias`])."""
+    context = torch.arange(query_length, device=device)[:, None] + past_length
+    memory = torch.arange(key_length, device=device)[None, :]
+    return T5Attention._relative_position_bucket(
         memory - context,
         bidirectional=bidirectional,
         num_buckets=config.relative_attention_num_buckets,
         max_distance=config.relative_attention_max_distance,
     )
-    return table(buckets).permute(2, 0, 1).unsqueeze(0)
 
 
 class MgsaT5LayerSelfAttention(nn.Module):
@@ -171,6 +168,18 @@ class MgsaT5Block(MgsaCheckpointingLayer):
     def feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return clamp_inf(self.layer[-1](hidden_states))
 
+    def position_bias(self, position_bias: torch.Tensor | None, relative_positions: torch.Tensor) -> torch.Tensor:
+        """
+        The relative position bias (1, H, T, S) of the self-attention: `position_bias` as the block before passed it
+        on, or, in the first block (which owns T5's table), the table's rows for the bucket ids `relative_positions`
+        (T, S). The first block looks it up inside its own forward and returns it for the next: FSDP gathers a
+        block's parameters for that block's forward only, and the table's gradient comes back through it.
+        """
+        if position_bias is not None:
+            return position_bias
+        table = self.layer[0].SelfAttention.relative_attention_bias
+        return table(relative_positions.to(table.weight.device)).permute(2, 0, 1).unsqueeze(0)
+
 
 class MgsaT5EncoderBlock(MgsaT5Block):
     """T5's encoder block: self-attention (plain, or the variant's on `config.variant_layers`) → feed-forward."""
@@ -186,16 +195,19 @@ class MgsaT5EncoderBlock(MgsaT5Block):
         attention_mask: torch.Tensor | None,
         syntax: MgsaSyntaxInputs | None = None,
         position_bias: torch.Tensor | None = None,
+        relative_positions: torch.Tensor | None = None,
         **kwargs,
-    ) -> tuple[torch.Tensor, MgsaLayerOutput]:
+    ) -> tuple[torch.Tensor, MgsaLayerOutput, torch.Tensor]:
         """
-        hidden_states (B, L, D), attention_mask for (B, 1, L, L) or None, position_bias (1, H, L, L), `syntax` what
-        the self-attention reads → `(hidden_states (B, L, D), what the self-attention contributed)`.
+        hidden_states (B, L, D), attention_mask for (B, 1, L, L) or None, position_bias (1, H, L, L) (None in the
+        first block, which looks it up for `relative_positions`, see [`position_bias`]), `syntax` what the
+        self-attention reads → `(hidden_states (B, L, D), what the self-attention contributed, position_bias)`.
         """
+        position_bias = self.position_bias(position_bias, relative_positions)
         hidden_states, contribution = self.layer[0](
             hidden_states, attention_mask, syntax=syntax, position_bias=position_bias, **kwargs
         )
-        return self.feed_forward(clamp_inf(hidden_states)), contribution
+        return self.feed_forward(clamp_inf(hidden_states)), contribution, position_bias
 
 
 class MgsaT5DecoderBlock(MgsaT5Block):
@@ -234,14 +246,20 @@ class MgsaT5DecoderBlock(MgsaT5Block):
         encoder_attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         position_bias: torch.Tensor | None = None,
+        relative_positions: torch.Tensor | None = None,
         **kwargs,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """
         Args:
             hidden_states: (B, T, D); attention_mask: causal mask for (B, 1, T, T_past + T) or None.
-            position_bias: (1, H, T, T_past + T) relative position bias of the self-attention.
+            position_bias: (1, H, T, T_past + T) relative position bias of the self-attention; None in the first
+                block, which looks it up for `relative_positions` ([`position_bias`]).
             kwargs: extra source memories a variant's block reads (PR: `encoder_phrase_states`, `encoder_phrase_mask`).
+
+        Returns:
+            `(hidden_states (B, T, D), position_bias)`.
         """
+        position_bias = self.position_bias(position_bias, relative_positions)
         hidden_states, _ = self.layer[0](
             hidden_states, attention_mask, position_bias=position_bias, past_key_values=past_key_values
         )
@@ -250,7 +268,7 @@ class MgsaT5DecoderBlock(MgsaT5Block):
             hidden_states = self.cross_attention(
                 hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values, **kwargs
             )
-        return self.feed_forward(hidden_states)
+        return self.feed_forward(hidden_states), position_bias
 
 
 def build_encoder_block(config: MgsaT5Config, layer_idx: int) -> MgsaT5EncoderBlock:
@@ -270,6 +288,7 @@ class MgsaT5PreTrainedModel(CheckedWeightsMixin, VariantUpgradeMixin, WeightsChe
     config: MgsaT5Config
     config_class = MgsaT5Config
     base_model_prefix = "transformer"
+    # as on the Marian backbone: the default configuration's blocks, and a model's own from its configuration
     _no_split_modules = ["MgsaT5EncoderBlock", "MgsaT5DecoderBlock"]
     # the relative position bias is added to the logits, which flash attention cannot take
     _supports_flash_attn = False
@@ -282,6 +301,8 @@ class MgsaT5PreTrainedModel(CheckedWeightsMixin, VariantUpgradeMixin, WeightsChe
         config.validate()  # a configuration changed after construction (its fields are checked one by one) as a whole
         super().__init__(config, *inputs, **kwargs)
         self._can_compile_fullgraph = config.variant.compiles_fullgraph(config)
+        self._no_split_modules = [config.variant.encoder_layer_class(MgsaT5EncoderBlock).__name__,
+                                  config.variant.decoder_layer_class(MgsaT5DecoderBlock).__name__]
 
     def t5_weight_stds(self) -> dict[int, float]:
         """The std T5 draws each of its linear and embedding weights with (module id → std): its attention scheme for
@@ -402,14 +423,14 @@ class MgsaT5Encoder(MgsaT5Stack):
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
         )
         length = inputs_embeds.shape[1]
-        bias_table = self.block[0].layer[0].SelfAttention
-        position_bias = relative_position_bias(bias_table, length, length, bidirectional=True)
+        positions = relative_positions(self.config, length, length, bidirectional=True, device=inputs_embeds.device)
         hidden_states = self.dropout(inputs_embeds)
         block_syntax = self.config.variant.layer_inputs(self.config, syntax, hidden_states)
-        block_outputs = []
+        block_outputs, position_bias = [], None  # the first block looks the bias up, the others take it from it
         for block in self.block:
-            hidden_states, contribution = block(
-                hidden_states, attention_mask, syntax=block_syntax, position_bias=position_bias, **kwargs
+            hidden_states, contribution, position_bias = block(
+                hidden_states, attention_mask, syntax=block_syntax, position_bias=position_bias,
+                relative_positions=positions, **kwargs
             )
             block_outputs.append(contribution)
         hidden_states = self.dropout(self.final_layer_norm(hidden_states))
@@ -473,24 +494,31 @@ class MgsaT5Decoder(MgsaT5Stack):
         # the keys the self-attention sees: the past and new tokens, or a static cache's every slot (its length a
         # number even where the past length is a tensor)
         key_length = self_attn_cache.get_mask_sizes(length, 0)[0] if self_attn_cache is not None else length
-        position_bias = relative_position_bias(
-            self.block[0].layer[0].SelfAttention, length, key_length, bidirectional=False, past_length=past_length
+        positions = relative_positions(
+            self.config, length, key_length, bidirectional=False, past_length=past_length, device=inputs_embeds.device
         )
-        hidden_states = self.dropout(inputs_embeds)
+        hidden_states, position_bias = self.dropout(inputs_embeds), None  # the first block looks the bias up
         for block in self.block:
-            hidden_states = block(
+            hidden_states, position_bias = block(
                 hidden_states,
                 causal_mask,
                 encoder_hidden_states,  # positional for gradient checkpointing
                 encoder_attention_mask=encoder_attention_mask,
                 past_key_values=past_key_values,
                 position_bias=position_bias,
+                relative_positions=positions,
                 **kwargs,
             )
         hidden_states = self.dropout(self.final_layer_norm(hidden_states))
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states, **{OUTPUT_CACHE_FIELD: past_key_values}
         )
+
+
+def share_embedding_module(model) -> None:
+    """Make `shared` the stacks' `embed_tokens` module, as `set_input_embeddings` does (their weights are already tied
+    into one): FSDP2 then finds the weight in one group, with the input embeddings that accelerate shards apart."""
+    model.encoder.embed_tokens = model.decoder.embed_tokens = model.shared
 
 
 class MgsaT5Model(MgsaSeq2SeqModelMixin, MgsaT5PreTrainedModel):
@@ -508,6 +536,7 @@ class MgsaT5Model(MgsaSeq2SeqModelMixin, MgsaT5PreTrainedModel):
         self.encoder = MgsaT5Encoder(config)
         self.decoder = MgsaT5Decoder(config)
         self.post_init()
+        share_embedding_module(self)
 
     def get_input_embeddings(self):
         return self.shared
@@ -549,6 +578,7 @@ class MgsaT5ForConditionalGeneration(
         self.decoder = MgsaT5Decoder(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
+        share_embedding_module(self)
 
     def get_input_embeddings(self):
         return self.shared

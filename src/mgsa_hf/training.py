@@ -528,7 +528,7 @@ def _collapse_guard(config: TrainConfig, processed, collator):
 
 def train(config: TrainConfig, callbacks: list | None = None):
     """Run the whole recipe; returns `(results, model)`: the results written to the run folder's `results.json` and the
-    trained model (on every process). `callbacks` are `TrainerCallback`s added to the Trainer. With
+    trained model (FSDP: gathered on the main process). `callbacks` are `TrainerCallback`s added to the Trainer. With
     `collapse_check_step`, a run whose encoder has collapsed by that step starts again with the next seed, at most
     `collapse_restarts` times (the results list them under `restarts`). With `training.push_to_hub` the saved model
     folder is uploaded to the Hub repository `training.hub_model_id` (else one named after the folder; the results
@@ -550,6 +550,7 @@ def _train(config: TrainConfig, training_args, callbacks, claim):
     from transformers import set_seed
 
     from .data_collator import MgsaDataCollator
+    from .distributed import ddp_find_unused_parameters, model_for_main_process
     from .evaluation import build_compute_metrics
     from .model_card import build_model_card
     from .trainer_mgsa import MgsaSeq2SeqTrainer
@@ -562,6 +563,7 @@ def _train(config: TrainConfig, training_args, callbacks, claim):
     for attempt in range(config.collapse_restarts + 1):
         set_seed(training_args.seed)  # the new modules' initialisation, as the Trainer seeds the rest
         model = build_model(config, tokenizer)
+        training_args.ddp_find_unused_parameters = ddp_find_unused_parameters(model, config.training)
         collator = MgsaDataCollator(tokenizer=tokenizer, model=model)
         guard = _collapse_guard(config, processed, collator) if attempt < config.collapse_restarts else None
         trainer = MgsaSeq2SeqTrainer(  # keeps MG-SA's tag loss under label smoothing
@@ -594,6 +596,7 @@ def _train(config: TrainConfig, training_args, callbacks, claim):
                "train_loss": train_output.training_loss, "seed": training_args.seed}
     if restarts:
         results["restarts"] = restarts
+    trainer.model = model_for_main_process(trainer.model, training_args.device)  # every process: FSDP gathers it
     if trainer.is_world_process_zero():
         # the main process translates validation and test in corpus order and saves; the others are done
         _set_generation_settings(trainer.model, training_args)

@@ -384,7 +384,8 @@ class PhraseRepresentationEncoderMixin:
             syntax: the batch's [`PhraseRepresentationInputs`] (the encoder makes them once per forward).
 
         Returns:
-            `(hidden_states (B, L, D), MgsaLayerOutput with this layer's phrase_states and the phrase_mask)`.
+            `(hidden_states (B, L, D), MgsaLayerOutput with this layer's phrase_states and the phrase_mask, *what the
+            backbone's layer returns after its contribution)` (T5: the position bias it passes on).
         """
         require_inputs(syntax, PhraseRepresentationInputs, self)
         segmentation = syntax.segmentation
@@ -395,13 +396,14 @@ class PhraseRepresentationEncoderMixin:
             return self.phrase_combination(states, phrase_states[-1], syntax.phrase_attention_mask)
 
         hidden_states = self.sublayer(hidden_states, combine_with_phrases, self.phrase_combination_layer_norm)
-        hidden_states, _ = super().forward(hidden_states, attention_mask, syntax=syntax, **kwargs)
+        hidden_states, _, *passed_on = super().forward(hidden_states, attention_mask, syntax=syntax, **kwargs)
         if self.is_last:
             states = hidden_states if self.output_phrase_layer_norm is None else self.output_phrase_layer_norm(
                 hidden_states
             )
             phrase_states.append(self.output_phrase_pooling(states, segmentation))
-        return hidden_states, MgsaLayerOutput(phrase_states=tuple(phrase_states), phrase_mask=segmentation.mask)
+        contribution = MgsaLayerOutput(phrase_states=tuple(phrase_states), phrase_mask=segmentation.mask)
+        return hidden_states, contribution, *passed_on
 
     def init_as_identity(self) -> bool:
         """Start the phrase sub-layer at 0 ([`AttentivePhraseCombination.init_as_identity`]); whether the layer then
