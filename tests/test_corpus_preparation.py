@@ -159,3 +159,35 @@ def test_scored_splits_are_translated_whole(tmp_path):
     assert saved["scores"][1]["cut_sources"] == longer
     assert f"{longer} of test_2016_flickr's were longer than the model's 24 positions" in \
         (tmp_path / "model" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("layout", ["parquet", "save_to_disk"])
+def test_a_folder_of_arrow_tables_is_a_corpus(tmp_path, layout):
+    """A folder of `{split}.parquet` files (a column per language) or a `save_to_disk` folder (a `translation`
+    column) is prepared as the same text files are; a stream is refused by name where a whole dataset is needed."""
+    from datasets import DatasetDict, IterableDataset
+
+    from mgsa_hf.trainer_mgsa import MgsaSeq2SeqTrainer
+
+    text = load_parallel_corpus(DATA, "en", "de", {"train": "train", "validation": "val"})
+    text = DatasetDict({split: data.select(range(24)) for split, data in text.items()})
+    folder = tmp_path / "tables"
+    if layout == "parquet":
+        folder.mkdir()
+        for split, name in (("train", "train"), ("validation", "val")):
+            text[split].flatten().rename_columns({"translation.en": "en", "translation.de": "de"}).to_parquet(
+                str(folder / f"{name}.parquet"))
+    else:
+        DatasetDict({"train": text["train"], "val": text["validation"]}).save_to_disk(str(folder))
+    config = recipe(tmp_path, f"data={folder}", "splits={train: train, validation: val}", "max_train_samples=null",
+                    "model.encoder_type=transformer")
+    corpus, _, processed = prepare(config)
+    assert corpus["train"][:] == text["train"][:] and processed["validation"].num_rows == 8  # max_eval_samples
+    stream = IterableDataset.from_generator(lambda: iter(processed["train"]))
+    processor = prepare(config)[1]
+    with pytest.raises(TypeError, match="IterableDataset.*stream"):
+        processor.map_dataset(stream, "en")
+    trainer = MgsaSeq2SeqTrainer.__new__(MgsaSeq2SeqTrainer)
+    trainer.max_tokens_per_batch, trainer.train_dataset = 300, stream
+    with pytest.raises(TypeError, match="max_tokens_per_batch.*IterableDataset"):
+        trainer.get_train_dataloader()

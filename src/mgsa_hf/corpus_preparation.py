@@ -57,7 +57,7 @@ def corpus_parts(config) -> dict:
     """What decides the corpus step's content (see the module's docstring), from a [`TrainConfig`]."""
     source = Path(config.data)
     if source.is_dir():
-        files = sorted(path for path in source.iterdir() if path.is_file())
+        files = sorted(path for path in source.rglob("*") if path.is_file())
         data = [file_identity(path) for path in files]
     elif source.is_file():
         data = [file_identity(source)]
@@ -155,14 +155,16 @@ def _text_pairs(source_file: str, target_file: str, src_lang: str, tgt_lang: str
 
 def _read_split(config, name: str, corpus_split: str, cache_dir: Path):
     """One split of a folder of `{split}.{lang}[.gz]` files as an Arrow-backed `Dataset` in `cache_dir`, read in
-    batches; `None` when the folder holds the split as JSONL (read by [`load_parallel_corpus`])."""
+    batches; `None` when the folder holds the split as JSONL or Arrow tables (read by [`load_parallel_corpus`])."""
     from datasets import Dataset, Features, Value
     from datasets.exceptions import DatasetGenerationError
 
     from .data import find_split_file
 
     folder = Path(config.data)
-    if (folder / f"{corpus_split}.jsonl").is_file():
+    tables = [folder / "dataset_dict.json", *(folder / f"{corpus_split}.{suffix}" for suffix in ("jsonl", "parquet",
+                                                                                                   "arrow"))]
+    if any(path.is_file() for path in tables):  # read by `load_parallel_corpus`
         return None
     limit = {"train": config.max_train_samples, "validation": config.max_eval_samples,
              "test": config.max_test_samples}.get(name)

@@ -1,4 +1,5 @@
-"""Parallel corpora: a folder of `{split}.{lang}[.gz]` files (e.g. Multi30k), a JSONL file, or a Hub dataset id.
+"""Parallel corpora: a folder of `{split}.{lang}[.gz]` files (e.g. Multi30k), of `{split}.jsonl` files or of Arrow
+tables (`{split}.parquet`, `{split}.arrow`, or a `save_to_disk` folder), a JSONL file, or a Hub dataset id.
 
 Every loader returns a `datasets.DatasetDict` whose splits have a `translation` column of `{src_lang: ..., tgt_lang:
 ...}` dicts, the layout of Hub translation datasets, and, when trees of the source sentences are given (tree files or
@@ -99,7 +100,9 @@ def load_parallel_corpus(
     Load a parallel corpus, and optionally PTB trees of its source sentences.
 
     Args:
-        source: a folder of `{split}.{lang}[.gz]` files, a folder of `{split}.jsonl` files, a `.jsonl` file (used
+        source: a folder of `{split}.{lang}[.gz]` files, of `{split}.jsonl` files or of Arrow tables (a
+            `{split}.parquet` or `{split}.arrow` file per split, or a `save_to_disk` folder: a `translation` column or
+            a column per language, as for the Hub), a `.jsonl` file (used
             for the train split) or a Hub dataset id (needs network access) whose splits have a `translation` column
             or a column per language (e.g. `bentrevett/multi30k`: `en`, `de`).
         src_lang, tgt_lang: language codes, e.g. `"en"`, `"de"`.
@@ -130,7 +133,10 @@ def load_parallel_corpus(
         raise ValueError(f"tree_column must be the name of a field of the data, got {tree_column!r}.")
     wanted = {name: corpus_split for name, corpus_split in splits.items() if corpus_split}
     path = Path(source)
-    if path.is_dir():
+    if path.is_dir() and (tables := _table_files(path, wanted.values())) is not None:
+        corpus = DatasetDict({name: _hub_split(tables[corpus_split], name, src_lang, tgt_lang, tree_column)
+                              for name, corpus_split in wanted.items()})
+    elif path.is_dir():
         def read(corpus_split):
             jsonl = path / f"{corpus_split}.jsonl"
             if jsonl.is_file():
@@ -162,6 +168,35 @@ def load_parallel_corpus(
         corpus = DatasetDict({name: _hub_split(hub[corpus_split], name, src_lang, tgt_lang, tree_column)
                               for name, corpus_split in wanted.items()})
     return _with_tree_files(corpus, tree_files, src_lang) if tree_files else corpus
+
+
+def _table_files(folder: Path, corpus_splits) -> DatasetDict | None:
+    """The splits of a folder of Arrow tables: a `DatasetDict` saved with `save_to_disk` (its `dataset_dict.json`),
+    or a `{split}.parquet` / `{split}.arrow` file per split, read memory-mapped; None for a folder of text or JSONL
+    files.
+
+    Raises:
+        `ValueError` naming the splits that the folder lacks.
+    """
+    from datasets import load_from_disk
+
+    if (folder / "dataset_dict.json").is_file():
+        tables = load_from_disk(str(folder))
+    else:
+        files = {split: [folder / f"{split}.{suffix}" for suffix in ("parquet", "arrow")
+                         if (folder / f"{split}.{suffix}").is_file()] for split in corpus_splits}
+        if not any(files.values()):
+            return None
+        missing = sorted(split for split, found in files.items() if not found)
+        if missing:
+            raise ValueError(f"{folder} holds Parquet/Arrow splits but none named {missing} "
+                             "({split}.parquet or {split}.arrow).")
+        tables = DatasetDict({split: load_dataset(found[0].suffix[1:], data_files=str(found[0]), split="train")
+                              for split, found in files.items()})
+    missing = sorted(set(corpus_splits) - set(tables))
+    if missing:
+        raise ValueError(f"the dataset saved in {folder} has no split(s) {missing}; it has {sorted(tables)}.")
+    return tables
 
 
 def _hub_split(split: Dataset, name: str, src_lang: str, tgt_lang: str, tree_column: str | None) -> Dataset:
