@@ -48,7 +48,10 @@ def content_key(parts: dict) -> str:
 
 
 def file_identity(path: str | Path) -> dict:
-    """A local file's absolute path, size and modification time: what names its content without reading it."""
+    """A local file's absolute path, size and modification time: what names its content without reading it (a file
+    that does not exist is named as such: reading the corpus then says so)."""
+    if not Path(path).is_file():
+        return {"path": str(path), "missing": True}
     stat = Path(path).stat()
     return {"path": str(Path(path).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 

@@ -648,8 +648,9 @@ def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores
     )
     with staged_folder(output_dir, replaces=(*MODEL_FILES, *PROCESSOR_FILES, "README.md")) as staging:
         trainer.model.save_pretrained(staging)  # with the model's code, the translation pipeline's included
-        # `truncation=True` (the pipeline's, the processor's) then cuts sources where the recipe did
-        processor.tokenizer.model_max_length = config.max_source_length
+        # `truncation=True` (the pipeline's, the processor's) then cuts sources where the scored splits were cut:
+        # at the model's positions (the recipe's `max_source_length` cuts the training split only)
+        processor.tokenizer.model_max_length = source_position_limit(config) or processor.tokenizer.model_max_length
         processor.save_pretrained(staging)
         card.save(staging / "README.md")
     if hub_repo_id:  # the whole model folder, as `hf upload` would

@@ -271,6 +271,14 @@ class AttentivePhrasePooling(nn.Module):
         return torch.bmm(weights, hidden_states)  # Eq. 5
 
 
+class PhraseAttention(MgsaAttention):
+    """The tokens' multi-head attention over their sentence's phrases (Eq. 7), fewer keys than queries. Backends:
+    `eager` and `sdpa`; flex attention's kernel gave NaN here on CPU (torch 2.13), so it raises instead of returning
+    wrong tensors."""
+
+    supported_attn_implementations = ("eager", "sdpa")
+
+
 class AttentivePhraseCombination(nn.Module):
     """
     The attentive combination network (Section 3.2): multi-head cross-attention from the tokens (queries) to the
@@ -299,7 +307,7 @@ class AttentivePhraseCombination(nn.Module):
         embed_dim = config.d_model
         hidden_dim = config.pr_combination_dim or 3 * embed_dim
         # a key bias adds the same logit to every phrase of a query, which the softmax ignores
-        self.attn = MgsaAttention(
+        self.attn = PhraseAttention(
             config, num_heads, is_decoder=is_decoder, layer_idx=layer_idx, key_bias=False, output_dim=hidden_dim
         )
         self.combine_token = nn.Linear(embed_dim, hidden_dim, bias=self.attn.output_proj.bias is None)  # W3_x (b3)
