@@ -8,10 +8,10 @@ step, on corpora made from Multi30k (train repeated, each copy's lines made dist
 Measured:
 * `prepare`: `mgsa-hf prepare` of an RHE recipe (spaCy parse + tokenizer) with 1 and 2 worker processes: seconds,
   CPU seconds, pairs per second, the peak memory of each process;
-* `launch`: for each corpus size, a first launch (the main process prepares the tokenized corpus, the other waits)
-  and a second one into another `output_dir` with the same `prepared_dir` (both read it), each process's seconds to
-  its first training step and peak memory (a transformer, which reads no syntax: the memory that grows with the
-  corpus is the corpus's, the parse adds a fixed amount per worker).
+* `launch`: for each corpus size, a first launch (the main process trains the tokenizer and prepares the tokenized
+  corpus, the other waits) and a second one of the same recipe (`overwrite_output_dir=true`: both processes read what
+  the first prepared), each process's seconds to its first training step and peak memory: a transformer (no parse)
+  at every size, RHE (the main process parses) at the `--parse-sizes`.
 """
 
 import argparse
@@ -41,6 +41,10 @@ def parse_args():
     parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 100_000, 290_000], help="corpus pairs")
     parser.add_argument("--parse-pairs", type=int, default=4000, help="pairs of the parse throughput runs")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker processes of the parse runs")
+    parser.add_argument("--launch-types", nargs="+", default=["transformer", "rhe"],
+                        help="encoder types of the launches (rhe: its corpus is parsed)")
+    parser.add_argument("--parse-sizes", type=int, nargs="+", default=[20_000, 100_000],
+                        help="corpus sizes of the launches of types that parse")
     return parser.parse_args()
 
 
@@ -69,21 +73,28 @@ def main():
                         "cpu_seconds_per_pair": round(measured["cpu_seconds"] / args.parse_pairs, 5)}
         save()
         print(key, results[key])
-    for size in args.sizes:
+    runs = [(encoder_type, size) for encoder_type in args.launch_types
+            for size in (args.sizes if encoder_type in ("transformer", "hybrid") else args.parse_sizes)]
+    for encoder_type, size in runs:
         corpus = make_corpus(args.multi30k, args.work / f"corpus-{size}", size)
-        prepared = args.work / f"prepared-{size}"
+        prepared = args.work / f"prepared-{encoder_type}-{size}"
         for launch in ("first", "second"):
-            key = f"launch/transformer/{size}/{launch}"
+            key = f"launch/{encoder_type}/{size}/{launch}"
             if key in results:
                 continue
             if launch == "first":
                 shutil.rmtree(prepared, ignore_errors=True)
-            run = args.work / f"run-{size}-{launch}"
-            for folder in (run, run.parent / f"{run.name}-run", run.parent / f"{run.name}-records"):
-                shutil.rmtree(folder, ignore_errors=True)
+            run = args.work / f"run-{encoder_type}-{size}"
+            if launch == "first":
+                for folder in (run, run.parent / f"{run.name}-run"):
+                    shutil.rmtree(folder, ignore_errors=True)
+            # the second launch repeats the first into its folders (replacing its model; the run's tokenizer and the
+            # prepared corpus stay), as a relaunch of the recipe does
+            again = ["overwrite_output_dir=true"] if launch == "second" else []
             recipe = [f"data={corpus}", f"output_dir={run}", f"prepared_dir={prepared}",
-                      "model.encoder_type=transformer", *RECIPE]
-            records = run.parent / f"{run.name}-records"
+                      f"model.encoder_type={encoder_type}", *RECIPE, *again]
+            records = run.parent / f"{run.name}-{launch}-records"
+            shutil.rmtree(records, ignore_errors=True)
             measured = measure_command(first_step_command(REPO, records, recipe, 29581), env=env, cwd=args.work)
             ranks = [json.loads((records / f"rank{rank}.json").read_text()) for rank in (0, 1)]
             results[key] = {"seconds": measured["seconds"], "ranks": ranks}
