@@ -1,5 +1,5 @@
-"""Offline translation metrics (sacreBLEU BLEU and chrF), the paired bootstrap test between systems, and checkpoint
-averaging."""
+"""Offline translation metrics (sacreBLEU BLEU and chrF), the tests between systems (a paired bootstrap over test
+sentences, a t-test over training seeds) and checkpoint averaging."""
 
 import json
 from pathlib import Path
@@ -93,6 +93,46 @@ def paired_bootstrap(baseline: list[list[str]], system: list[list[str]], referen
         "delta_95ci": [round(float(np.percentile(signed, 2.5)), 2), round(float(np.percentile(signed, 97.5)), 2)],
         "p_value": round(float(p_value), 4),
     }
+
+
+def seed_level_test(baseline: list[float], system: list[float], confidence: float = 0.95,
+                    equal_var: bool = True) -> dict:
+    """
+    Student's two-sample t-test over seed-level scores: each training seed is one observation (its corpus score on
+    the whole test set), so the null hypothesis is "the same recipe, another seed": both groups are draws of one
+    distribution, with one variance, for which the pooled-variance test is exact when seed scores are normal,
+    whatever the number of seeds (2 or more per row). The paired bootstrap above resamples test sentences only; its
+    p-value ignores training variance, and on two seeds of one recipe it calls differences of 0.5-0.9 BLEU
+    "significant". Welch's unequal-variance form is conservative here (p < 0.05 in about 3% of same-recipe
+    comparisons at 3 seeds a row); `scripts/seed_test_calibration.py` measures both rates.
+
+    Args:
+        baseline, system: one corpus score per seed (BLEU or chrF), in any order (seeds are not paired).
+        confidence: the level of the interval of the difference.
+
+    Returns: `delta` (mean system − mean baseline), its interval `delta_ci`, `p_value` (two-sided), `df` (n₁ + n₂ −
+    2, or Welch–Satterthwaite's) and the seed counts; `p_value` and `delta_ci` are None below two seeds on either
+    side, where seed variance cannot be estimated.
+    """
+    from scipy import stats  # the quality benchmark's dependency (dev extra), not the models'
+
+    baseline, system = np.asarray(baseline, dtype=float), np.asarray(system, dtype=float)
+    if not len(baseline) or not len(system):
+        raise ValueError(f"need at least one seed per system, got {len(baseline)} and {len(system)}.")
+    result = {"test": f"{'Student' if equal_var else 'Welch'} t-test over seeds",
+              "delta": round(float(system.mean() - baseline.mean()), 2), "seeds": [len(baseline), len(system)],
+              "delta_ci": None, "p_value": None, "df": None}
+    if min(len(baseline), len(system)) < 2:
+        return result
+    if np.ptp(baseline) == 0 and np.ptp(system) == 0:
+        # no seed variance at all (identical runs): the difference is exact
+        result.update(p_value=1.0 if result["delta"] == 0 else 0.0, delta_ci=[result["delta"]] * 2)
+        return result
+    test = stats.ttest_ind(system, baseline, equal_var=equal_var)
+    low, high = test.confidence_interval(confidence)
+    result.update(p_value=round(float(test.pvalue), 4), delta_ci=[round(float(low), 2), round(float(high), 2)],
+                  df=round(float(test.df), 2))
+    return result
 
 
 def mean_std(values: list[float]) -> dict:
