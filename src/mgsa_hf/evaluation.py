@@ -96,6 +96,8 @@ def paired_bootstrap(baseline: list[list[str]], system: list[list[str]], referen
 
 
 def mean_std(values: list[float]) -> dict:
+    """`{"mean", "std", "values"}` of per-seed scores, rounded to 2 places; `std` (sample, ddof 1) is `None` for one
+    value."""
     values = np.asarray(values, dtype=float)
     return {"mean": round(float(values.mean()), 2),
             "std": round(float(values.std(ddof=1)), 2) if len(values) > 1 else None,

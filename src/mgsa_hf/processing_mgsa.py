@@ -279,6 +279,7 @@ class MgsaProcessor(ProcessorMixin):
 
     @property
     def model_input_names(self) -> list[str]:
+        """The tokenizer's input names, then the source syntax fields when the processor parses."""
         syntax_fields = list(SOURCE_SYNTAX_PAD_VALUES) if self.with_syntax else []
         return list(self.tokenizer.model_input_names) + syntax_fields
 

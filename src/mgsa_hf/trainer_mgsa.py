@@ -179,6 +179,7 @@ class TokenBatchSampler(Sampler):
         self._num_batches = batches - batches % num_replicas
 
     def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch that seeds the next iteration's batch order (as `DistributedSampler.set_epoch`)."""
         self.epoch = epoch
 
     def __iter__(self):
