@@ -94,7 +94,8 @@ def public_definitions():
             if isinstance(target, ast.Attribute) and target.attr == "__doc__" and isinstance(target.value, ast.Name)
         }
         for node in tree.body:
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or node.name.startswith("_"):
+            definition = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            if not definition or node.name.startswith("_"):
                 continue
             yield module_name(path), None, node.name, node if node.name not in assigned else None
             if isinstance(node, ast.ClassDef):
