@@ -500,7 +500,8 @@ class MgsaProcessor(ProcessorMixin):
             remove_columns (`bool`, defaults to `True`): drop the dataset's own columns from the result.
             cache_dir (`str`, *optional*): the folder of the result's Arrow files (by default `datasets`' own: the
                 data's folder, or memory for data held in memory).
-            **processor_kwargs (`dict`): `max_length`, `max_target_length`, `truncation` of [`~MgsaProcessor.__call__`].
+            **processor_kwargs (`dict`): `max_length`, `max_target_length`, `truncation` of
+                [`~MgsaProcessor.__call__`].
         """
         from datasets import DatasetDict
         from datasets.fingerprint import Hasher
