@@ -71,6 +71,7 @@ class GateStatistics:
 
     @classmethod
     def empty(cls, layers: list[int]) -> "GateStatistics":
+        """Statistics with nothing counted yet, for the hybrid layers `layers`."""
         return cls(list(layers), torch.zeros(len(layers), len(UNIVERSAL_TAGS)), torch.zeros(len(UNIVERSAL_TAGS)))
 
     def update(self, gates: tuple[torch.Tensor, ...], word_ids: torch.LongTensor, word_tags: list[list[str]]):

@@ -208,6 +208,7 @@ class MgsaConfig(MgsaVariantConfig, MarianConfig):
         return self.init_std
 
     def validate_heads_divide_width(self):
+        """Each attention's head count divides `d_model` (Marian splits the width evenly over the heads)."""
         for field, heads in (("encoder_attention_heads", self.encoder_attention_heads),
                              ("decoder_attention_heads", self.decoder_attention_heads)):
             if self.d_model % heads:
@@ -244,6 +245,7 @@ class MgsaT5Config(MgsaVariantConfig, T5Config):
         return self.initializer_factor * self.d_model**-0.5
 
     def validate_backbone_sizes(self):
+        """The backbone's sizes are positive, T5's `d_kv` (the width of one head) included."""
         super().validate_backbone_sizes()
         if isinstance(self.d_kv, bool) or self.d_kv < 1:
             raise ValueError(f"`d_kv` must be a positive integer, got {self.d_kv!r}.")

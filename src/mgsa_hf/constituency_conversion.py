@@ -140,10 +140,14 @@ def word_dep_tags(tags, deps) -> list[str]:
 
 
 def head_features(tag, dep, parent_tag) -> list[str]:
+    """The features of a head word: its tag, with its dependency label and with its parent's tag."""
     return ["bias", f"t={tag}", f"td={tag}|{dep}", f"tp={tag}|{parent_tag}"]
 
 
 def chain_features(tag, dep, a, b, full, inside_left, outside_left, inside_right, outside_right, subject) -> list[str]:
+    """The features of a grid point (see [`head_points`]): the head's nearest `a` left and `b` right dependents (capped
+    at 3), `full` (1: all left ones, 2: all right ones, 3: both), the dependents just inside and just outside the
+    point on each side (`"{dep}/{tag}"`, `^` / `$` at the ends) and where the subject is."""
     return [
         f"tab={tag}|{a},{b}|{full}",
         f"full={full}",
@@ -165,6 +169,7 @@ def chain_features(tag, dep, a, b, full, inside_left, outside_left, inside_right
 
 
 def span_features(length, first_tag, last_tag, before_tag, after_tag) -> list[str]:
+    """The features of a constituent's span: its length, the tags at its edges and the tags just outside it."""
     return [f"len={length}", f"edges={first_tag}|{last_tag}", f"around={before_tag}|{after_tag}"]
 
 

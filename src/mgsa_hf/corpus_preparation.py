@@ -74,6 +74,7 @@ def corpus_parts(config) -> dict:
 
 
 def is_prepared(folder: Path) -> bool:
+    """Whether `folder` is a complete preparation step (its marker file is written last)."""
     return (folder / MARKER).is_file()
 
 

@@ -20,6 +20,8 @@ TREE_COLUMN = "source_tree"
 
 
 def find_split_file(folder: Path, split: str, lang: str) -> Path:
+    """The file `{split}.{lang}` or `{split}.{lang}.gz` of `folder`; `FileNotFoundError` naming both when neither is
+    there."""
     for candidate in (folder / f"{split}.{lang}", folder / f"{split}.{lang}.gz"):
         if candidate.is_file():
             return candidate

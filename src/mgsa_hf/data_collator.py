@@ -134,9 +134,9 @@ class MgsaDataCollator:
         return_tensors (`str`, defaults to `"pt"`): `"pt"` or `"np"`.
 
     Raises:
-        `ValueError` naming the rows when some rows of a batch have a field that others lack (e.g. `labels`), or when
-        rows made by processors with different `phrase_levels` have different numbers of levels, or when a field
-        holds text (a raw column the collator cannot turn into a tensor).
+        ValueError: naming the rows when some rows of a batch have a field that others lack (e.g. `labels`), or
+            when rows made by processors with different `phrase_levels` have different numbers of levels, or when a
+            field holds text (a raw column the collator cannot turn into a tensor).
     """
 
     tokenizer: Any = None

@@ -136,6 +136,8 @@ def seed_level_test(baseline: list[float], system: list[float], confidence: floa
 
 
 def mean_std(values: list[float]) -> dict:
+    """`{"mean", "std", "values"}` of per-seed scores, rounded to 2 places; `std` (sample, ddof 1) is `None` for one
+    value."""
     values = np.asarray(values, dtype=float)
     return {"mean": round(float(values.mean()), 2),
             "std": round(float(values.std(ddof=1)), 2) if len(values) > 1 else None,

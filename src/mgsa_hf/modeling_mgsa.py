@@ -204,6 +204,10 @@ def build_decoder_layer(config: MgsaConfig, layer_idx: int) -> MgsaDecoderLayer:
 
 
 class MgsaPreTrainedModel(CheckedWeightsMixin, VariantUpgradeMixin, WeightsChecksumMixin, PreTrainedModel):
+    """The base class of the Marian-backbone models: [`MgsaConfig`], weight initialisation, the upgrade of a Marian
+    checkpoint with a variant in `from_pretrained` (`encoder_type=...`), and the weights' checksum and numeric
+    checks on load."""
+
     config: MgsaConfig
     config_class = MgsaConfig
     base_model_prefix = "model"
@@ -467,6 +471,7 @@ class MgsaModel(MgsaSeq2SeqModelMixin, MgsaPreTrainedModel):
         return self.get_decoder().get_input_embeddings()
 
     def set_decoder_input_embeddings(self, value: nn.Embedding) -> None:
+        """As `MarianModel`'s: replace the target embeddings (separate vocabularies only)."""
         self._require_separate_vocabularies("set_decoder_input_embeddings", "set_input_embeddings")
         self.decoder.embed_tokens = value
 
@@ -530,6 +535,7 @@ class MgsaForConditionalGeneration(
         return self.model.get_decoder_input_embeddings()
 
     def set_decoder_input_embeddings(self, value: nn.Embedding) -> None:
+        """As `MarianMTModel`'s: replace the target embeddings (separate vocabularies only)."""
         self.model.set_decoder_input_embeddings(value)
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
@@ -587,6 +593,8 @@ class MgsaForConditionalGeneration(
         return self.lm_head(hidden_states) + self.final_logits_bias
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor):
+        """The decoder inputs (B, T) of `labels` (B, T): shifted right behind `decoder_start_token_id`, with -100
+        read as `pad_token_id` (what `DataCollatorForSeq2Seq` asks a model for)."""
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
 

@@ -122,6 +122,7 @@ class MgsaT5LayerCrossAttention(nn.Module):
         attention_mask: torch.Tensor | None,
         past_key_values: Cache | None,
     ) -> torch.Tensor:
+        """`hidden_states + dropout(cross_attention(RMSNorm(hidden_states), key_value_states))`, (B, T, d_model)."""
         attn_output, _, _ = self.EncDecAttention(
             self.layer_norm(hidden_states),
             key_value_states=key_value_states,
@@ -166,6 +167,8 @@ class MgsaT5Block(MgsaCheckpointingLayer):
         return self.make_layer_norm()
 
     def feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The block's feed-forward sub-layer (T5's, with its residual), with infinities clamped as T5 does in
+        float16."""
         return clamp_inf(self.layer[-1](hidden_states))
 
     def position_bias(self, position_bias: torch.Tensor | None, relative_positions: torch.Tensor) -> torch.Tensor:
@@ -285,6 +288,10 @@ def build_decoder_block(config: MgsaT5Config, layer_idx: int) -> MgsaT5DecoderBl
 
 
 class MgsaT5PreTrainedModel(CheckedWeightsMixin, VariantUpgradeMixin, WeightsChecksumMixin, T5PreTrainedModel):
+    """The base class of the T5-backbone models: [`MgsaT5Config`], T5's weight initialisation, the upgrade of a T5
+    checkpoint with a variant in `from_pretrained` (`encoder_type=...`), and the weights' checksum and numeric checks
+    on load."""
+
     config: MgsaT5Config
     config_class = MgsaT5Config
     base_model_prefix = "transformer"
@@ -608,6 +615,7 @@ class MgsaT5ForConditionalGeneration(
         return self.lm_head(hidden_states)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor):
+        """The decoder inputs (B, T) of `labels` (B, T), shifted right as T5 does."""
         return self._shift_right(labels)
 
 

@@ -183,6 +183,7 @@ class PreparedSplit:
         return len(self.source_lengths)
 
     def lengths(self, key: str) -> np.ndarray:
+        """The length of field `key` (`input_ids`, `labels`, ...) in each sentence, (N,)."""
         return np.diff(self.fields[key][1].numpy())
 
     def batch(self, indices, device=None, with_labels: bool = True) -> dict[str, torch.Tensor]:
@@ -216,15 +217,18 @@ class PreparedCorpus:
         self._splits = {}
 
     def split(self, name: str) -> PreparedSplit:
+        """The split `name` (`train`, `validation`, `test`), loaded once."""
         if name not in self._splits:
             self._splits[name] = PreparedSplit(self.folder / f"{name}.pt", self.manifest["pad_token_id"])
         return self._splits[name]
 
     def references(self, name: str) -> list[str]:
+        """The target sentences of split `name`, one string per sentence (what BLEU is scored against)."""
         path = self.folder / f"{name}.{self.manifest['target_lang']}"
         return path.read_text(encoding="utf-8").rstrip("\n").split("\n")
 
     def tokenizer(self):
+        """The tokenizer the corpus was prepared with (its `tokenizer/` folder)."""
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(self.folder / "tokenizer")

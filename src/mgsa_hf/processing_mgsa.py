@@ -104,9 +104,12 @@ class MgsaProcessor(ProcessorMixin):
             Number K of granularity levels (MG-SA's top K levels of the tree).
         phrase_tags (`list[str]`, *optional*):
             Tag vocabulary of `phrase_tags`, at most 64 entries; defaults to [`~mgsa_hf.syntax_trees.PHRASE_TAGS`].
-        pr_max_phrase_words (`int`, defaults to 8), pr_min_phrase_words (`int`, defaults to 3), pr_length_ratio
-        (`int`, defaults to 6):
-            Algorithm 1's maximum phrase size rule above.
+        pr_max_phrase_words (`int`, defaults to 8):
+            Upper bound of Algorithm 1's phrase size n (the rule above).
+        pr_min_phrase_words (`int`, defaults to 3):
+            Lower bound of Algorithm 1's phrase size n (the rule above).
+        pr_length_ratio (`int`, defaults to 6):
+            Divisor of the sentence length in Algorithm 1's phrase size n (the rule above).
         pr_segmentation_budget (`str`, defaults to `"words"`):
             Algorithm 1's reading: `"words"`, at most n words per phrase (the paper's prose: "the maximum number of
             tokens allowed"), or `"tokens_as_printed"`, the printed pseudo-code (n and sizes in subword tokens, the
@@ -246,9 +249,9 @@ class MgsaProcessor(ProcessorMixin):
         `trust_remote_code=True`, or when this call gives its own value for them.
 
         Raises:
-            `OSError` naming the folder and the file when a local folder lacks a file its tokenizer is loaded from
-            (`tokenizer.json`, or a SentencePiece tokenizer's vocabulary files); [`UntrustedCodeError`] for saved
-            settings that name code.
+            OSError: naming the folder and the file when a local folder lacks a file its tokenizer is loaded from
+                (`tokenizer.json`, or a SentencePiece tokenizer's vocabulary files).
+            UntrustedCodeError: for saved settings that name code.
         """
         from transformers.utils import cached_file
 
@@ -279,6 +282,7 @@ class MgsaProcessor(ProcessorMixin):
 
     @property
     def model_input_names(self) -> list[str]:
+        """The tokenizer's input names, then the source syntax fields when the processor parses."""
         syntax_fields = list(SOURCE_SYNTAX_PAD_VALUES) if self.with_syntax else []
         return list(self.tokenizer.model_input_names) + syntax_fields
 
@@ -489,11 +493,15 @@ class MgsaProcessor(ProcessorMixin):
             target_column (`str`, *optional*): column of target sentences (gives `labels`).
             tree_column (`str`, *optional*): column of PTB bracketed trees of the source sentences (`None` or `""`:
                 the processor's own tree for that sentence). A bad tree raises a `ValueError` naming its row.
-            batch_size, num_proc, load_from_cache_file, desc: as for `Dataset.map`.
+            batch_size (`int`, *optional*): as for `Dataset.map`.
+            num_proc (`int`, *optional*): as for `Dataset.map`.
+            load_from_cache_file (`bool`, *optional*): as for `Dataset.map`.
+            desc (`str`, *optional*): as for `Dataset.map`.
             remove_columns (`bool`, defaults to `True`): drop the dataset's own columns from the result.
             cache_dir (`str`, *optional*): the folder of the result's Arrow files (by default `datasets`' own: the
                 data's folder, or memory for data held in memory).
-            **processor_kwargs: `max_length`, `max_target_length`, `truncation` of [`~MgsaProcessor.__call__`].
+            **processor_kwargs (`dict`): `max_length`, `max_target_length`, `truncation` of
+                [`~MgsaProcessor.__call__`].
         """
         from datasets import DatasetDict
         from datasets.fingerprint import Hasher

@@ -89,6 +89,7 @@ class ParsedAhead(_ClosedWhenDropped):
         return doc
 
     def close(self):
+        """Stops the parse thread and waits for it (unless called from it)."""
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join()
@@ -185,6 +186,7 @@ class ParseProcess(_ClosedWhenDropped):
         return self.owned and not self.busy and self._process.is_alive()
 
     def parse(self, texts: list[str], batch_size: int) -> "_ProcessParsedBatch":
+        """Sends `texts` to the child and returns the iterator over their docs' arrays (see the class)."""
         self.busy = True
         self._connection.send((texts, batch_size))
         return _ProcessParsedBatch(self)

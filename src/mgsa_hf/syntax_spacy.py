@@ -151,6 +151,8 @@ SPACY_STRINGS = {}
 
 @functools.cache
 def doc_attributes():
+    """The token attributes that `Doc.to_array` exports and the processor reads: head, tag, dependency label,
+    character offset, length and whether the token is whitespace."""
     from spacy.attrs import DEP, HEAD, IDX, IS_SPACE, LENGTH, TAG
 
     return [HEAD, TAG, DEP, IDX, LENGTH, IS_SPACE]

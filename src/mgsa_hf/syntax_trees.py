@@ -111,6 +111,7 @@ class ConstituencyTree:
 
     @property
     def num_words(self) -> int:
+        """The number of words (leaves) of the tree."""
         return len(self.paths)
 
     def level_nodes(self, level: int) -> list[int]:

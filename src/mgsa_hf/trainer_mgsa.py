@@ -179,6 +179,7 @@ class TokenBatchSampler(Sampler):
         self._num_batches = batches - batches % num_replicas
 
     def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch that seeds the next iteration's batch order (as `DistributedSampler.set_epoch`)."""
         self.epoch = epoch
 
     def __iter__(self):
@@ -240,10 +241,10 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
             counts `per_device_train_batch_size` per batch).
 
     Raises:
-        `ValueError` when a launcher (`accelerate launch`, torchrun, mpirun) started several processes but `args`
-        see one (on a machine without GPUs, `use_cpu` not set: each process would train alone on all the data), or
-        when a dataset holds the processor's syntax fields and the data collator is one of transformers' that pads
-        only the tokenizer's fields (use [`MgsaDataCollator`]).
+        ValueError: when a launcher (`accelerate launch`, torchrun, mpirun) started several processes but `args`
+            see one (on a machine without GPUs, `use_cpu` not set: each process would train alone on all the data),
+            or when a dataset holds the processor's syntax fields and the data collator is one of transformers' that
+            pads only the tokenizer's fields (use [`MgsaDataCollator`]).
 
     Resuming ([`train`]) refuses a checkpoint that lacks what resuming reads ([`missing_checkpoint_files`]), where
     the Trainer would go on with a fresh optimizer; `resume_from_checkpoint=True` takes the newest complete checkpoint
