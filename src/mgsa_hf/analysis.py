@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .evaluation import average_checkpoints
-from .modeling_common import SYNTAX_INPUT_NAMES
+from .modeling_syntax_inputs import SYNTAX_INPUT_NAMES
 from .prepared_training import Recipe, build_model, scored_checkpoints
 
 

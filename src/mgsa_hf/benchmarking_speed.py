@@ -455,7 +455,7 @@ def kernel_check(model, batch: dict, device, amp: bool) -> dict:
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from .modeling_common import MgsaAttention
+    from .modeling_attention import MgsaAttention
 
     sdpa_calls = []  # [kernel, claimed by an attention module], one per SDPA call
     computing_ops = [0]
