@@ -100,8 +100,8 @@ def test_remote_code_loads_without_the_package(tmp_path, marian_dir, batch):
     model = MgsaForConditionalGeneration.from_pretrained(marian_dir).eval()
     model.save_pretrained(tmp_path / "model")
     for code_file in ("configuration_mgsa.py", "modeling_mgsa.py", "modeling_common.py", "modeling_attention.py",
-                      "modeling_variant.py", "modeling_syntax_inputs.py", "modeling_outputs_mgsa.py", "modeling_loss.py",
-                      "modeling_upgrade.py", "variants.py", "variant_rhe.py", "syntax_fields.py"):
+                      "modeling_variant.py", "modeling_syntax_inputs.py", "modeling_outputs_mgsa.py",
+                      "modeling_loss.py", "modeling_upgrade.py", "variants.py", "variant_rhe.py", "syntax_fields.py"):
         assert (tmp_path / "model" / code_file).exists()
     torch.save(batch, tmp_path / "batch.pt")
     with torch.no_grad():
