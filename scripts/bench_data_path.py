@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from mgsa_hf.benchmarking_data import first_step_command, make_corpus, measure_command
+from mgsa_hf.benchmarking.data import first_step_command, make_corpus, measure_command
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -28,9 +28,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the GPU machine has the repository only
 
-from mgsa_hf.benchmarking_layers import VariantAttention  # noqa: E402
-from mgsa_hf.benchmarking_rows import REPOSITORY, rows_named  # noqa: E402
-from mgsa_hf.benchmarking_speed import (  # noqa: E402
+from mgsa_hf.benchmarking.layers import VariantAttention  # noqa: E402
+from mgsa_hf.benchmarking.rows import REPOSITORY, rows_named  # noqa: E402
+from mgsa_hf.benchmarking.speed import (  # noqa: E402
     SIZES,
     add_batch_arguments,
     build_length_inputs,

@@ -5,7 +5,7 @@ Sentences of exactly 16 ... 256 source and target tokens are cut from joined con
 through `MgsaProcessor` (spaCy parse included, so every syntax field is real); each batch holds the same number of
 source tokens (`--tokens`), so a flat line means cost linear in length. Step = forward + backward + AdamW step,
 median of `--steps` after `--warmup`, the variants interleaved step by step
-(`mgsa_hf.benchmarking_speed.time_training`).
+(`mgsa_hf.benchmarking.speed.time_training`).
 
     python scripts/bench_length.py --threads 1        # writes benchmarks/length-cpu.json and length-cpu.png
     python scripts/bench_length.py --save-inputs gpu-data/length-inputs.pt   # parse here ...
@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the GPU machine has the repository only
 
-from mgsa_hf.benchmarking_rows import REPOSITORY, rows_named  # noqa: E402
-from mgsa_hf.benchmarking_speed import (  # noqa: E402
+from mgsa_hf.benchmarking.rows import REPOSITORY, rows_named  # noqa: E402
+from mgsa_hf.benchmarking.speed import (  # noqa: E402
     SIZES,
     VARIANTS,
     add_batch_arguments,
@@ -79,7 +79,7 @@ def parse_args(argv=None):
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="bf16: autocast")
     parser.add_argument("--save-inputs", metavar="FILE", help="parse and save the batches, then stop")
     parser.add_argument("--variants", nargs="*", default=LENGTH_VARIANTS, choices=list(VARIANTS),
-                        help="rows of the speed table (mgsa_hf.benchmarking_rows.SPEED_ROWS)")
+                        help="rows of the speed table (mgsa_hf.benchmarking.rows.SPEED_ROWS)")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--output", help="results JSON (default: benchmarks/length-<device>.json, a plot beside it)")

@@ -27,7 +27,7 @@ import spacy
 import transformers
 from transformers import AutoTokenizer
 
-from mgsa_hf.benchmarking_preprocess import part_times, time_chunks
+from mgsa_hf.benchmarking.preprocess import part_times, time_chunks
 from mgsa_hf.processing_mgsa import MgsaProcessor
 from mgsa_hf.tokenization_utils import read_lines, train_joint_tokenizer
 

@@ -22,7 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))  # the GPU machine has the repository only
 
-from mgsa_hf import benchmarking_speed as bench_speed  # noqa: E402  (the batches, model sizes and rows)
+from mgsa_hf.benchmarking import speed as bench_speed  # noqa: E402  (the batches, model sizes and rows)
 
 
 def step_flops(model, batches: list[dict]) -> int:

@@ -24,7 +24,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mgsa_hf.benchmarking_recipes import (
+from mgsa_hf.benchmarking.recipes import (
     COLLAPSE_CANDIDATES,
     batch_statistics,
     collapse_run,

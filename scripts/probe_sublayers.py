@@ -26,8 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the GPU machine has the repository only
 
-from mgsa_hf.benchmarking_quality import load_budget, prepared_folder, recipe_of  # noqa: E402
-from mgsa_hf.benchmarking_rows import REPOSITORY, resolve_rows  # noqa: E402
+from mgsa_hf.benchmarking.quality import load_budget, prepared_folder, recipe_of  # noqa: E402
+from mgsa_hf.benchmarking.rows import REPOSITORY, resolve_rows  # noqa: E402
 
 
 PROBED = ("self_attn", "encoder_attn", "phrase_combination")

@@ -23,8 +23,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))  # the GPU machine has the repository only
 
-from mgsa_hf import benchmarking_speed as bench_speed  # noqa: E402  (the batches, model sizes and rows)
-from mgsa_hf.benchmarking_layers import profile  # noqa: E402
+from mgsa_hf.benchmarking import speed as bench_speed  # noqa: E402  (the batches, model sizes and rows)
+from mgsa_hf.benchmarking.layers import profile  # noqa: E402
 
 
 def markdown(results: dict, command: str) -> str:

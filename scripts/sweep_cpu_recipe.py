@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from mgsa_hf.benchmarking_recipes import RECIPE_CANDIDATES, render_recipe_sweep, score_checkpoints
+from mgsa_hf.benchmarking.recipes import RECIPE_CANDIDATES, render_recipe_sweep, score_checkpoints
 from mgsa_hf.tokenization_utils import read_lines
 from mgsa_hf.training import run_folder
 

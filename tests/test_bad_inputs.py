@@ -935,7 +935,7 @@ def test_wrongly_typed_training_value(tmp_path, key, value, match):
 @pytest.mark.parametrize("arguments", [["--jobs", "0"], ["--jobs", "-2"], ["--threads", "0"]])
 def test_bench_quality_needs_at_least_one_job(capsys, arguments):
     """`--jobs 0` would start no run and wait for one forever: argparse refuses it, naming the option."""
-    from mgsa_hf.benchmarking_quality import parse_args
+    from mgsa_hf.benchmarking.quality import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["train", "--budget", "dry-run", *arguments])

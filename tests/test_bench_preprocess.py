@@ -8,7 +8,7 @@ import sys
 from itertools import islice
 from pathlib import Path
 
-from mgsa_hf.benchmarking_preprocess import time_chunks
+from mgsa_hf.benchmarking.preprocess import time_chunks
 from mgsa_hf.tokenization_utils import read_lines
 
 

@@ -1,4 +1,4 @@
-"""mgsa_hf.benchmarking_quality (scripts/bench_quality.py) and mgsa_hf.prepared_training: the paired bootstrap test
+"""mgsa_hf.benchmarking.quality (scripts/bench_quality.py) and mgsa_hf.prepared_training: the paired bootstrap test
 against sacreBLEU's, the BENCHMARKS.md section update, and the whole benchmark path on real Multi30k sentences with
 the dry-run budget (prepare with spaCy → train in parallel processes → resume → average → beam search → report),
 including a run in a process where spaCy and `datasets` cannot be imported, as on a GPU machine."""
@@ -14,8 +14,8 @@ import torch
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
-from mgsa_hf import benchmarking_quality as bench_quality
-from mgsa_hf.benchmarking_rows import resolve_rows
+from mgsa_hf.benchmarking import quality as bench_quality
+from mgsa_hf.benchmarking.rows import resolve_rows
 from mgsa_hf.evaluation import paired_bootstrap
 from mgsa_hf.tokenization_utils import read_lines
 

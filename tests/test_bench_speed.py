@@ -1,4 +1,4 @@
-"""The speed benchmarks (`mgsa_hf.benchmarking_speed`, `benchmarking_layers`) and their scripts on a machine without
+"""The speed benchmarks (`mgsa_hf.benchmarking.speed`, `benchmarking.layers`) and their scripts on a machine without
 spaCy (bench_speed.py, bench_length.py, bench_layer.py; profile_step.py and count_flops.py on the same batches): the
 batches are built once with the processor (`--save-inputs`) and timed in a process where spaCy and `datasets` cannot
 be imported (`--inputs`), as on a GPU machine; `--device cuda` is refused clearly where torch sees no GPU."""
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mgsa_hf.benchmarking_layers import VariantAttention, profile
-from mgsa_hf.benchmarking_rows import named_row
-from mgsa_hf.benchmarking_speed import build_model
+from mgsa_hf.benchmarking.layers import VariantAttention, profile
+from mgsa_hf.benchmarking.rows import named_row
+from mgsa_hf.benchmarking.speed import build_model
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,15 +15,11 @@ from mgsa_hf import (
     MgsaT5Model,
 )
 from mgsa_hf.configuration_mgsa import MgsaConfig, MgsaT5Config, MgsaVariantConfig
-from mgsa_hf.modeling_common import (
-    SYNTAX_INPUT_NAMES,
-    MgsaEncoderOutput,
-    MgsaLayerOutput,
-    translation_loss,
-    with_tag_loss,
-)
+from mgsa_hf.modeling_loss import translation_loss, with_tag_loss
 from mgsa_hf.modeling_mgsa import MgsaEncoder
 from mgsa_hf.modeling_mgsa_t5 import MgsaT5Encoder
+from mgsa_hf.modeling_outputs_mgsa import MgsaEncoderOutput, MgsaLayerOutput
+from mgsa_hf.modeling_syntax_inputs import SYNTAX_INPUT_NAMES
 from mgsa_hf.variants import VARIANTS
 
 

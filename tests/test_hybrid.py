@@ -18,7 +18,8 @@ from mgsa_hf.analysis import (
     plot_gate_statistics,
     word_universal_tags,
 )
-from mgsa_hf.modeling_common import MgsaAttention, MgsaSyntaxInputs
+from mgsa_hf.modeling_attention import MgsaAttention
+from mgsa_hf.modeling_syntax_inputs import MgsaSyntaxInputs
 from mgsa_hf.variant_hybrid import HybridAttention
 
 

@@ -99,8 +99,9 @@ def test_remote_code_loads_without_the_package(tmp_path, marian_dir, batch):
     """A saved folder carries its code: a fresh process where `mgsa_hf` cannot be imported loads it."""
     model = MgsaForConditionalGeneration.from_pretrained(marian_dir).eval()
     model.save_pretrained(tmp_path / "model")
-    for code_file in ("configuration_mgsa.py", "modeling_mgsa.py", "modeling_common.py", "variants.py",
-                      "variant_rhe.py", "syntax_fields.py"):
+    for code_file in ("configuration_mgsa.py", "modeling_mgsa.py", "modeling_common.py", "modeling_attention.py",
+                      "modeling_variant.py", "modeling_syntax_inputs.py", "modeling_outputs_mgsa.py",
+                      "modeling_loss.py", "modeling_upgrade.py", "variants.py", "variant_rhe.py", "syntax_fields.py"):
         assert (tmp_path / "model" / code_file).exists()
     torch.save(batch, tmp_path / "batch.pt")
     with torch.no_grad():
@@ -322,7 +323,7 @@ def test_outputs_name_the_cache_as_the_installed_transformers_does(backbone, bat
     from transformers.utils import logging as transformers_logging
 
     from mgsa_hf import MgsaT5Config, MgsaT5ForConditionalGeneration
-    from mgsa_hf.modeling_common import OUTPUT_CACHE_FIELD
+    from mgsa_hf.modeling_outputs_mgsa import OUTPUT_CACHE_FIELD
 
     if backbone == "marian":
         model = MgsaForConditionalGeneration(MgsaConfig(**TINY, encoder_type="phrase_representation"))

@@ -11,7 +11,8 @@ from conftest import tiny_sizes
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
-from mgsa_hf.modeling_common import MgsaAttention, MgsaSyntaxInputs
+from mgsa_hf.modeling_attention import MgsaAttention
+from mgsa_hf.modeling_syntax_inputs import MgsaSyntaxInputs
 from mgsa_hf.on_lstm import OnLstm
 from mgsa_hf.variant_phrase_memory import PhraseMemoryAttention, PhraseMemoryInputs, ngram_phrase_ids, phrase_partition
 

@@ -13,8 +13,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import MarianConfig, MarianMTModel
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
-from mgsa_hf.modeling_common import OUTPUT_CACHE_FIELD, MgsaAttention, MgsaSyntaxInputs
+from mgsa_hf.modeling_attention import MgsaAttention
 from mgsa_hf.modeling_mgsa import MgsaDecoderLayer, MgsaEncoderLayer
+from mgsa_hf.modeling_outputs_mgsa import OUTPUT_CACHE_FIELD
+from mgsa_hf.modeling_syntax_inputs import MgsaSyntaxInputs
 from mgsa_hf.variant_phrase_representation import (
     PHRASE_REPRESENTATION,
     AttentivePhrasePooling,

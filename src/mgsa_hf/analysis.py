@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .evaluation import average_checkpoints
-from .modeling_common import SYNTAX_INPUT_NAMES
+from .modeling_syntax_inputs import SYNTAX_INPUT_NAMES
 from .prepared_training import Recipe, build_model, scored_checkpoints
 
 
@@ -205,7 +205,7 @@ def redundant_head_rate(model, processor, texts: list[str], batch_size: int = 32
 
 def load_prepared_run(run_dir: Path, corpus, initial: bool = False):
     """`(model in eval mode, names of the averaged checkpoints)` of an RHE run of the quality benchmark
-    (`benchmarking_quality`); with `initial`,
+    (`benchmarking.quality`); with `initial`,
     the run's model as it was built, before training (checkpoints `["initialisation"]`)."""
     run = json.loads((run_dir / "run.json").read_text())
     if run["row"].get("encoder_type") != "rhe":

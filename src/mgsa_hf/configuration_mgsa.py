@@ -49,7 +49,7 @@ _SHARED_FIELDS_DOC = r"""
 
 @dataclass(kw_only=True, repr=False)
 class MgsaVariantConfig(*_VARIANT_FIELD_MIXINS):
-    # the backbone's attention layout (`modeling_common.ATTENTION_LAYOUTS`) and the model_type its checkpoints carry
+    # the backbone's attention layout (`modeling_attention.ATTENTION_LAYOUTS`) and the model_type its checkpoints carry
     backbone = "marian"
     source_model_type = "marian"
 
@@ -141,7 +141,7 @@ class MgsaVariantConfig(*_VARIANT_FIELD_MIXINS):
 
     @property
     def variant(self):
-        """The [`~mgsa_hf.modeling_common.Variant`] of `encoder_type`."""
+        """The [`~mgsa_hf.modeling_variant.Variant`] of `encoder_type`."""
         return VARIANTS[self.encoder_type]
 
     @property

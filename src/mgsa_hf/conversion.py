@@ -8,9 +8,9 @@ from pathlib import Path
 from transformers import PretrainedConfig
 
 from .configuration_mgsa import ENCODER_TYPES, MgsaConfig, MgsaT5Config
-from .modeling_common import new_module_names
 from .modeling_mgsa import MgsaForConditionalGeneration
 from .modeling_mgsa_t5 import MgsaT5ForConditionalGeneration
+from .modeling_upgrade import new_module_names
 
 
 # backbone -> (configuration, model) classes; a checkpoint's model_type (its own or ours) picks the backbone
@@ -75,7 +75,7 @@ def load_as_mgsa(path: str, encoder_type: str | None = None, new_modules_init: s
         encoder_type: the encoder to build; None keeps the checkpoint's (`"transformer"` for Marian and T5).
         new_modules_init: how the modules the checkpoint lacks (the variant's) start: `"identity"`, so that the model
             computes what the checkpoint computed as far as the variant allows
-            ([`~modeling_common.init_new_modules_as_identity`]: a model that already translates keeps translating),
+            ([`~modeling_upgrade.init_new_modules_as_identity`]: a model that already translates keeps translating),
             or `"random"`, the variant's own initialisation, as for training from scratch.
         config_overrides: other configuration fields to change; a name that is no field is an error, and the
             changed configuration is validated as a whole before any weight is read.

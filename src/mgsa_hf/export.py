@@ -31,7 +31,7 @@ EXPORTABLE_SYNTAX_FIELDS = (
 
 def onnx_syntax_fields(config) -> tuple[str, ...]:
     """The source syntax fields that `config`'s encoder reads to compute the logits, as its variant says
-    ([`~mgsa_hf.modeling_common.Variant.syntax_fields`]): MG-SA's `phrase_ids` with the syntactic partition, PR's
+    ([`~mgsa_hf.modeling_variant.Variant.syntax_fields`]): MG-SA's `phrase_ids` with the syntactic partition, PR's
     `pr_phrase_ids` with the parse segmentation, RHE's dependencies and local phrases (as its `rhe_attention` and
     `rhe_mode` need them); none for the plain Transformer, hybrid, n-gram MG-SA and fixed-size PR."""
     return tuple(config.variant.syntax_fields(config))

@@ -3,8 +3,8 @@
 With `encoder_type="transformer"` the model is exactly [`~transformers.MarianMTModel`] (same parameter names, same
 computation), so opus-mt checkpoints load as they are; the other encoder types replace the self-attention of chosen
 encoder layers (MG-SA, hybrid, RHE) or add phrase sub-layers to every layer (PR), as their
-[`~mgsa_hf.modeling_common.Variant`] says. This file holds Marian's backbone only; what both backbones share is in
-`modeling_common.py`.
+[`~mgsa_hf.modeling_variant.Variant`] says. This file holds Marian's backbone only; what both backbones share is in
+`modeling_common.py` and the `modeling_*.py` modules it names.
 """
 
 import math
@@ -28,23 +28,25 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .configuration_mgsa import MgsaConfig
 from .generation_arguments import CheckedGenerationMixin
 from .input_checks import check_token_ids
+from .modeling_attention import MgsaAttention
 from .modeling_common import (
-    OUTPUT_CACHE_FIELD,
     BaseModelAutoMapMixin,
-    MgsaAttention,
     MgsaCheckpointingLayer,
-    MgsaDecoderKwargs,
-    MgsaEncoderOutput,
     MgsaForConditionalGenerationMixin,
-    MgsaLayerOutput,
-    MgsaSeq2SeqLMOutput,
     MgsaSeq2SeqModelMixin,
-    MgsaSyntaxInputs,
-    VariantUpgradeMixin,
     check_length,
-    encoder_output,
     resolve_cache,
 )
+from .modeling_outputs_mgsa import (
+    OUTPUT_CACHE_FIELD,
+    MgsaDecoderKwargs,
+    MgsaEncoderOutput,
+    MgsaLayerOutput,
+    MgsaSeq2SeqLMOutput,
+    encoder_output,
+)
+from .modeling_syntax_inputs import MgsaSyntaxInputs
+from .modeling_upgrade import VariantUpgradeMixin
 from .weights_checksums import WeightsChecksumMixin
 from .weights_numerics import CheckedWeightsMixin
 

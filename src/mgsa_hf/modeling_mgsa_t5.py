@@ -36,21 +36,23 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .configuration_mgsa import MgsaT5Config
 from .generation_arguments import CheckedGenerationMixin
 from .input_checks import check_token_ids
+from .modeling_attention import MgsaAttention
 from .modeling_common import (
-    OUTPUT_CACHE_FIELD,
     BaseModelAutoMapMixin,
-    MgsaAttention,
     MgsaCheckpointingLayer,
-    MgsaDecoderKwargs,
-    MgsaEncoderOutput,
     MgsaForConditionalGenerationMixin,
-    MgsaLayerOutput,
     MgsaSeq2SeqModelMixin,
-    MgsaSyntaxInputs,
-    VariantUpgradeMixin,
-    encoder_output,
     resolve_cache,
 )
+from .modeling_outputs_mgsa import (
+    OUTPUT_CACHE_FIELD,
+    MgsaDecoderKwargs,
+    MgsaEncoderOutput,
+    MgsaLayerOutput,
+    encoder_output,
+)
+from .modeling_syntax_inputs import MgsaSyntaxInputs
+from .modeling_upgrade import VariantUpgradeMixin
 from .weights_checksums import WeightsChecksumMixin
 from .weights_numerics import CheckedWeightsMixin
 

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .evaluation import translation_scores
-from .modeling_common import translation_loss, with_tag_loss
+from .modeling_loss import translation_loss, with_tag_loss
 from .syntax_fields import LEVELLED_SYNTAX_FIELDS, SOURCE_SYNTAX_PAD_VALUES
 
 

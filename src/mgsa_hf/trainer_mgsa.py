@@ -42,7 +42,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .atomic_saves import disk_full_error, is_disk_full
 from .evaluation import encoder_token_spread
-from .modeling_common import with_tag_loss
+from .modeling_loss import with_tag_loss
 from .prepared_training import token_batches
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 from .target_tokens import at_least_one, target_token_count

@@ -62,7 +62,7 @@ class TrainConfig:
     section's) come with it; saved settings that name code (a `tree_parser` import path, `parser_code`) only with
     `trust_remote_code: true`. `init_new_modules`: how modules the checkpoint lacks (a variant added by
     `model.encoder_type=...`) start: `"identity"` (the model computes what the checkpoint computed, as far as the
-    variant allows, see [`~modeling_common.init_new_modules_as_identity`]) or `"random"`.
+    variant allows, see [`~modeling_upgrade.init_new_modules_as_identity`]) or `"random"`.
 
     `resume_from_checkpoint`: true (the newest complete checkpoint in the run folder's `checkpoints/`; an error when
     there is none) or a checkpoint folder, which must hold what resuming reads ([`MgsaSeq2SeqTrainer.train`]).

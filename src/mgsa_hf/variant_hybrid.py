@@ -9,7 +9,10 @@ import torch
 from torch import nn
 
 from .configuration_fields import at_least, checked_field, items_at_least
-from .modeling_common import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, Variant, additive_mask
+from .modeling_attention import MgsaAttention, additive_mask
+from .modeling_outputs_mgsa import MgsaLayerOutput
+from .modeling_syntax_inputs import MgsaSyntaxInputs
+from .modeling_variant import Variant
 
 
 @dataclass(kw_only=True, repr=False)

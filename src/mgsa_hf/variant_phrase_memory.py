@@ -43,7 +43,10 @@ from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 
 from .configuration_fields import at_least, checked_field, items_at_least
-from .modeling_common import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, Variant, additive_mask, require_inputs
+from .modeling_attention import MgsaAttention, additive_mask
+from .modeling_outputs_mgsa import MgsaLayerOutput
+from .modeling_syntax_inputs import MgsaSyntaxInputs, require_inputs
+from .modeling_variant import Variant
 from .on_lstm import OnLstm
 
 
@@ -76,7 +79,7 @@ class PhraseMemoryConfigFields:
             MG-SA: weight λ of the tag loss added to the translation loss (Eq. 12). The tag loss is Eq. 10's sum
             over a sentence's tagged phrases (all levels); Eq. 12 sums both terms per sentence, and as the
             translation loss is a mean over target tokens, the batch's summed tag loss is divided by the same
-            target tokens (`modeling_common.tag_loss_per_target_token`).
+            target tokens (`modeling_loss.tag_loss_per_target_token`).
         num_phrase_tags (`int`, defaults to 64):
             Size of the phrase tag vocabulary (the processor's `PHRASE_TAGS` must fit).
 

@@ -22,7 +22,10 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderD
 from transformers.masking_utils import create_bidirectional_mask
 
 from .configuration_fields import at_least, checked_field
-from .modeling_common import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, Variant, require_inputs
+from .modeling_attention import MgsaAttention
+from .modeling_outputs_mgsa import MgsaLayerOutput
+from .modeling_syntax_inputs import MgsaSyntaxInputs, require_inputs
+from .modeling_variant import Variant
 
 
 @dataclass(kw_only=True, repr=False)

@@ -12,7 +12,10 @@ from transformers import initialization as init
 from transformers.utils import logging
 
 from .configuration_fields import at_least, checked_field, in_unit_interval, items_at_least
-from .modeling_common import MgsaAttention, MgsaLayerOutput, MgsaSyntaxInputs, Variant, require_inputs
+from .modeling_attention import MgsaAttention
+from .modeling_outputs_mgsa import MgsaLayerOutput
+from .modeling_syntax_inputs import MgsaSyntaxInputs, require_inputs
+from .modeling_variant import Variant
 
 
 logger = logging.get_logger(__name__)

@@ -1,11 +1,11 @@
-"""The registry of encoder variants: `encoder_type` → its [`~mgsa_hf.modeling_common.Variant`].
+"""The registry of encoder variants: `encoder_type` → its [`~mgsa_hf.modeling_variant.Variant`].
 
 Each variant is one module (`variant_<name>.py`) that defines its configuration fields, its layers and its `Variant`;
 the configuration, both backbones and the outputs read them from here. Adding a method is a new module and its line
 below (the README's "Adding a variant" says what the module holds).
 """
 
-from .modeling_common import Variant
+from .modeling_variant import Variant
 from .variant_hybrid import HYBRID
 from .variant_phrase_memory import PHRASE_MEMORY
 from .variant_phrase_representation import PHRASE_REPRESENTATION

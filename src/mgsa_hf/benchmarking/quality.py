@@ -46,9 +46,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .benchmarking_rows import BASELINE, REPOSITORY, job_gpus, least_busy_gpu, package_environment, resolve_rows
-from .cli import positive_int
-from .evaluation import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, mean_std, paired_bootstrap
+from ..cli import positive_int
+from ..evaluation import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, mean_std, paired_bootstrap
+from .rows import BASELINE, REPOSITORY, job_gpus, least_busy_gpu, package_environment, resolve_rows
 
 
 SECTION = "## Translation quality"
@@ -121,7 +121,7 @@ def load_budget(spec: str) -> tuple[str, dict]:
 
 
 def recipe_of(budget: dict, max_steps: int | None):
-    from .prepared_training import Recipe
+    from ..prepared_training import Recipe
 
     if "select" in budget:
         raise SystemExit(f"a selection budget has no recipe of its own: name one of {budget['select']['from']}.")
@@ -140,7 +140,7 @@ def recipe_of(budget: dict, max_steps: int | None):
 def prepare(args, name: str, budget: dict) -> Path:
     """The prepared corpus of the budget (`prepare_corpus` with its `prepare` settings and the tree options); an
     existing one is reused when it was prepared with the same trees (given ones, and what derived the others)."""
-    from .prepared_training import prepare_corpus
+    from ..prepared_training import prepare_corpus
 
     settings = dict(budget.get("prepare", {}))
     trees = {split: getattr(args, f"{split}_trees") for split in ("train", "validation", "test")}
@@ -149,7 +149,7 @@ def prepare(args, name: str, budget: dict) -> Path:
         settings["tree_column"] = args.tree_column
     folder = prepared_folder(args, name)
     if (folder / "manifest.json").is_file():
-        from .processing_mgsa import derived_tree_source
+        from ..processing_mgsa import derived_tree_source
 
         manifest = json.loads((folder / "manifest.json").read_text())
         processor_kwargs = settings.get("processor_kwargs") or {}
@@ -195,7 +195,7 @@ def pending_runs(args, name: str, budget: dict) -> list[tuple[str, Path, list[st
                                      "away to train this row.")
                 print(f"[bench_quality] {name}: {row} seed {seed}: finished already", flush=True)
                 continue
-            command = [sys.executable, "-m", "mgsa_hf.benchmarking_quality", "run-one", "--budget", args.budget,
+            command = [sys.executable, "-m", "mgsa_hf.benchmarking.quality", "run-one", "--budget", args.budget,
                        "--root", args.root, "--prepared", str(prepared_folder(args, name)),
                        "--row-json", json.dumps(fields), "--run-dir", str(run_dir), "--seeds", str(seed)]
             command += ["--threads", str(args.threads)] if args.threads else []
@@ -239,7 +239,7 @@ def run_pending(args, pending: list[tuple[str, Path, list[str]]]) -> None:
 
 def common_step(run_dirs: list[Path]) -> int:
     """The last checkpoint step that every run has reached (its checkpoint still on disk)."""
-    from .prepared_training import checkpoint_steps
+    from ..prepared_training import checkpoint_steps
 
     reached = []
     for run_dir in run_dirs:
@@ -254,7 +254,7 @@ def common_step(run_dirs: list[Path]) -> int:
 
 
 def run_one(args, name: str, budget: dict) -> None:
-    from .prepared_training import PreparedCorpus, train_run
+    from ..prepared_training import PreparedCorpus, train_run
 
     corpus = PreparedCorpus(prepared_folder(args, name))
     result = train_run(corpus, args.run_dir, recipe_of(budget, args.max_steps), json.loads(args.row_json),
@@ -492,7 +492,7 @@ def git_commit() -> str | None:
 
 
 def report(args, name: str, budget: dict, argv) -> dict:
-    from .prepared_training import PreparedCorpus
+    from ..prepared_training import PreparedCorpus
 
     root = Path(args.root) / name
     runs = collect_runs(root)
@@ -695,9 +695,9 @@ def report_selection(args, name: str, budget: dict, argv) -> dict:
     settings = recipe_differences(budgets)
     for row in selection.values():
         row["recipe"] = settings[row["chosen"]]
-    from .data import find_split_file
-    from .prepared_training import SPLITS
-    from .tokenization_utils import read_lines
+    from ..data import find_split_file
+    from ..prepared_training import SPLITS
+    from ..tokenization_utils import read_lines
 
     # the references the budgets' prepared corpus kept: the first `max_samples` of the split, or all of it
     max_samples = budgets[sources[0]].get("prepare", {}).get("max_samples")

@@ -8,8 +8,8 @@ import resource
 import time
 from pathlib import Path
 
-from .processing_mgsa import cyclic_gc_paused
-from .syntax_spacy import word_arrays
+from ..processing_mgsa import cyclic_gc_paused
+from ..syntax_spacy import word_arrays
 
 
 def cpu_seconds() -> float:

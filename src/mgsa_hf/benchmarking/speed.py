@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .benchmarking_rows import REPOSITORY, SPEED_ROWS, package_environment, rows_named
+from .rows import REPOSITORY, SPEED_ROWS, package_environment, rows_named
 
 
 DEFAULT_DATA = REPOSITORY.parent / "shared" / "data" / "multi30k"
@@ -57,7 +57,7 @@ SIZES = {
     },
 }
 
-# row name -> MgsaConfig fields (`benchmarking_rows`, read from configs/); the first entry is the reference
+# row name -> MgsaConfig fields (`benchmarking.rows`, read from configs/); the first entry is the reference
 VARIANTS = rows_named(SPEED_ROWS)
 
 # the limits a variant family is held to: (train step, generation, memory) as ratios to the transformer
@@ -79,8 +79,8 @@ def read_sentences(data: Path, split: str, lang: str, limit: int) -> list[str]:
 
 
 def build_processor(workdir: Path, data: Path):
-    from . import MgsaProcessor
-    from .tokenization_utils import train_joint_tokenizer
+    from .. import MgsaProcessor
+    from ..tokenization_utils import train_joint_tokenizer
 
     tokenizer = train_joint_tokenizer(
         [data / "train.en.gz"], [data / "train.de.gz"], vocab_size=8000, output_dir=workdir / "tokenizer"
@@ -173,7 +173,7 @@ def add_batch_arguments(parser: argparse.ArgumentParser, tokens: int) -> None:
 
 def build_model(vocab: dict, backbone: str, size: str, fields: dict, device, dtype=torch.float32):
     """A fresh model of the family and size; `vocab` holds `vocab_size`, `pad_token_id` and `eos_token_id`."""
-    from .conversion import BACKBONES
+    from ..conversion import BACKBONES
 
     config_class, model_class = BACKBONES[backbone]
     extra = dict(max_position_embeddings=512, dropout=0.1) if backbone == "marian" else dict(dropout_rate=0.1)
@@ -308,7 +308,7 @@ def peak_memory_cpu(
     """`peak_memory_cpu_child`'s figure in each of `repeats` fresh processes (the caller takes the median): the
     resident-set peak of one process varies by tens of MiB with the allocator's timing (the same variant measured
     561-605 MiB)."""
-    command = [sys.executable, "-m", "mgsa_hf.benchmarking_speed", "--memory-child", "--memory-batch",
+    command = [sys.executable, "-m", "mgsa_hf.benchmarking.speed", "--memory-child", "--memory-batch",
                str(inputs_path), "--memory-backbone", backbone, "--memory-size", size, "--memory-fields",
                json.dumps(fields), "--threads", str(torch.get_num_threads())]
     if vocab_size is not None:
@@ -455,7 +455,7 @@ def kernel_check(model, batch: dict, device, amp: bool) -> dict:
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from .modeling_common import MgsaAttention
+    from ..modeling_attention import MgsaAttention
 
     sdpa_calls = []  # [kernel, claimed by an attention module], one per SDPA call
     computing_ops = [0]

@@ -10,10 +10,10 @@ import threading
 from pathlib import Path
 from statistics import median
 
-from .evaluation import translation_scores
-from .modeling_mgsa import MgsaForConditionalGeneration
-from .tokenization_utils import read_lines
-from .training import COLLAPSED_FRACTION, run_folder
+from ..evaluation import translation_scores
+from ..modeling_mgsa import MgsaForConditionalGeneration
+from ..tokenization_utils import read_lines
+from ..training import COLLAPSED_FRACTION, run_folder
 
 
 # ---------------------------------------------------------------------------------------------- the collapse probe
@@ -113,7 +113,7 @@ def batch_statistics(tokenizer_folder: str, data: str, seed: int = 1) -> dict:
     from transformers import AutoTokenizer
     from transformers.trainer_pt_utils import get_length_grouped_indices
 
-    from .trainer_mgsa import TokenBatchSampler
+    from ..trainer_mgsa import TokenBatchSampler
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
     sources = list(read_lines(Path(data) / "train.en.gz"))

@@ -9,11 +9,11 @@ import json
 import os
 from pathlib import Path
 
-from .configuration_mgsa import ENCODER_TYPES
+from ..configuration_mgsa import ENCODER_TYPES
 
 
 # the source checkout (`src/mgsa_hf/` → the repository), whose `configs/` and `benchmarks/` the benchmarks use
-REPOSITORY = Path(__file__).resolve().parents[2]
+REPOSITORY = Path(__file__).resolve().parents[3]
 CONFIGS = REPOSITORY / "configs"
 BASELINE = "transformer"
 # the config file of each encoder type's default, where its fields are written out: a run folder of an earlier
@@ -79,8 +79,8 @@ def resolve_rows(specs: list[str]) -> dict[str, dict]:
 
 def package_environment() -> dict[str, str]:
     """This process's environment with this package's folder on `PYTHONPATH`, for the benchmarks' child processes
-    (`python -m mgsa_hf.benchmarking_...`): the GPU machine has the repository, not the installed package."""
-    package_parent = str(Path(__file__).resolve().parents[1])
+    (`python -m mgsa_hf.benchmarking.<module>`): the GPU machine has the repository, not the installed package."""
+    package_parent = str(Path(__file__).resolve().parents[2])
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
 
 

@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import torch
 
-from .modeling_common import SYNTAX_INPUT_NAMES, MgsaSyntaxInputs
+from ..modeling_syntax_inputs import SYNTAX_INPUT_NAMES, MgsaSyntaxInputs
 
 
 class _Captured(Exception):

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from .tokenization_utils import read_lines
+from ..tokenization_utils import read_lines
 
 
 def make_corpus(multi30k: Path, folder: Path, pairs: int) -> Path:
@@ -73,7 +73,7 @@ def first_step_command(repo: Path, records: Path, recipe: list[str], port: int) 
     `records/rank<N>.json` with its seconds from start to that step and its peak memory."""
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
             str(repo / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", str(port),
-            "-m", "mgsa_hf.benchmarking_data", str(records), *recipe]
+            "-m", "mgsa_hf.benchmarking.data", str(records), *recipe]
 
 
 def _first_step(records: Path, overrides: list[str]) -> None:
@@ -83,7 +83,7 @@ def _first_step(records: Path, overrides: list[str]) -> None:
     from accelerate import PartialState
     from transformers import TrainerCallback
 
-    from .training import load_train_config, train
+    from ..training import load_train_config, train
 
     started = time.perf_counter()
 
