@@ -18,7 +18,8 @@ from mgsa_hf.variant_phrase_memory import PhraseMemoryAttention, PhraseMemoryInp
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "phrase_memory"
-ROWS = sorted(path.stem for path in CONFIG_DIR.glob("*.json"))
+# the rows at a size of their own (Transformer-big: `big_*.json`) are the base rows' fields at that size
+ROWS = sorted(path.stem for path in CONFIG_DIR.glob("*.json") if "d_model" not in json.loads(path.read_text()))
 PAD, EOS = 49, 0
 TINY = tiny_sizes(vocab_size=50, pad_token_id=PAD, decoder_start_token_id=PAD, eos_token_id=EOS,
                   forced_eos_token_id=EOS, num_phrase_tags=8)

@@ -307,7 +307,8 @@ def test_prune_a_trained_model(real_batches, tmp_path):
     torch.manual_seed(0)
     model = MgsaForConditionalGeneration(rhe_config("lpea_rhe", rhe_fixed_gate=0.3)).eval()  # both labels
     model.save_pretrained(tmp_path)
-    pruned = MgsaForConditionalGeneration.from_pretrained(tmp_path, rhe_mode="rhe_prune").eval()
+    pruned = MgsaForConditionalGeneration.from_pretrained(tmp_path, rhe_mode="rhe_prune",
+                                                          attn_implementation="eager").eval()  # weights returned
     assert pruned.config.rhe_mode == "rhe_prune" and pruned.config.rhe_fixed_gate == 0.3
     kept = pruned.state_dict()
     assert all(torch.equal(value, kept[name]) for name, value in model.state_dict().items() if name in kept)

@@ -84,8 +84,9 @@ class MgsaDecoderKwargs(TransformersKwargs, total=False):
 class MgsaEncoderOutput(BaseModelOutput):
     r"""
     tag_loss (`torch.FloatTensor` of shape `(batch_size,)`, *optional*):
-        MG-SA phrase-tag cross-entropy per sentence (averaged over its phrases and supervised layers), when the
-        model predicts tags and the batch carries `phrase_tags`. Per sentence so that it expands with beams.
+        MG-SA phrase-tag cross-entropy per sentence (Eq. 10: summed over its tagged phrases of every level; averaged
+        over the supervised layers), when the model predicts tags and the batch carries `phrase_tags`. Per sentence so
+        that it expands with beams.
     gates (`tuple(torch.FloatTensor)`, *optional*):
         Hybrid: per variant layer, the local/global gate `(batch_size, seq_len)` or `(batch_size, heads, seq_len)`.
     head_labels (`tuple(torch.LongTensor)`, *optional*):

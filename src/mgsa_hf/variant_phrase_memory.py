@@ -72,7 +72,14 @@ class PhraseMemoryConfigFields:
         phrase_interaction (`str`, defaults to `"on_lstm"`):
             MG-SA: interaction over the phrase sequence: `"none"`, `"lstm"` or `"on_lstm"` (ordered neurons).
         on_lstm_chunk_size (`int`, defaults to 4):
-            MG-SA: chunk size of the ON-LSTM master gates (the phrase heads' width must be divisible by it).
+            MG-SA: chunk size of the ON-LSTM master gates (the phrase heads' width must be divisible by it). The
+            paper does not give it; 2 gives Table 3 row 6's +1.9M and Table 4's Big +7.4M (configs/phrase_memory).
+        phrase_memory_key_value (`str`, defaults to `"head_space"`):
+            MG-SA: how phrase heads read a head-space memory g^h ∈ R^{d_h} (Eq. 5's H_g W_K^h, H_g W_V^h):
+            `"head_space"`, each phrase head's own d_h × d_h W_K^h, W_V^h; `"none"`, g^h is the key and the value
+            (F_h's own parameters, the SANs composition's W_q, W_k, are the head's only new ones: the reading at which
+            Tables 1-3's counts come out). A model-space memory (`max`/`mean` composition, no interaction) is read
+            through the heads' rows of the key/value projections either way.
         phrase_tag_supervision (`bool`, defaults to `True`):
             MG-SA: predict the tag of each syntactic phrase from its composed vector (needs the syntactic partition).
         phrase_tag_loss_weight (`float`, defaults to 0.001):
@@ -98,6 +105,7 @@ class PhraseMemoryConfigFields:
     phrase_composition: Literal["max", "mean", "sans", "lstm"] = "sans"
     phrase_interaction: Literal["none", "lstm", "on_lstm"] = "on_lstm"
     on_lstm_chunk_size: int = checked_field(4, at_least(1))
+    phrase_memory_key_value: Literal["head_space", "none"] = "head_space"
     phrase_tag_supervision: bool = True
     phrase_tag_loss_weight: float | int = checked_field(0.001, at_least(0))
     num_phrase_tags: int = checked_field(64, at_least(1))
@@ -481,7 +489,7 @@ class PhraseMemoryAttention(MgsaAttention):
 
     New modules: `composition` (`sans`: `query_proj`, `key_proj`; `lstm`: `lstm`), `interaction` (`nn.LSTM` or
     [`OnLstm`], shared by the granularities, which run as one batch), `tag_classifier` (W_t, b_t of Eq. 9) and, for a
-    head-space memory, `phrase_key_value`.
+    head-space memory read through Eq. 5's matrices (`phrase_memory_key_value="head_space"`), `phrase_key_value`.
     """
 
     supported_attn_implementations = ("eager", "sdpa")
@@ -509,9 +517,9 @@ class PhraseMemoryAttention(MgsaAttention):
         )
         self.memory_in_head_space = config.phrase_composition in ("sans", "lstm") or self.interaction is not None
         phrase_heads = num_heads - self.word_heads
-        self.phrase_key_value = (
-            HeadSpaceKeyValue(config, phrase_heads, self.head_dim) if self.memory_in_head_space else None
-        )
+        # Eq. 5's W_K^h, W_V^h on g^h, or none (`phrase_memory_key_value="none"`: g^h is read as key and value)
+        projected = self.memory_in_head_space and config.phrase_memory_key_value == "head_space"
+        self.phrase_key_value = HeadSpaceKeyValue(config, phrase_heads, self.head_dim) if projected else None
 
     def forward(
         self,
@@ -585,7 +593,10 @@ class PhraseMemoryAttention(MgsaAttention):
                 parts.append(self.split_heads(memory[..., start : start + heads * self.head_dim]))
                 start += heads * self.head_dim
             memory = torch.cat(parts, 1)  # (B, phrase heads, P, d_h)
-            phrase_keys, phrase_values = self.phrase_key_value(memory)
+            if self.phrase_key_value is None:
+                phrase_keys = phrase_values = memory
+            else:
+                phrase_keys, phrase_values = self.phrase_key_value(memory)
         else:
             phrase_keys, phrase_values, start = [], [], word_rows.stop
             for memory, heads in zip(phrases.unbind(1), self.heads_per_granularity, strict=True):

@@ -54,6 +54,11 @@ class PhraseRepresentationConfigFields:
             +44.0M over "+Max" (7 poolings of 12 × 512 = 6144 units). A PR config saved before this field existed
             loads with `d_model`, the width it was built with. `configs/phrase_representation/max_attn_ta_narrow*.json`
             name cheaper widths.
+        pr_unfolded_output_projection (`bool`, defaults to `False`):
+            PR: learn Eq. 7's output projection W_O (D → D) and the half of Eq. 8's W3 that reads out_phrase apart, as
+            the paper writes them, instead of as their product (the default, the same family of functions with
+            12 (d² + d) parameters fewer at 6 + 6 layers: Table 2's "+Mean"/"+Max" +40.9M come out exactly only
+            unfolded; see `AttentivePhraseCombination`).
         pr_centred_sigmoid (`bool`, defaults to `True`):
             PR: Eq. 8 as W4 (σ(h) − ½) + b4, the same functions as the paper's W4 σ(h) + b4 (½ W4 1 moves into b4) but
             without a common-mode direction that Adam grows fast (see `AttentivePhraseCombination`); `False` computes
@@ -70,6 +75,7 @@ class PhraseRepresentationConfigFields:
     pr_transparent_attention: bool = True
     pr_combination_dim: int | None = checked_field(None, at_least(1))
     pr_pooling_dim: int | None = checked_field(None, at_least(1))
+    pr_unfolded_output_projection: bool = False
     pr_centred_sigmoid: bool = True
 
     def validate_pr_phrase_tokens(self):
@@ -293,7 +299,9 @@ class AttentivePhraseCombination(nn.Module):
     reads its output are two linear maps in a row, so they are learnt as their product, the attention's output
     projection (`attn.out_proj` holding W3_p W_O and b3 on Marian; `attn.o` on T5, whose projections have no bias, so
     b3 sits in `combine_token`; D → `pr_combination_dim`). The layer computes the same family of functions with one
-    D×D product per token less.
+    D×D product per token less. `pr_unfolded_output_projection=True` keeps them apart as Eqs. 7-8 print them: the
+    attention's W_O (D → D, its bias on Marian) then `combine_phrase`, W3_p (D → `pr_combination_dim`), with b3 in
+    `combine_token`.
 
     The sigmoid's output is centred: out = W4 (σ(h) − ½) + b4, which is Eq. 8 with b4 standing for b4 + ½ W4 1 (the
     same family of functions, the same parameters). A sigmoid's outputs are all positive, so with Eq. 8 as written
@@ -309,11 +317,16 @@ class AttentivePhraseCombination(nn.Module):
         super().__init__()
         embed_dim = config.d_model
         hidden_dim = config.pr_combination_dim or 3 * embed_dim
+        unfolded = config.pr_unfolded_output_projection
         # a key bias adds the same logit to every phrase of a query, which the softmax ignores
         self.attn = PhraseAttention(
-            config, num_heads, is_decoder=is_decoder, layer_idx=layer_idx, key_bias=False, output_dim=hidden_dim
+            config, num_heads, is_decoder=is_decoder, layer_idx=layer_idx, key_bias=False,
+            output_dim=embed_dim if unfolded else hidden_dim,
         )
-        self.combine_token = nn.Linear(embed_dim, hidden_dim, bias=self.attn.output_proj.bias is None)  # W3_x (b3)
+        # W3_p of Eq. 8 on Eq. 7's out_phrase, apart from W_O when unfolded (else folded into the output projection)
+        self.combine_phrase = nn.Linear(embed_dim, hidden_dim, bias=False) if unfolded else None
+        has_b3 = unfolded or self.attn.output_proj.bias is None
+        self.combine_token = nn.Linear(embed_dim, hidden_dim, bias=has_b3)  # W3_x (b3)
         self.combine_out = nn.Linear(hidden_dim, embed_dim)  # W4, b4
         self.sigmoid_offset = 0.5 if config.pr_centred_sigmoid else 0.0
 
@@ -348,6 +361,8 @@ class AttentivePhraseCombination(nn.Module):
             attention_mask=attention_mask,
             past_key_values=past_key_values,
         )
+        if self.combine_phrase is not None:  # W3_p (W_O context + b_O), Eqs. 7-8 as printed
+            phrase_part = self.combine_phrase(phrase_part)
         # Eq. 8, the sigmoid centred by default (see the class docstring): W4 (σ(h) − ½) + b4 computed as
         # W4 σ(h) + (b4 − ½ W4 1), the same function and gradients without a second (B, T, 3D) activation to keep
         activation = torch.sigmoid(self.combine_token(hidden_states) + phrase_part)

@@ -209,7 +209,8 @@ class RheAttention(MgsaAttention):
     the `"rhe"` and `"rhe_prune"` modes.
 
     Backends: the identification needs every head's full distribution A, so the layer computes its attention
-    explicitly whatever `attn_implementation` says (the model's other layers use the configured kernel).
+    explicitly whatever `attn_implementation` says (the model's other layers use the configured kernel); it returns
+    those weights under eager only, as every layer does, so `output_attentions` has MarianMTModel's entries.
     """
 
     def __init__(self, config, num_heads: int, is_decoder: bool = False, is_causal: bool = False, layer_idx=None,
@@ -314,7 +315,7 @@ class RheAttention(MgsaAttention):
         syntax: RheInputs | None = None,
         position_bias: torch.Tensor | None = None,
         **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor, MgsaLayerOutput]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, MgsaLayerOutput]:
         """
         Encoder self-attention. `hidden_states` (B, L, D); `syntax` the batch's [`RheInputs`] (the encoder makes them
         once per forward). `attention_mask` is not read: padding comes from `syntax.padding_mask`. T5's
@@ -322,8 +323,24 @@ class RheAttention(MgsaAttention):
 
         Returns:
             `(output (B, L, D), attention weights (B, H, L, L) after head replacement, before dropout,
-            MgsaLayerOutput with the head labels (B, H) or None for "sea_all")`.
+            MgsaLayerOutput with the head labels (B, H) or None for "sea_all")`. The weights are None unless the
+            backend is eager (or a bare layer's config names none), as every other layer on a fused kernel returns
+            them, so `output_attentions` is MarianMTModel's: one entry per layer, or none under sdpa and flex.
         """
+        output, weights, contribution = self.syntax_enhanced_attention(
+            hidden_states, key_value_states, past_key_values, syntax, position_bias
+        )
+        return output, weights if self.config._attn_implementation in (None, "eager") else None, contribution
+
+    def syntax_enhanced_attention(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None,
+        past_key_values,
+        syntax: RheInputs | None,
+        position_bias: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, MgsaLayerOutput]:
+        """[`forward`] with the explicit weights always returned."""
         if key_value_states is not None or past_key_values is not None:
             raise ValueError("RheAttention is an encoder self-attention: it takes no key_value_states or cache.")
         require_inputs(syntax, RheInputs, self)

@@ -5,6 +5,7 @@ type's default is the row named by the type (`"hybrid"`); every other row is a c
 named `<encoder_type>/<file stem>` (`"phrase_representation/max_attn_ta_parse"`), so a new row is a new file.
 """
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -104,3 +105,39 @@ def least_busy_gpu(gpus: list[str], busy: list[str | None]) -> str | None:
     """The GPU of `gpus` that the fewest running jobs use (`busy`: each running job's GPU), the first on a tie, so
     jobs started together go round-robin; None without GPUs."""
     return min(gpus, key=busy.count) if gpus else None
+
+
+# the papers' model sizes (Vaswani et al., 2017, Table 3), Marian backbone; the vocabulary is left small, as the
+# parameters a row adds do not depend on it
+TRANSFORMER_SIZES = {
+    "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+                 decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048),
+    "big": dict(d_model=1024, encoder_layers=6, decoder_layers=6, encoder_attention_heads=16,
+                decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096),
+}
+
+
+def parameter_count(fields: dict, size: str = "base") -> int:
+    """The parameters of a Marian-backbone model with the row's config `fields` at a Transformer size (`"base"` or
+    `"big"`; a row's own sizes win), built on the meta device (nothing is allocated) with a 64-token vocabulary."""
+    import torch
+
+    from .configuration_mgsa import MgsaConfig
+    from .modeling_mgsa import MgsaForConditionalGeneration
+
+    config = MgsaConfig(**{"vocab_size": 64, "pad_token_id": 63, "decoder_start_token_id": 63,
+                           **TRANSFORMER_SIZES[size], **fields})
+    with torch.device("meta"):
+        model = MgsaForConditionalGeneration(config)
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+@functools.cache
+def _baseline_count(size: str, sizes: tuple) -> int:
+    return parameter_count({"encoder_type": BASELINE, **dict(sizes)}, size)
+
+
+def parameters_added(fields: dict, size: str = "base") -> int:
+    """The parameters the row `fields` adds to the plain Transformer of the same size (see [`parameter_count`])."""
+    sizes = tuple(sorted((key, value) for key, value in fields.items() if key in TRANSFORMER_SIZES[size]))
+    return parameter_count(fields, size) - _baseline_count(size, sizes)
