@@ -2,9 +2,10 @@
 for `trust_remote_code`) import none of the tool modules (training, benchmarks, command line, export), and no module
 is over 750 lines."""
 
+import sys
 from pathlib import Path
 
-from transformers.dynamic_module_utils import get_relative_import_files
+from transformers.dynamic_module_utils import get_imports, get_relative_import_files
 
 import mgsa_hf
 
@@ -38,6 +39,17 @@ def test_the_model_modules_import_no_tool_module():
     # every tool module exists (a renamed one would make this test pass vacuously)
     assert all((PACKAGE / f"{name}.py").is_file() for name in TOOL_MODULES)
     assert (PACKAGE / "benchmarking" / "__init__.py").is_file()
+
+
+def test_the_model_code_needs_only_torch_and_transformers():
+    """The packages transformers requires before it loads a saved folder's code (`check_imports` of each file it
+    fetches from the Hub: every import outside `try` blocks) are torch, transformers and their own requirements:
+    `datasets` and `pyarrow` (mapping a dataset), spaCy (the parse, for a model that reads syntax) and sentencepiece
+    (training a Marian tokenizer) are imported only where used, inside `try` blocks that name the install."""
+    packages = set()
+    for path in model_closure():
+        packages |= set(get_imports(str(path))) - set(sys.stdlib_module_names)
+    assert packages == {"torch", "transformers", "huggingface_hub", "tokenizers", "numpy"}
 
 
 def test_the_benchmarks_are_a_subpackage():

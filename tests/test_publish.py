@@ -16,8 +16,10 @@ from huggingface_hub.errors import EntryNotFoundError
 from huggingface_hub.utils import filter_repo_objects
 from transformers import AutoModelForSeq2SeqLM, AutoProcessor, GenerationConfig
 
+from mgsa_hf import MgsaConfig
 from mgsa_hf.evaluation import decode_token_ids
-from mgsa_hf.model_card import card_dataset
+from mgsa_hf.model_card import CardDataset, build_model_card, card_dataset, card_repo_id
+from mgsa_hf.modeling_common import card_for_repository
 from mgsa_hf.tokenization_utils import read_lines
 from mgsa_hf.training import load_train_config, run_folder, train
 
@@ -152,7 +154,9 @@ def test_the_model_folder_holds_the_model_and_the_run_folder_the_rest(trained):
 
 def test_uploading_the_folder_publishes_the_model_and_its_card(trained, hub):
     """`hf upload` / `upload_folder` of the saved folder: every file of the model, processor and code, none of the
-    run's, and the package's card with its model-index (the dataset by its Hub id, the corpus's split names)."""
+    run's, and the package's card with its model-index (the dataset by its Hub id and the Hub's split names, which
+    bentrevett/multi30k calls train / validation / test), its code naming a placeholder repository that the card
+    asks to replace, never the bare folder name."""
     results, folder = trained
     HfApi().create_repo("tiny", exist_ok=True)
     HfApi().upload_folder(repo_id=f"{USER}/tiny", folder_path=folder)
@@ -164,11 +168,14 @@ def test_uploading_the_folder_publishes_the_model_and_its_card(trained, hub):
     assert card.data.datasets == ["bentrevett/multi30k"]
     scores = {(result.dataset_type, result.dataset_split, result.metric_type): result.metric_value
               for result in card.data.eval_results}
-    split_names = {"validation": "val", "test": "test_2016_flickr"}
+    assert {result.dataset_split for result in card.data.eval_results} == {"validation", "test"}
     for row in results["scores"]:
         for metric in ("bleu", "chrf"):
-            key = ("bentrevett/multi30k", split_names[row["split"]], metric)
+            key = ("bentrevett/multi30k", row["split"], metric)
             assert scores[key] == pytest.approx(row[metric], abs=0.01)
+    assert 'model="<your-username>/tiny-multi30k"' in card.text and "Replace `<your-username>/tiny-multi30k`" in \
+        card.text
+    assert 'model="tiny-multi30k"' not in card.text and card.data.base_model is None
 
 
 def test_processor_push_uploads_the_processor_files_only(trained, hub):
@@ -218,8 +225,11 @@ def test_model_push_to_a_new_repository_publishes_the_package_card(trained, hub)
     assert expected <= set(files)
     assert json.loads(files["config.json"])["custom_pipelines"]["mgsa-translation"]["impl"].startswith(
         "pipeline_translation.")
-    card = hub.card(f"{USER}/fresh")
-    assert card.data.eval_results == local.data.eval_results and card.text == local.text
+    card = hub.card(f"{USER}/fresh")  # the folder's card, naming the repository it was pushed to
+    assert card.data.eval_results == local.data.eval_results
+    assert card.text == card_for_repository(local.text, f"{USER}/fresh") != local.text
+    assert f'pipeline("translation", model="{USER}/fresh")' in card.text
+    assert "<your-username>" not in card.text and "Replace `" not in card.text
 
 
 def test_training_with_push_to_hub_uploads_the_model_folder(tmp_path, hub, one_thread):
@@ -261,22 +271,62 @@ def test_the_card_says_how_to_load_the_model_and_it_works(encoder_type, request,
     else:
         assert "the parse needs spaCy and its English pipeline `en_core_web_sm`" in card.text
         assert "(beam 1, at most 12 tokens)" in card.text
-    with_package, without_package = (block.replace(f'"{folder.name}"', repr(str(folder))) for block in blocks)
+    placeholder = f'"{card_repo_id(None, folder.name)}"'
+    assert placeholder in blocks[0] and placeholder in blocks[1]
+    with_package, without_package = (block.replace(placeholder, repr(str(folder))) for block in blocks)
     exec(compile(with_package, "card", "exec"), {})  # here, where the package is imported
     script = f"import sys\nsys.modules['mgsa_hf'] = None\n{without_package}\nprint('ran')\n"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False, cwd=tmp_path)
     assert result.returncode == 0 and result.stdout.strip().endswith("ran"), result.stderr[-3000:]
 
 
+MULTI30K_SPLITS = ("train", "val", "test_2016_flickr")  # the local copy's files
+
+
 @pytest.mark.parametrize(
-    "data, pair, expected",
+    "data, pair, splits, expected",
     [
-        ("../shared/data/multi30k", ("en", "de"), ("bentrevett/multi30k", "Multi30k (task 1, en-de)")),
-        ("/data/Multi30k", ("de", "en"), ("bentrevett/multi30k", "Multi30k (task 1, en-de)")),
-        ("/data/multi30k", ("en", "fr"), (None, "multi30k")),
-        ("./corpora/news.jsonl", ("en", "de"), (None, "news")),
-        ("wmt/wmt16", ("en", "de"), ("wmt/wmt16", "wmt/wmt16")),
+        ("../shared/data/multi30k", ("en", "de"), MULTI30K_SPLITS,
+         ("bentrevett/multi30k", "Multi30k (task 1, en-de)", {"val": "validation", "test_2016_flickr": "test"})),
+        ("/data/Multi30k", ("de", "en"), ("train", "val"), ("bentrevett/multi30k", "Multi30k (task 1, en-de)",
+                                                            {"val": "validation"})),
+        # the same folder scored on a split the Hub's dataset does not have: no Hub id, its own split names
+        ("/data/multi30k", ("en", "de"), ("train", "val", "test_2017_flickr"), (None, "multi30k", {})),
+        ("/data/multi30k", ("en", "fr"), MULTI30K_SPLITS, (None, "multi30k", {})),
+        ("./corpora/news.jsonl", ("en", "de"), ("train", "dev"), (None, "news", {})),
+        ("wmt/wmt16", ("en", "de"), ("train", "validation", "test"), ("wmt/wmt16", "wmt/wmt16", {})),
     ],
 )
-def test_card_names_the_dataset_by_its_hub_id(data, pair, expected):
-    assert card_dataset(data, *pair) == expected
+def test_card_names_the_dataset_by_its_hub_id_and_splits(data, pair, splits, expected):
+    dataset = card_dataset(data, *pair, splits)
+    assert isinstance(dataset, CardDataset) and (dataset.id, dataset.name) == expected[:2]
+    assert {split: dataset.split_name(split) for split in splits if dataset.split_name(split) != split} == expected[2]
+
+
+@pytest.mark.parametrize("encoder_type", ["transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe"])
+@pytest.mark.parametrize("init_from, base_model", [
+    ("Helsinki-NLP/opus-mt-en-de", "Helsinki-NLP/opus-mt-en-de"),
+    ("/cache/hub/models--Helsinki-NLP--opus-mt-en-de/snapshots/0123abcd", "Helsinki-NLP/opus-mt-en-de"),
+    ("./converted-rhe", None),
+    (None, None),
+])
+def test_card_links_its_paper_names_its_base_model_and_what_its_code_needs(encoder_type, init_from, base_model):
+    config = MgsaConfig(d_model=16, encoder_layers=2, decoder_layers=1, encoder_attention_heads=2,
+                        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, vocab_size=50,
+                        encoder_type=encoder_type)
+    card = build_model_card(config, model_id=card_repo_id("team/model", "model"), source_lang="en",
+                            target_lang="de", dataset_name="news", train_size=10, hyperparameters={}, results=[],
+                            parser="en_core_web_sm" if config.reads_source_syntax else None, init_from=init_from)
+    papers = {"transformer": "https://arxiv.org/abs/1706.03762", "phrase_memory": "https://arxiv.org/abs/1909.02222",
+              "phrase_representation": "https://aclanthology.org/2020.acl-main.37",
+              "hybrid": "https://aclanthology.org/P19-1295", "rhe": "https://aclanthology.org/2021.emnlp-main.260"}
+    assert f"*{config.variant.paper}*]({papers[encoder_type]})" in card.text
+    assert card.data.base_model == base_model
+    if base_model:
+        assert f"Fine-tuned from [`{base_model}`](https://huggingface.co/{base_model})." in card.text
+    elif init_from:
+        assert "Fine-tuned from the local checkpoint `converted-rhe`" in card.text
+    # the packages of the code path, named for the encoder type; the package itself only from its source or wheel
+    install = "`pip install torch transformers" + (" 'spacy>=3.8.15,<3.9'`" if config.reads_source_syntax else "`")
+    assert install in card.text and "pip install mgsa-hf" not in card.text
+    assert 'model="team/model"' in card.text and "<your-username>" not in card.text and card.data.datasets is None

@@ -2,19 +2,43 @@
 
 import dataclasses
 import json
+import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .modeling_common import PLACEHOLDER_NOTE, REPO_ID_PLACEHOLDER
 from .syntax_spacy import DEFAULT_PARSERS
 
 
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
+# the spaCy releases the package runs with (setup.cfg), as a card's install line names them
+SPACY_REQUIREMENT = "'spacy>=3.8.15,<3.9'"
 
-# (corpus folder name, language pair) -> the Hub dataset id and the name a card gives a local copy of a corpus that is
-# published on the Hub; other local corpora are named by their folder and get no id
+
+@dataclasses.dataclass(frozen=True)
+class CardDataset:
+    """How a card names a corpus: its Hub dataset `id` (None where there is none), its `name`, and the Hub's name of
+    each of the corpus's own split names that the card reports (`splits`; a corpus without a Hub id keeps its own)."""
+
+    id: str | None
+    name: str
+    splits: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def split_name(self, split: str) -> str:
+        return self.splits.get(split, split)
+
+
+# (corpus folder name, language pair) -> the Hub dataset that a local copy of a published corpus is: its id, the
+# card's name for it, and the Hub's split of each of the copy's split files (bentrevett/multi30k: train 29,000,
+# validation 1,014, test 1,000 pairs, the files train, val and test_2016_flickr of the WMT16 task 1 release). A local
+# copy that is trained or scored on other splits, and every other local corpus, is named by its folder with no id.
 HUB_DATASETS = {
-    ("multi30k", frozenset({"en", "de"})): ("bentrevett/multi30k", "Multi30k (task 1, en-de)"),
+    ("multi30k", frozenset({"en", "de"})): CardDataset(
+        "bentrevett/multi30k", "Multi30k (task 1, en-de)",
+        {"train": "train", "val": "validation", "test_2016_flickr": "test"},
+    ),
 }
 
 # config.backbone -> how the card names the architecture
@@ -27,19 +51,42 @@ def variant_settings(config) -> dict:
     return {key: value for key, value in config.to_dict().items() if key in names}
 
 
-def card_dataset(data: str | Path, source_lang: str, target_lang: str) -> tuple[str | None, str]:
+def card_dataset(data: str | Path, source_lang: str, target_lang: str, splits: Iterable[str] = ()) -> CardDataset:
     """
-    The Hub dataset id (None where there is none) and the name by which a card names the corpus `data` (a training
-    config's `data`): a Hub dataset id names itself; a local copy of a corpus published on the Hub, recognised by its
-    folder name and language pair ([`HUB_DATASETS`]: `multi30k` en-de is `bentrevett/multi30k`), gets that id; any
-    other folder or file is named by its name alone.
+    How a card names the corpus `data` (a training config's `data`) and its `splits` (the corpus's own names of the
+    splits trained on and scored, the config's `splits` values): a Hub dataset id names itself and its splits; a local
+    copy of a corpus published on the Hub, recognised by its folder name and language pair ([`HUB_DATASETS`]:
+    `multi30k` en-de is `bentrevett/multi30k`), gets that id and the Hub's split names, if every one of `splits` is a
+    split of the Hub's; any other folder or file is named by its name alone, with no id.
     """
     text = str(data)
     path = Path(text)
     if not path.exists() and path.suffix != ".jsonl" and not text.startswith((".", "/")):
-        return text, text  # read with `datasets.load_dataset`: a Hub id
+        return CardDataset(text, text)  # read with `datasets.load_dataset`: a Hub id, its own split names
     name = path.stem if path.suffix == ".jsonl" else path.name
-    return HUB_DATASETS.get((name.lower(), frozenset({source_lang, target_lang})), (None, name))
+    known = HUB_DATASETS.get((name.lower(), frozenset({source_lang, target_lang})))
+    if known is None or not set(splits) <= set(known.splits):
+        return CardDataset(None, name)
+    return known
+
+
+def card_repo_id(repo_id: str | None, folder_name: str) -> str:
+    """The repository id a card's code loads: the one the folder is pushed to, else a placeholder
+    (`<your-username>/<folder name>`) that the card asks to replace and `push_to_hub` replaces."""
+    return repo_id or f"{REPO_ID_PLACEHOLDER}{folder_name}"
+
+
+def card_base_model(init_from: str | None) -> str | None:
+    """The Hub id of the checkpoint a model was fine-tuned from (`init_from`): a Hub id, or the id of a Hub download
+    in the cache (`.../models--<namespace>--<name>/snapshots/<commit>`); None for a local folder or none."""
+    if not init_from:
+        return None
+    cached = re.search(r"models--([^/\\]+?)--([^/\\]+)[/\\]snapshots[/\\]", str(init_from))
+    if cached:
+        return f"{cached.group(1)}/{cached.group(2)}"
+    if Path(init_from).exists() or str(init_from).startswith((".", "/", "~")):
+        return None
+    return str(init_from)
 
 
 def build_model_card(
@@ -57,6 +104,9 @@ def build_model_card(
     dataset_id: str | None = None,
     generation_config=None,
     example_source: str = "A man rides a bike.",
+    title: str | None = None,
+    init_from: str | None = None,
+    slow_tokenizer: bool = False,
 ) -> ModelCard:
     """
     Fill the card template.
@@ -66,6 +116,11 @@ def build_model_card(
     dataset `dataset_id` (its Hub id, see [`card_dataset`]; `dataset_name` where there is none), which the metadata
     also lists under `datasets`. `tree_source` says where the constituency trees come from (see
     [`describe_tree_source`]); `generation_config` (the model's) gives the decoding settings the card states.
+
+    `model_id` is the repository id the card's code loads (see [`card_repo_id`]; a placeholder gets a note asking
+    to replace it), `title` the card's heading (by default `model_id`); `init_from`, the checkpoint fine-tuned from,
+    becomes `base_model` where it is on the Hub ([`card_base_model`]); `slow_tokenizer` says the processor's
+    tokenizer is a SentencePiece one (Marian's), which needs `sentencepiece`.
     """
     summary, paper = config.variant.summary, config.variant.paper
     eval_results = [
@@ -92,18 +147,32 @@ def build_model_card(
         datasets=[dataset_id] if dataset_id else None,
         metrics=["bleu", "chrf"],
         eval_results=eval_results or None,
+        base_model=card_base_model(init_from),
     )
+    packages = ["torch", "transformers", *(["sentencepiece"] if slow_tokenizer else [])]
     if parser is None:
         processor_summary = "the tokenizer alone: this model reads no syntax"
-        requirements = "`transformers` and `torch` are all it needs"
+        if slow_tokenizer:
+            requirements = "`transformers`, `torch` and `sentencepiece` (its tokenizer) are all it needs"
+        else:
+            requirements = "`transformers` and `torch` are all it needs"
     else:
         processor_summary = f"tokenizer + spaCy parser, `{parser}`"
         processor_summary += f"; constituency trees {tree_source}" if tree_source else ""
+        packages.append(SPACY_REQUIREMENT)
         if parser in DEFAULT_PARSERS:  # the processor loads whichever of them is installed
-            requirements = ("the parse needs spaCy and its English pipeline `en_core_web_sm` (`pip install spacy`, "
-                            "`python -m spacy download en_core_web_sm`)")
+            requirements = (f"the parse needs spaCy and its English pipeline `en_core_web_sm` (`pip install "
+                            f"{SPACY_REQUIREMENT}`, `python -m spacy download en_core_web_sm`)")
         else:
             requirements = f"the parse needs spaCy and the pipeline `{parser}`"
+    base_model = card_base_model(init_from)
+    if base_model:
+        fine_tuned = f"Fine-tuned from [`{base_model}`](https://huggingface.co/{base_model})."
+    elif init_from:
+        fine_tuned = (f"Fine-tuned from the local checkpoint `{Path(str(init_from)).name}`: where it is on the Hub, "
+                      "name it as `base_model` in the metadata above.")
+    else:
+        fine_tuned = "Trained from scratch."
     if generation_config is None:
         from transformers import GenerationConfig
 
@@ -115,6 +184,12 @@ def build_model_card(
         card_data,
         template_path=str(TEMPLATE),
         model_id=model_id,
+        title=title or model_id,
+        placeholder_note=model_id.startswith(REPO_ID_PLACEHOLDER),
+        note_markers=PLACEHOLDER_NOTE,
+        install=" ".join(packages),
+        fine_tuned=fine_tuned,
+        paper_url=config.variant.paper_url,
         source_lang=source_lang,
         target_lang=target_lang,
         backbone=BACKBONE_NAMES[config.backbone],

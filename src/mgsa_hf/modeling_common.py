@@ -13,6 +13,7 @@ The rest of what they share lives beside it, one concern a module:
 * `modeling_upgrade.py`: the upgrade of a checkpoint that lacks the variant's modules.
 """
 
+import re
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -315,6 +316,22 @@ class MgsaForConditionalGenerationMixin:
                                      num_items_in_batch)
 
 
+# the repository id a model card names before the folder is published (`mgsa-hf train` without `push_to_hub`):
+# `<your-username>/<folder name>`, which `push_to_hub` replaces by the repository's id
+REPO_ID_PLACEHOLDER = "<your-username>/"
+# the card's note asking to replace it, between these markers
+PLACEHOLDER_NOTE = ("<!-- repo-id-note -->", "<!-- /repo-id-note -->")
+
+
+def card_for_repository(card_text: str, repo_id: str) -> str:
+    """A model card written before its folder was published (naming `<your-username>/<name>`), for the repository
+    `repo_id`: every placeholder id replaced by `repo_id`, and the note asking to replace it dropped."""
+    start, end = PLACEHOLDER_NOTE
+    if start in card_text and end in card_text:
+        card_text = card_text[: card_text.index(start)] + card_text[card_text.index(end) + len(end) :].lstrip("\n")
+    return re.sub(re.escape(REPO_ID_PLACEHOLDER) + r"[\w.\-]+", repo_id, card_text)
+
+
 class BaseModelAutoMapMixin:
     """Saving a translation model with its code (`register_for_auto_class`, which importing the package does) also
     names its bare encoder-decoder (`base_model_class`) under `AutoModel` in the config's `auto_map`, and the
@@ -341,7 +358,8 @@ class BaseModelAutoMapMixin:
         """
         Transformers' `push_to_hub`, which keeps the card a repository has and gives a new one its blank template:
         a model loaded from a folder that holds this package's model card (`README.md` tagged `mgsa-hf`, with the
-        scores as `model-index`, as `mgsa-hf train` writes it) gives a repository without a card that card first.
+        scores as `model-index`, as `mgsa-hf train` writes it) gives a repository without a card that card first,
+        naming the repository ([`card_for_repository`]).
         """
         card_path = Path(str(self.name_or_path)) / "README.md"
         if card_path.is_file() and "mgsa-hf" in (ModelCard.load(card_path).data.tags or []):
@@ -350,6 +368,7 @@ class BaseModelAutoMapMixin:
             try:
                 ModelCard.load(repo_id, token=kwargs.get("token"))
             except EntryNotFoundError:
-                api.upload_file(path_or_fileobj=str(card_path), path_in_repo="README.md", repo_id=repo_id,
+                card = card_for_repository(card_path.read_text(encoding="utf-8"), repo_id)
+                api.upload_file(path_or_fileobj=card.encode("utf-8"), path_in_repo="README.md", repo_id=repo_id,
                                 commit_message="Add the model card")
         return super().push_to_hub(repo_id, *args, **kwargs)

@@ -29,7 +29,8 @@ class Variant:
 
     Attributes:
         name (`str`): the `encoder_type` value.
-        summary (`str`), paper (`str`): what it computes, in a phrase, and the title of its paper (for model cards).
+        summary (`str`), paper (`str`), paper_url (`str`): what it computes, in a phrase, and the title of its paper
+            and its address (ACL Anthology or arXiv), for model cards.
         config_fields (`type`, *optional*):
             A `dataclass(kw_only=True)` mixin of [`~mgsa_hf.configuration_mgsa.MgsaVariantConfig`]: the variant's
             fields with their types, defaults and validators (`configuration_fields.py`), `validate_*` methods that
@@ -65,6 +66,7 @@ class Variant:
     name: str
     summary: str = ""
     paper: str = ""
+    paper_url: str = ""
     config_fields: type | None = None
     field_prefixes: tuple[str, ...] = ()
     layers_field: str | None = None

@@ -63,6 +63,34 @@ def refuse_saved_processor_code(folder) -> None:
             refuse_saved_code(saved, folder, option="trust_remote_code=True` to `pipeline(...)")
 
 
+def missing_processor_packages(folder) -> str | None:
+    """Why the processor saved in `folder` (a local folder, or a Hub repository in the cache) did not load, when its
+    code (`auto_map` of its processor config, `trust_remote_code`) imports a package that is not installed:
+    transformers' own message naming the packages (`dynamic_module_utils.check_imports` of every file of that code);
+    else None. The base class drops a processor that fails to load, and this says why."""
+    from transformers.dynamic_module_utils import check_imports, get_relative_import_files
+    from transformers.utils import cached_file
+
+    try:
+        config_file = cached_file(str(folder), PROCESSOR_NAME, local_files_only=True,
+                                  _raise_exceptions_for_missing_entries=False)
+        saved = json.loads(Path(config_file).read_text(encoding="utf-8")) if config_file else {}
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    reference = (saved.get("auto_map") or {}).get("AutoProcessor") if isinstance(saved, dict) else None
+    if not isinstance(reference, str) or "--" in reference:  # no code, or code of another repository
+        return None
+    module_file = Path(config_file).with_name(f"{reference.rsplit('.', 1)[0]}.py")
+    if not module_file.is_file():
+        return None
+    for code_file in (str(module_file), *get_relative_import_files(str(module_file))):
+        try:
+            check_imports(code_file)
+        except ImportError as error:
+            return str(error)
+    return None
+
+
 def check_batching(batch_size, num_workers) -> None:
     """A `ValueError` naming `batch_size` unless it is a positive integer, or `num_workers` unless it is a
     non-negative one (`None`: the pipeline's default)."""
@@ -128,6 +156,10 @@ class MgsaTranslationPipeline(Pipeline):
             if problem is not None:
                 raise OSError(problem)
         if self.processor is None and getattr(self.model.config, "encoder_type", "transformer") != "transformer":
+            missing = missing_processor_packages(self.model.name_or_path)
+            if missing is not None:
+                raise ImportError(f"The processor of {self.model.name_or_path} (tokenizer + parser) did not load: "
+                                  f"{missing}")
             raise ValueError(
                 f"encoder_type={self.model.config.encoder_type!r} reads the source syntax, so the translation "
                 "pipeline needs the model's processor (tokenizer + parser): save it beside the model with "

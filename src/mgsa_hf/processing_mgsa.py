@@ -503,8 +503,8 @@ class MgsaProcessor(ProcessorMixin):
             **processor_kwargs (`dict`): `max_length`, `max_target_length`, `truncation` of
                 [`~MgsaProcessor.__call__`].
         """
-        from datasets import DatasetDict
-        from datasets.fingerprint import Hasher
+        datasets = import_datasets()
+        DatasetDict, Hasher = datasets.DatasetDict, datasets.fingerprint.Hasher
 
         if isinstance(dataset, DatasetDict):
             options = dict(batch_size=batch_size, num_proc=num_proc, remove_columns=remove_columns, desc=desc)
@@ -577,7 +577,7 @@ class MgsaProcessor(ProcessorMixin):
 
     def _fingerprint(self) -> str:
         """Hash of everything the fields depend on besides the data."""
-        from datasets.fingerprint import Hasher
+        Hasher = import_datasets().fingerprint.Hasher
 
         parser = self.parser.resolved_name if self.with_syntax else None
         plugin_code = self.parser.code_fingerprint() if self.with_syntax else None
@@ -600,16 +600,33 @@ class MgsaProcessor(ProcessorMixin):
         )
 
 
+def import_datasets():
+    """The `datasets` package, which [`MgsaProcessor.map_dataset`] alone needs. The import sits in a `try` block:
+    transformers checks that every package a remote folder's code imports is installed, and skips the imports inside
+    `try` blocks (`dynamic_module_utils.get_imports`), so a processor loaded with `trust_remote_code=True` needs
+    `datasets` (and `pyarrow`) only to map a dataset."""
+    try:
+        import datasets
+        import datasets.fingerprint
+    except ImportError as error:
+        raise ImportError(f"MgsaProcessor.map_dataset needs the `datasets` package ({error}): "
+                          "`pip install datasets`.") from error
+    return datasets
+
+
 def _drop_damaged_cache_files(dataset, fingerprint: str) -> None:
     """Removes the `map` cache files that `dataset.map(..., new_fingerprint=fingerprint)` would load (the file, or
     the shard files of a `num_proc` map) when one cannot be read or they hold another number of rows than `dataset`
     (written by a run that stopped, or on a full disk), so that `map` computes them again instead of failing on the
     file or loading part of the data. A dataset without cache files (in memory) has none."""
-    import pyarrow
-    from datasets import Dataset
-    from datasets.fingerprint import is_caching_enabled
+    datasets = import_datasets()
+    try:  # `datasets` installs it; in a `try` block for transformers' check of remote code (see `import_datasets`)
+        import pyarrow
+    except ImportError as error:
+        raise ImportError(f"MgsaProcessor.map_dataset needs `pyarrow` ({error}): `pip install datasets`.") from error
+    Dataset = datasets.Dataset
 
-    if not dataset.cache_files or not is_caching_enabled():
+    if not dataset.cache_files or not datasets.fingerprint.is_caching_enabled():
         return
     cache_file = Path(dataset._get_cache_file_path(fingerprint))
     # the file itself, and `datasets`' shard files `<name>_{rank:05d}_of_{num_proc:05d}.arrow`, by number of shards

@@ -111,8 +111,10 @@ def can_fork_parse(inputs: list) -> bool:
     given trees stay here)."""
     if not sys.platform.startswith("linux") or multiprocessing.current_process().daemon:
         return False
-    from thinc.api import NumpyOps, get_current_ops
-
+    try:  # spaCy's array library; in a `try` block for transformers' check of remote code (see `import_spacy`)
+        from thinc.api import NumpyOps, get_current_ops
+    except ImportError:  # no spaCy: nothing to parse
+        return False
     return isinstance(get_current_ops(), NumpyOps) and all(isinstance(text, str) for text in inputs)
 
 

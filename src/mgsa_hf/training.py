@@ -614,7 +614,7 @@ def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores
     """Write the model folder (model, processor, card: swapped in whole; uploaded when `training.push_to_hub`), then
     the run's files in the run folder: the splits' translations (`<split>.hyp.<target_lang>`) and `results.json`."""
     from .atomic_saves import MODEL_FILES, PROCESSOR_FILES, staged_folder
-    from .model_card import card_dataset, describe_tree_source
+    from .model_card import card_dataset, card_repo_id, describe_tree_source
 
     output_dir = Path(config.output_dir)
     hyperparameters = {key: config.training[key] for key in sorted(config.training)
@@ -630,19 +630,23 @@ def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores
         hub = HfApi(token=config.training.get("hub_token"))
         hub_repo_id = hub.create_repo(config.training.get("hub_model_id") or output_dir.name, exist_ok=True,
                                       private=config.training.get("hub_private_repo")).repo_id
-    dataset_id, dataset_name = card_dataset(config.data, config.source_lang, config.target_lang)
+    dataset = card_dataset(config.data, config.source_lang, config.target_lang, config.splits.values())
     card = build_model_card(
         trainer.model.config,
-        model_id=hub_repo_id or output_dir.name,
+        model_id=card_repo_id(hub_repo_id, output_dir.name),  # a placeholder until the folder is pushed
+        title=hub_repo_id or output_dir.name,
+        init_from=config.init_from,
+        slow_tokenizer=getattr(processor.tokenizer, "backend_tokenizer", None) is None,
         source_lang=config.source_lang,
         target_lang=config.target_lang,
-        dataset_name=dataset_name,
-        dataset_id=dataset_id,
+        dataset_name=dataset.name,
+        dataset_id=dataset.id,
         generation_config=trainer.model.generation_config,
         train_size=len(corpus["train"]),
         hyperparameters=hyperparameters,
-        # each split under the corpus's own name for it (`test_2016_flickr`, not `test`)
-        results=[{**row, "split": config.splits.get(row["split"]) or row["split"]} for row in results["scores"]],
+        # each split under the name the card's dataset gives it: the Hub's, else the corpus's own (`test_2016_flickr`)
+        results=[{**row, "split": dataset.split_name(config.splits.get(row["split"]) or row["split"])}
+                 for row in results["scores"]],
         parser=processor.parser.resolved_name if processor.with_syntax else None,
         tree_source=describe_tree_source(processor.parser.tree_parser, bool(config.trees or config.tree_column)),
     )

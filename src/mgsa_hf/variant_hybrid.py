@@ -282,6 +282,7 @@ HYBRID = Variant(
     name="hybrid",
     summary="local/global hybrid self-attention with a learned gate.",
     paper="Leveraging Local and Global Patterns for Self-Attention Networks",
+    paper_url="https://aclanthology.org/P19-1295",
     config_fields=HybridConfigFields,
     field_prefixes=("hybrid_",),
     layers_field="hybrid_layers",

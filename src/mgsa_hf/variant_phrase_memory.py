@@ -673,6 +673,7 @@ PHRASE_MEMORY = Variant(
     name="phrase_memory",
     summary="Multi-Granularity Self-Attention: some heads attend over n-gram or syntactic phrases.",
     paper="Multi-Granularity Self-Attention for Neural Machine Translation",
+    paper_url="https://arxiv.org/abs/1909.02222",
     config_fields=PhraseMemoryConfigFields,
     field_prefixes=("phrase_", "on_lstm_", "num_phrase_"),
     layers_field="phrase_memory_layers",

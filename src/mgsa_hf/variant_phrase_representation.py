@@ -562,6 +562,7 @@ PHRASE_REPRESENTATION = Variant(
     name="phrase_representation",
     summary="source phrase representations attended by every encoder and decoder layer, with transparent attention.",
     paper="Learning Source Phrase Representations for Neural Machine Translation",
+    paper_url="https://aclanthology.org/2020.acl-main.37",
     config_fields=PhraseRepresentationConfigFields,
     field_prefixes=("pr_",),
     encoder_layer_mixin=PhraseRepresentationEncoderMixin,

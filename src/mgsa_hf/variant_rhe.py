@@ -396,6 +396,7 @@ RHE = Variant(
     name="rhe",
     summary="redundant-head enlivening with dependency- and local-phrase-enhanced attention.",
     paper="Enlivening Redundant Heads in Multi-head Self-attention for Machine Translation",
+    paper_url="https://aclanthology.org/2021.emnlp-main.260",
     config_fields=RheConfigFields,
     field_prefixes=("rhe_",),
     layers_field="rhe_layers",

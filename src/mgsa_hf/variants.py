@@ -13,7 +13,8 @@ from .variant_rhe import RHE
 
 
 # the plain Transformer: Marian's (T5's) own layers, no fields, no syntax
-TRANSFORMER = Variant(name="transformer", summary="the plain Transformer.", paper="Attention Is All You Need")
+TRANSFORMER = Variant(name="transformer", summary="the plain Transformer.", paper="Attention Is All You Need",
+                      paper_url="https://arxiv.org/abs/1706.03762")
 
 VARIANTS: dict[str, Variant] = {
     variant.name: variant for variant in (TRANSFORMER, PHRASE_MEMORY, PHRASE_REPRESENTATION, HYBRID, RHE)
