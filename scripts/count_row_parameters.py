@@ -3,7 +3,7 @@
 Writes the table between `<!-- parameter-table -->` and `<!-- /parameter-table -->` of each configs README (or, with
 `--check`, says which README is out of date). Counts are at Transformer-base (d_model 512, 6 + 6 layers, 8 heads, FFN
 2048) unless the file sets Transformer-big's sizes; models are built on the meta device, and the parameters a row adds
-do not depend on the vocabulary (`mgsa_hf.benchmarking_rows.parameters_added`). Every row of a paper's tables is
+do not depend on the vocabulary (`mgsa_hf.benchmarking.rows.parameters_added`). Every row of a paper's tables is
 listed: a row that is no model of the package names why in place of a file.
 
     python scripts/count_row_parameters.py [--check]
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from mgsa_hf.benchmarking_rows import CONFIGS, config_row, parameters_added  # noqa: E402
+from mgsa_hf.benchmarking.rows import CONFIGS, config_row, parameters_added  # noqa: E402
 
 
 # folder → rows: (the paper's table and row, its count added in millions as printed (None: not given), file stem or

@@ -9,8 +9,8 @@ import torch
 from conftest import tiny_sizes
 
 from mgsa_hf import MgsaConfig
-from mgsa_hf.benchmarking_rows import CONFIGS, parameters_added
-from mgsa_hf.modeling_common import MgsaSyntaxInputs
+from mgsa_hf.benchmarking.rows import CONFIGS, parameters_added
+from mgsa_hf.modeling_syntax_inputs import MgsaSyntaxInputs
 from mgsa_hf.variant_phrase_memory import PhraseMemoryAttention, PhraseMemoryInputs
 from mgsa_hf.variant_phrase_representation import AttentivePhraseCombination
 

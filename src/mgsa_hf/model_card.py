@@ -27,6 +27,7 @@ class CardDataset:
     splits: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def split_name(self, split: str) -> str:
+        """The dataset's own name of the run's `split` (the Hub's `validation` for a local `val` file)."""
         return self.splits.get(split, split)
 
 
