@@ -16,7 +16,7 @@ from mgsa_hf.on_lstm import OnLstm
 from mgsa_hf.variant_phrase_memory import PhraseMemoryAttention, PhraseMemoryInputs, ngram_phrase_ids, phrase_partition
 
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "phrase_memory"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "src" / "mgsa_hf" / "rows" / "phrase_memory"
 ROWS = sorted(path.stem for path in CONFIG_DIR.glob("*.json"))
 PAD, EOS = 49, 0
 TINY = tiny_sizes(vocab_size=50, pad_token_id=PAD, decoder_start_token_id=PAD, eos_token_id=EOS,

@@ -29,7 +29,7 @@ PhraseRepresentationEncoderLayer = PHRASE_REPRESENTATION.encoder_layer_class(Mgs
 PhraseRepresentationDecoderLayer = PHRASE_REPRESENTATION.decoder_layer_class(MgsaDecoderLayer)
 
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "phrase_representation"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "src" / "mgsa_hf" / "rows" / "phrase_representation"
 ROWS = sorted(path.stem for path in CONFIG_DIR.glob("*.json"))
 PAD, EOS = 49, 0
 TINY = tiny_sizes(vocab_size=50, decoder_layers=2, pad_token_id=PAD, decoder_start_token_id=PAD, eos_token_id=EOS,
