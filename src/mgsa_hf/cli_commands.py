@@ -89,7 +89,7 @@ def _onnx_translations(folder: str, sentences: list[str], args, options: dict):
         else {"truncation": options.pop("truncation", False)}
     for start in range(0, len(sentences), args.batch_size):
         inputs = processor(sentences[start:start + args.batch_size], return_tensors="pt", **cut)
-        yield from processor.batch_decode(model.generate(**inputs, **options), skip_special_tokens=True)
+        yield from processor.tokenizer.batch_decode(model.generate(**inputs, **options), skip_special_tokens=True)
 
 
 def run_translate(args) -> None:
