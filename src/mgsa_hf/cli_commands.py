@@ -130,8 +130,8 @@ def run_translate(args) -> None:
 # evaluate ----------------------------------------------------------------------------------------------------
 
 EVALUATE_DESCRIPTION = """Score a saved model folder on a split of a corpus folder through the translation pipeline,
-with the folder's own decoding (its generation config) unless --num-beams says otherwise: sacreBLEU's BLEU and chrF
-with the BLEU signature, the share of distinct translations, and the BLEU the folder's model card states for that
+with the folder's own decoding (its generation config) unless --num-beams says otherwise, and sources longer than the
+model's positions cut there (as training scores its splits): sacreBLEU's BLEU and chrF with the BLEU signature, the share of distinct translations, and the BLEU the folder's model card states for that
 split, printed as JSON.
 
     mgsa-hf evaluate runs/mgsa-multi30k --data path/to/multi30k --split test_2016_flickr
@@ -173,7 +173,7 @@ def run_evaluate(args) -> dict:
                          "reference lines.")
     sources, references = sources[:args.max_samples], references[:args.max_samples]
     translator = pipeline("translation", model=args.folder, device="cpu")
-    options = {"num_beams": args.num_beams} if args.num_beams else {}
+    options = {"truncation": True, **({"num_beams": args.num_beams} if args.num_beams else {})}
     translations = [row["translation_text"] for row in translator(sources, batch_size=args.batch_size, **options)]
     scores = translation_scores(translations, references)
     report = {"folder": args.folder, "data": args.data, "split": args.split, "sentences": len(sources),
