@@ -4,7 +4,7 @@
 What a practitioner does with an opus-mt model, on the default `mgsa-hf train` model (`runs/mgsa-multi30k`): convert
 it to every encoder type (the variant's new modules start as an identity where the variant allows,
 `mgsa_hf.conversion.load_as_mgsa`), score the converted model as it is (step 0), then fine-tune each, the plain
-`transformer` too, for the same steps with `configs/train/finetune.yaml` and score again (beam 4, sacreBLEU).
+`transformer` too, for the same steps with ``recipe=finetune`` and score again (beam 4, sacreBLEU).
 
     python scripts/bench_finetune.py convert                      # the converted folders, seconds
     python scripts/bench_finetune.py run --seeds 1 --step0 &      # step-0 scores, then seed 1 of every type
@@ -24,7 +24,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 ENCODER_TYPES = ["transformer", "hybrid", "rhe", "phrase_representation", "phrase_memory"]
-FINETUNE_CONFIG = REPO / "configs" / "train" / "finetune.yaml"
+FINETUNE_CONFIG = REPO / "src" / "mgsa_hf" / "recipes" / "finetune.yaml"
 
 
 def parse_args(argv=None) -> argparse.Namespace:

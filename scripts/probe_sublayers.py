@@ -9,7 +9,7 @@ grows to the size of its input in a post-LN model shrinks the rest of the residu
 how PR's uncentred Eq. 8 was found to slow learning at the CPU recipe:
 
     python scripts/probe_sublayers.py --budget cpu-lr-0.005 --prepared runs/bench-quality/cpu/prepared \
-        --rows transformer phrase_representation configs/phrase_representation/max_attn_ta_uncentred.json \
+        --rows transformer phrase_representation phrase_representation/max_attn_ta_uncentred \
         --steps 300 --jobs 3 --threads 1
 """
 

@@ -1,8 +1,8 @@
 """The catalogue of bad inputs and faults: each gets a clear error naming the argument, field, file or line (or a
 documented sane result, or a warning), never a silently wrong result, a crash deep inside torch, datasets or spaCy,
 or a hang. Sections: configuration (every way a config is made); the processor, `syntax()` and forward/generate of
-every encoder type; processor folders, corpora and the collator; generation, the pipeline, translate.py, model inputs
-and saved weights; training runs (resume, checkpoints, the CLI's paths)."""
+every encoder type; processor folders, corpora and the collator; generation, the pipeline, `mgsa-hf translate`,
+model inputs and saved weights; training runs (resume, checkpoints, the CLI's paths)."""
 
 import argparse
 import copy
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # --- configuration: every way a config is made ---
 # `MgsaConfig(...)`, `from_pretrained(path, **kwargs)`, a hand-edited config.json, a config changed after construction,
-# the CLI's `model.*` keys and `convert_marian.py --set` all reach one validation (`@strict` fields and `validate_*`).
+# the CLI's `model.*` keys and `mgsa-hf convert --set` all reach one validation (`@strict` fields and `validate_*`).
 
 SIZES = dict(vocab_size=60, d_model=16, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
              decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
@@ -471,8 +471,8 @@ def test_folder_missing_a_tokenizer_file(request, tiny_config, tmp_path, process
     with pytest.raises(OSError, match=rf"{tmp_path}.* {match}"):
         pipeline("translation", model=str(tmp_path))
 
-# --- generation, pipeline, translate.py, model inputs, saved weights ---
-# Counts given to `generate`, the pipeline and `scripts/translate.py`, the script's lines, RHE's syntax fields and the
+# --- generation, pipeline, `mgsa-hf translate`, model inputs, saved weights ---
+# Counts given to `generate`, the pipeline and `mgsa-hf translate`, the script's lines, RHE's syntax fields and the
 # weights of a saved folder: each bad one gets an error naming it.
 
 POSITIONS = 32  # max_position_embeddings of the saved tiny model below
@@ -500,11 +500,10 @@ def plain_translator(plain_folder):
 
 
 def run_translate_script(argv):
-    """`scripts/translate.py`'s `main(argv)`."""
-    import runpy
-    from pathlib import Path
+    """`mgsa-hf translate ARGV`."""
+    from mgsa_hf.cli import main
 
-    return runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "translate.py"))["main"](argv)
+    return main(["translate", *argv])
 
 
 BAD_GENERATE_ARGUMENTS = [
@@ -760,7 +759,7 @@ def test_every_save_records_its_weights(multi30k_processor, tiny_config, tmp_pat
 # `mgsa-hf train`'s run folder (resuming, torn checkpoints, its tokenizer), its settings, and the scripts' paths.
 
 
-TINY_TRAIN_CONFIG = REPO / "configs" / "train" / "tiny.yaml"
+TINY_TRAIN_CONFIG = REPO / "src" / "mgsa_hf" / "recipes" / "tiny.yaml"
 
 
 def tiny_run_config(output_dir, *overrides):

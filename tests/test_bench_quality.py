@@ -312,7 +312,7 @@ def test_sublayer_probe_trains_and_measures_every_attention_sublayer(dry_run, tm
     output = tmp_path / "probe.json"
     subprocess.run([sys.executable, str(REPO / "scripts" / "probe_sublayers.py"), "--budget", "dry-run", "--prepared",
                     str(root / "dry-run" / "prepared"), "--rows", "phrase_representation",
-                    str(REPO / "configs" / "phrase_representation" / "max_attn_ta_uncentred.json"), "--steps", "4",
+                    "phrase_representation/max_attn_ta_uncentred", "--steps", "4",
                     "--every", "2", "--jobs", "2", "--threads", "1", "--output", str(output)],
                    check=True, capture_output=True, text=True, timeout=600)
     report = json.loads(output.read_text())

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "multi30k"
-TINY = REPO / "configs" / "train" / "tiny.yaml"
+TINY = REPO / "src" / "mgsa_hf" / "recipes" / "tiny.yaml"
 LAUNCH_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
               "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
 

@@ -5,7 +5,6 @@ and `translate_ctranslate2` translates text; the variants and the T5 backbone ar
 ONNX."""
 
 import json
-import runpy
 from pathlib import Path
 
 import pytest
@@ -113,11 +112,12 @@ def test_vocabulary_keeps_the_tokenizer_layout(converted, multi30k_processor):
 
 
 def test_script_and_text_translation(trained, multi30k_processor, multi30k_val, tmp_path, capsys):
-    """`scripts/export_ctranslate2.py FOLDER OUTPUT` converts; `translate_ctranslate2` translates text as the
+    """`mgsa-hf export ct2 FOLDER OUTPUT` converts; `translate_ctranslate2` translates text as the
     model's greedy `generate` does."""
     model, folder = trained
-    script = runpy.run_path(str(REPO / "scripts" / "export_ctranslate2.py"))
-    script["main"]([str(folder), str(tmp_path / "ct2")])
+    from mgsa_hf.cli import main
+
+    main(["export", "ct2", str(folder), str(tmp_path / "ct2")])
     report = json.loads(capsys.readouterr().out)
     assert report["output_dir"] == str(tmp_path / "ct2") and (tmp_path / "ct2" / "model.bin").is_file()
 

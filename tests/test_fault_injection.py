@@ -245,7 +245,7 @@ def test_cli_save_stopped_at_each_write(multi30k_processor, small_processor, tin
     from mgsa_hf.training import _save, load_train_config
 
     folder = tmp_path / "model"
-    config = load_train_config(REPO / "configs" / "train" / "tiny.yaml", [f"output_dir={folder}"])
+    config = load_train_config(REPO / "src" / "mgsa_hf" / "recipes" / "tiny.yaml", [f"output_dir={folder}"])
     old, _ = two_models("marian", small_processor, tiny_config, tiny_t5_config)
     _, new = two_models("marian", multi30k_processor, tiny_config, tiny_t5_config)
 

@@ -16,7 +16,7 @@ from mgsa_hf.training import load_train_config, run_folder, train
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "multi30k"
-TINY = REPO / "configs" / "train" / "tiny.yaml"
+TINY = REPO / "src" / "mgsa_hf" / "recipes" / "tiny.yaml"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -140,7 +140,7 @@ def test_init_from_keeps_the_checkpoints_configuration(tmp_path):
     finetune.write_text("init_from: some/folder\nmodel: {dropout: 0.2}\n")
     assert load_train_config(finetune, ["model.encoder_type=hybrid"]).model == {"dropout": 0.2,
                                                                                  "encoder_type": "hybrid"}
-    packaged = load_train_config(REPO / "configs" / "train" / "finetune.yaml", ["model.encoder_type=rhe"])
+    packaged = load_train_config(REPO / "src" / "mgsa_hf" / "recipes" / "finetune.yaml", ["model.encoder_type=rhe"])
     assert packaged.init_from and packaged.model == {"encoder_type": "rhe"}
 
 

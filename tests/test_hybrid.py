@@ -23,7 +23,7 @@ from mgsa_hf.modeling_syntax_inputs import MgsaSyntaxInputs
 from mgsa_hf.variant_hybrid import HybridAttention
 
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "hybrid"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "src" / "mgsa_hf" / "rows" / "hybrid"
 ROWS = sorted(path.stem for path in CONFIG_DIR.glob("*.json"))
 TINY = tiny_sizes(max_position_embeddings=256)
 
@@ -331,7 +331,7 @@ def test_fused_path_matches_the_explicit_distributions(fields):
 
 
 def test_configs_readme_maps_every_file_with_its_parameter_count():
-    """Every config file has a row in `configs/hybrid/README.md`, whose "package" column is the number of parameters
+    """Every row file has a row in `rows/hybrid/README.md`, whose "package" column is the number of parameters
     the row adds to the Transformer at base size (d_model 512, 8 heads), as counted here."""
     readme = (CONFIG_DIR / "README.md").read_text()
     rows = [line for line in readme.splitlines() if line.startswith("|") and ".json`" in line]
@@ -381,7 +381,7 @@ def test_a_hybrid_model_trains_and_serves_without_spacy(tmp_path):
 import sys
 from transformers import pipeline
 from mgsa_hf.training import load_train_config, train
-config = load_train_config({str(repo / "configs" / "train" / "tiny.yaml")!r}, [
+config = load_train_config({str(repo / "src" / "mgsa_hf" / "recipes" / "tiny.yaml")!r}, [
     "data={repo.parent / "shared" / "data" / "multi30k"}", "output_dir={tmp_path / "model"}",
     "model.encoder_type=hybrid", "training.max_steps=2", "training.eval_strategy=no", "training.save_strategy=no"])
 train(config)

@@ -5,7 +5,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -190,11 +189,10 @@ def test_package_registers_auto_classes():
 
 
 def test_convert_marian_script(tmp_path, marian_dir, batch):
-    """scripts/convert_marian.py keeps every Marian weight and reports the variant's new modules."""
-    script = Path(__file__).resolve().parents[1] / "scripts" / "convert_marian.py"
+    """`mgsa-hf convert` keeps every Marian weight and reports the variant's new modules."""
     result = subprocess.run(
-        [sys.executable, str(script), str(marian_dir), str(tmp_path / "out"), "--encoder-type", "rhe",
-         "--set", "rhe_mode=\"sea_all\""],
+        [sys.executable, "-m", "mgsa_hf.cli", "convert", str(marian_dir), str(tmp_path / "out"),
+         "--encoder-type", "rhe", "--set", "rhe_mode=\"sea_all\""],
         capture_output=True, text=True, check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]

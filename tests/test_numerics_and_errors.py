@@ -27,7 +27,7 @@ from mgsa_hf.training import load_train_config, run_folder, train
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "multi30k"
-TINY = REPO / "configs" / "train" / "tiny.yaml"
+TINY = REPO / "src" / "mgsa_hf" / "recipes" / "tiny.yaml"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -17,7 +17,7 @@ from mgsa_hf.on_lstm import OnLstm
 from mgsa_hf.variant_phrase_memory import PhraseMemoryAttention, PhraseMemoryInputs, ngram_phrase_ids, phrase_partition
 
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "phrase_memory"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "src" / "mgsa_hf" / "rows" / "phrase_memory"
 # the rows at a size of their own (Transformer-big: `big_*.json`) are the base rows' fields at that size
 ROWS = sorted(path.stem for path in CONFIG_DIR.glob("*.json") if "d_model" not in json.loads(path.read_text()))
 PAD, EOS = 49, 0

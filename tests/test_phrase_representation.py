@@ -31,7 +31,7 @@ PhraseRepresentationEncoderLayer = PHRASE_REPRESENTATION.encoder_layer_class(Mgs
 PhraseRepresentationDecoderLayer = PHRASE_REPRESENTATION.decoder_layer_class(MgsaDecoderLayer)
 
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "phrase_representation"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "src" / "mgsa_hf" / "rows" / "phrase_representation"
 # the PR rows of Table 2 (the Transformer Base / Big rows are plain Transformers)
 ROWS = sorted(path.stem for path in CONFIG_DIR.glob("*.json")
               if json.loads(path.read_text())["encoder_type"] == "phrase_representation")

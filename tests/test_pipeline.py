@@ -229,11 +229,11 @@ print(json.dumps(translations))
 
 
 def test_translate_script_decodes_with_the_generation_config(rhe_folder, multi30k_processor, sources, tmp_path):
-    """`scripts/translate.py` without generation options translates as `generate` with the folder's generation
+    """`mgsa-hf translate` without generation options translates as `generate` with the folder's generation
     config (before, it decoded with beam 4 and up to 128 new tokens whatever the folder said)."""
     folder, model = rhe_folder
     (tmp_path / "src.en").write_text("\n".join(sources) + "\n")
-    command = [sys.executable, str(REPO / "scripts" / "translate.py"), str(folder),
+    command = [sys.executable, "-m", "mgsa_hf.cli", "translate", str(folder),
                "--input", str(tmp_path / "src.en"), "--output", str(tmp_path / "hyp.de"), "--batch-size", "2"]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr[-3000:]

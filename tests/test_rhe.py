@@ -19,7 +19,7 @@ from mgsa_hf.syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 from mgsa_hf.variant_rhe import RheAttention, RheInputs
 
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "rhe"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "src" / "mgsa_hf" / "rows" / "rhe"
 ROWS = sorted(path.stem for path in CONFIG_DIR.glob("*.json"))
 TINY = tiny_sizes(max_position_embeddings=256, vocab_size=600, pad_token_id=2, decoder_start_token_id=2,
                   eos_token_id=0)

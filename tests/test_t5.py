@@ -154,8 +154,8 @@ def test_variants_on_t5(name, t5_dir, real_batch):
 
 
 def test_train_script_trains_the_t5_family_and_the_folder_loads(tmp_path):
-    command = [sys.executable, str(REPO / "scripts" / "train.py"), str(REPO / "configs" / "train" / "tiny_t5.yaml"),
-               f"data={DATA}", f"output_dir={tmp_path}"]
+    """`mgsa-hf train tiny_t5` (a packaged recipe by name) from a folder outside the repository."""
+    command = [sys.executable, "-m", "mgsa_hf.cli", "train", "tiny_t5", f"data={DATA}", f"output_dir={tmp_path}"]
     result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((run_folder(tmp_path) / "results.json").read_text())

@@ -19,7 +19,7 @@ from mgsa_hf.training import TrainConfig, load_train_config, run_folder, train
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "multi30k"
-TINY = REPO / "configs" / "train" / "tiny.yaml"
+TINY = REPO / "src" / "mgsa_hf" / "recipes" / "tiny.yaml"
 SOURCES = ["A man rides a bike down the street.", "Two dogs are playing in the snow."]
 
 
@@ -107,8 +107,7 @@ def test_model_card_carries_scores(trained_tiny):
 def test_translate_script_matches_pipeline(trained_tiny, tmp_path):
     _, folder = trained_tiny
     (tmp_path / "src.en").write_text("\n".join(SOURCES) + "\n")
-    script = REPO / "scripts" / "translate.py"
-    command = [sys.executable, str(script), str(folder), "--input", str(tmp_path / "src.en"),
+    command = [sys.executable, "-m", "mgsa_hf.cli", "translate", str(folder), "--input", str(tmp_path / "src.en"),
                "--output", str(tmp_path / "hyp.de"), "--num-beams", "2", "--max-new-tokens", "8", "--batch-size", "1"]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -454,15 +453,18 @@ def test_multi30k_from_the_hub_as_the_readme_says(tmp_path, monkeypatch):
 
 
 def test_installed_wheel_trains_with_a_data_path(tmp_path):
-    """`pip install .` (a wheel, not the editable checkout): the package data (default train config, model card
-    template) is inside, and `mgsa-hf train` runs from a folder outside the repository with `data=` given."""
+    """`pip install .` (a wheel, not the editable checkout): the package data (the named recipes and rows, the model
+    card template) and the LICENSE are inside, and `mgsa-hf train` runs from a folder outside the repository with `data=` given."""
     wheels, site = tmp_path / "wheels", tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(wheels), str(REPO)], check=True, capture_output=True, text=True, timeout=300)
     (wheel,) = wheels.glob("mgsa_hf-*.whl")
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
                    check=True, capture_output=True, text=True, timeout=300)
-    assert (site / "mgsa_hf" / "default_train_config.yaml").is_file()
+    assert {path.stem for path in (site / "mgsa_hf" / "recipes").glob("*.yaml")} >= {"default", "finetune", "tiny"}
+    assert (site / "mgsa_hf" / "rows" / "rhe" / "dea_rhe.json").is_file()
+    assert (site / "mgsa_hf" / "rows" / "rhe" / "README.md").is_file()
+    assert "Apache License" in next(site.glob("mgsa_hf-*.dist-info/licenses/LICENSE")).read_text()
     assert (site / "mgsa_hf" / "model_card_template.md").is_file()
     overrides = [f"data={DATA}", f"output_dir={tmp_path / 'run'}", "max_train_samples=64", "max_eval_samples=8",
                  "max_test_samples=8", "vocab_size=300", "model.d_model=32", "model.encoder_layers=1",

@@ -1,13 +1,21 @@
-"""`mgsa-hf` command line: `mgsa-hf train` trains a translation model (by default a small en→de model on Multi30k);
-`mgsa-hf prepare` tokenizes and parses a recipe's corpus once, on disk, before training; `mgsa-hf demo` builds a
-small model of each encoder type, saves, reloads and translates."""
+"""The `mgsa-hf` command line: `train` (and `finetune`) a translation model from a named recipe, `prepare` a recipe's
+corpus once before training, `translate` with a saved folder, `evaluate` it on a corpus split, `convert` a Marian or
+T5 folder into a variant, `export` it to ONNX or CTranslate2, and `demo` every encoder type in seconds.
+
+User errors (a missing file or folder, an unknown key or recipe, a bad value) end the command with one line on
+standard error and a non-zero exit status; `--debug` shows the traceback instead."""
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 
+from huggingface_hub.errors import StrictDataclassError
+
+from . import cli_commands
 from .corpus_preparation import add_prepare_arguments, run_prepare
-from .training import add_train_arguments, run_train
+from .training import TrainConfig, add_train_arguments, run_train
+from .training_recipes import FINETUNE_RECIPE, recipe_names, row_names
 
 
 def positive_int(text: str) -> int:
@@ -63,28 +71,118 @@ def demo(args: argparse.Namespace) -> None:
                   f"{output.shape[0]} sentences of {output.shape[1]} tokens from the parsed sources")
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="mgsa-hf", description="phrase- and syntax-aware NMT encoders")
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo_parser = commands.add_parser("demo", help="build, save, reload and run a small model of each encoder type")
+# what a user gets wrong: one line, no traceback (--debug shows it); torch's and Python's own faults keep theirs.
+# StrictDataclassError: a model or processor field's value refused by its configuration's validation
+USER_ERRORS = (OSError, ValueError, ImportError, KeyError, StrictDataclassError)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line that points at `--help`."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def train_epilog() -> str:
+    """The config keys with their defaults, the named recipes and the packaged rows, for `mgsa-hf train --help`."""
+    keys = []
+    for item in dataclasses.fields(TrainConfig):
+        default = item.default_factory() if item.default is dataclasses.MISSING else item.default
+        keys.append(f"  {item.name} = {default!r}")
+    recipes = [f"  {name:<14} {line}" for name, line in recipe_names().items()]
+    rows = row_names()
+    width, lines, line = 110, [], " "
+    for name in rows:
+        if len(line) + len(name) + 1 > width:
+            lines.append(line)
+            line = " "
+        line += f" {name}"
+    lines.append(line)
+    return "\n".join([
+        "config keys (key=value; section.key=value inside model, processor, training), with the defaults of "
+        "TrainConfig (a recipe sets many of them):", *keys, "",
+        "recipes (recipe=NAME, or a YAML/JSON file's path as the first argument; default: `default`):", *recipes, "",
+        f"init_from=FOLDER without a recipe fine-tunes with recipe={FINETUNE_RECIPE} (its learning rate and steps); "
+        "with a from-scratch recipe named, that recipe's training settings are used and its model section is not.",
+        "", "rows of the papers' tables (model=ROW sets their model fields; model.key=value after it changes one):",
+        *lines, "", "examples:", "  mgsa-hf train model.encoder_type=rhe training.max_steps=2000 output_dir=runs/rhe",
+        "  mgsa-hf train recipe=tiny model=rhe/dea_rhe data=path/to/multi30k",
+        "  mgsa-hf train recipe=finetune init_from=runs/mgsa-multi30k model.encoder_type=hybrid",
+    ])
+
+
+def run_finetune(args) -> dict:
+    """`mgsa-hf finetune ...` = `mgsa-hf train recipe=finetune ...`."""
+    if args.config is not None and "=" not in args.config:
+        raise ValueError(f"mgsa-hf finetune takes key=value overrides only, not {args.config!r}: the recipe is "
+                         f"{FINETUNE_RECIPE} (use `mgsa-hf train CONFIG` for another).")
+    args.overrides = [f"recipe={FINETUNE_RECIPE}", *([args.config] if args.config else []), *args.overrides]
+    args.config = None
+    return run_train(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`mgsa-hf` and its commands."""
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = OneLineParser(prog="mgsa-hf", description=__doc__, formatter_class=raw)
+    parser.add_argument("--debug", action="store_true", dest="debug_first", help="show the traceback of an error")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+
+    def command(name, function, help, description=None, epilog=None):
+        subparser = commands.add_parser(name, help=help, description=description or help, epilog=epilog,
+                                        formatter_class=raw)
+        subparser.set_defaults(func=function)
+        return subparser
+
+    train = command("train", run_train, "train a translation model (Seq2SeqTrainer) from a recipe and overrides",
+                    epilog=train_epilog())
+    add_train_arguments(train)
+    finetune = command("finetune", run_finetune, f"fine-tune init_from=FOLDER (or upgrade it with "
+                       f"model.encoder_type=...): train with recipe={FINETUNE_RECIPE}", epilog=train_epilog())
+    add_train_arguments(finetune)
+    prepare = command("prepare", run_prepare, "tokenize and parse a recipe's corpus once, on disk, before training")
+    add_prepare_arguments(prepare)
+    translate = command("translate", cli_commands.run_translate, "translate lines with a saved (or ONNX) folder",
+                        cli_commands.TRANSLATE_DESCRIPTION)
+    cli_commands.add_translate_arguments(translate)
+    evaluate = command("evaluate", cli_commands.run_evaluate, "score a saved folder on a corpus split (BLEU, chrF)",
+                       cli_commands.EVALUATE_DESCRIPTION)
+    cli_commands.add_evaluate_arguments(evaluate)
+    from .conversion import CONVERT_DESCRIPTION
+
+    convert = command("convert", cli_commands.run_convert, "upgrade a Marian or T5 folder with an encoder variant",
+                      CONVERT_DESCRIPTION)
+    cli_commands.add_convert_arguments(convert)
+    export = command("export", cli_commands.run_export, "export a saved folder: onnx (any encoder type) or ct2")
+    cli_commands.add_export_arguments(export)
+    demo_parser = command("demo", demo, "build, save, reload and run a small model of each encoder type")
     demo_parser.add_argument(
-        "--encoder-types", nargs="*",
+        "--encoder-types", nargs="*", help="(default: all)",
         default=["transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe"],
     )
-    demo_parser.set_defaults(func=demo)
-    train_parser = commands.add_parser(
-        "train", help="train a translation model (Seq2SeqTrainer); see mgsa_hf.training"
-    )
-    add_train_arguments(train_parser)
-    train_parser.set_defaults(func=run_train)
-    prepare_parser = commands.add_parser(
-        "prepare", help="tokenize and parse a recipe's corpus once, on disk, before training; see "
-                        "mgsa_hf.corpus_preparation"
-    )
-    add_prepare_arguments(prepare_parser)
-    prepare_parser.set_defaults(func=run_prepare)
-    args = parser.parse_args(argv)
-    args.func(args)
+    for name, subparser in commands.choices.items():
+        if name != "export":  # its formats take it
+            subparser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    return parser
+
+
+def one_line(error: BaseException) -> str:
+    """An exception's message on one line (a `KeyError`'s without its quotes)."""
+    message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+    return " ".join(str(message).split()) or type(error).__name__
+
+
+def main(argv=None) -> None:
+    """`mgsa-hf COMMAND ...`: a user error exits with status 1 and one line on standard error."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    debug = args.debug or args.debug_first
+    try:
+        args.func(args)
+    except USER_ERRORS as error:
+        if debug:
+            raise
+        raise SystemExit(f"mgsa-hf {args.command}: error: {one_line(error)}") from None
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 import argparse
 import inspect
 import json
+import sys
 from pathlib import Path
 
 from transformers import PretrainedConfig
@@ -159,17 +160,15 @@ CONVERT_DESCRIPTION = """Write an MGSA model folder from a Marian (opus-mt style
 
 Every Marian (T5) weight is kept; the chosen encoder variant's new modules start so that the model computes what the
 source computed, as far as the variant allows (`--new-modules-init identity`, see `mgsa_hf.conversion`), or with the
-variant's own initialisation (`random`). The tokenizer
-(and the MGSA processor, when a parser is available) are saved beside the model so the folder is ready for fine-tuning:
+variant's own initialisation (`random`). The tokenizer (and the MGSA processor, when a parser is available) are saved
+beside the model so the folder is ready for fine-tuning:
 
-    python scripts/convert_marian.py path/to/opus-mt-en-de out/opus-mt-en-de-rhe --encoder-type rhe
+    mgsa-hf convert path/to/opus-mt-en-de out/opus-mt-en-de-rhe --encoder-type rhe
 """
 
 
-def parse_convert_arguments(argv=None) -> argparse.Namespace:
-    """The command line of `scripts/convert_marian.py`."""
-    parser = argparse.ArgumentParser(description=CONVERT_DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_convert_arguments(parser) -> None:
+    """The arguments of `mgsa-hf convert`."""
     parser.add_argument("marian", help="Marian or T5 model folder (or a Hub id, when online)")
     parser.add_argument("output_dir", help="where to write the MGSA model folder")
     parser.add_argument("--encoder-type", default=None, choices=ENCODER_TYPES,
@@ -183,29 +182,38 @@ def parse_convert_arguments(argv=None) -> argparse.Namespace:
         "--set", nargs="*", default=[], metavar="FIELD=JSON",
         help="extra MgsaConfig fields, e.g. --set rhe_mode='\"sea_all\"' rhe_layers='[0,1]'",
     )
-    args = parser.parse_args(argv)
-    args.overrides = {}
-    for item in args.set:
+
+
+def parse_set_fields(items: list[str]) -> dict:
+    """`--set FIELD=JSON ...` → {field: value}; a `ValueError` names an item that is not FIELD=JSON."""
+    fields = {}
+    for item in items:
         field, sep, value = item.partition("=")
-        try:
-            args.overrides[field] = json.loads(value) if sep else None
-        except json.JSONDecodeError as error:
-            parser.error(f"--set {item}: the value after '=' must be JSON ({error}), e.g. rhe_layers='[0,1]' or "
-                         "rhe_mode='\"sea_all\"'.")
         if not sep or not field:
-            parser.error(f"--set {item}: expected FIELD=JSON.")
+            raise ValueError(f"--set {item}: expected FIELD=JSON.")
+        try:
+            fields[field] = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--set {item}: the value after '=' must be JSON ({error}), e.g. rhe_layers='[0,1]' or "
+                             "rhe_mode='\"sea_all\"'.") from None
+    return fields
+
+
+def parse_convert_arguments(argv=None) -> argparse.Namespace:
+    """The command line of `mgsa-hf convert`, parsed on its own (`args.overrides`: the `--set` fields)."""
+    parser = argparse.ArgumentParser(prog="mgsa-hf convert", description=CONVERT_DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_convert_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        args.overrides = parse_set_fields(args.set)
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 
 def convert_command(argv=None) -> None:
-    """`scripts/convert_marian.py`: convert, and print the report."""
-    args = parse_convert_arguments(argv)
-    try:  # a missing folder, not the Hub client's `Repo id must be in the form ...`
-        check_folder_or_hub_id(args.marian, "marian")
-    except FileNotFoundError as error:
-        raise SystemExit(f"convert_marian.py: {error}") from None
-    overrides = args.overrides
-    report = convert_checkpoint(args.marian, args.output_dir, encoder_type=args.encoder_type,
-                                new_modules_init=args.new_modules_init, trust_remote_code=args.trust_remote_code,
-                                **overrides)
-    print(json.dumps(report, indent=2))
+    """`mgsa-hf convert`: convert, and print the report."""
+    from .cli import main
+
+    main(["convert", *(sys.argv[1:] if argv is None else argv)])

@@ -59,7 +59,7 @@ def check_onnx_exportable(config) -> None:
             f"MG-SA with {settings} does not export to ONNX: its recurrences run over each batch's real phrases "
             "packed by length, loops whose number of steps depends on the data. The n-gram or syntactic partition "
             'with the "max", "mean" or "sans" composition and phrase_interaction="none" export (e.g. '
-            "configs/phrase_memory/syntactic_tag.json; the default adds the ON-LSTM interaction)."
+            "the row phrase_memory/syntactic_tag; the default adds the ON-LSTM interaction)."
         )
 
 

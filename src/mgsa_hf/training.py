@@ -1,9 +1,10 @@
 """Training from raw parallel text to a shareable model folder, with `Seq2SeqTrainer`.
 
-One YAML/JSON config (see `configs/train/`) plus `section.key=value` overrides → corpus → tokenizer (trained when
-none is given) → `MgsaProcessor` over the corpus (cached by `datasets`) → `Seq2SeqTrainer` with BLEU/chrF on
-validation and best-checkpoint selection → optional checkpoint averaging → test scores → model, processor and model
-card saved together. Launch with `accelerate launch` to use several GPUs or CPU processes.
+One YAML/JSON config (a packaged recipe, see `training_recipes`, or a file) plus `section.key=value` overrides →
+corpus → tokenizer (trained when none is given) → `MgsaProcessor` over the corpus (cached by `datasets`) →
+`Seq2SeqTrainer` with BLEU/chrF on validation and best-checkpoint selection → optional checkpoint averaging → test
+scores → model, processor and model card saved together. Launch with `accelerate launch` to use several GPUs or
+CPU processes.
 
 `output_dir` receives the shareable model folder and nothing else: config, generation config (the recipe's decoding
 settings), weights, the model's and the processor's code, the processor's files and the model card, so the whole
@@ -16,17 +17,19 @@ import dataclasses
 import json
 import logging
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from .run_ownership import own_run_folders, run_folder
+from .training_recipes import DEFAULT_RECIPE, FINETUNE_RECIPE, RECIPES, expand_rows, override_key, recipe_path
 
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CONFIG = Path(__file__).with_name("default_train_config.yaml")
+DEFAULT_CONFIG = RECIPES / f"{DEFAULT_RECIPE}.yaml"
 # below this fraction of distinct translations a trained model is reported as not reading its source
 COLLAPSED_FRACTION = 0.5
 
@@ -56,13 +59,13 @@ class TrainConfig:
 
     `init_from`: an MGSA, Marian or T5 folder to fine-tune. The model keeps that checkpoint's configuration, and only
     the `model` keys set explicitly change it: `model.key=value` overrides, and the `model` section of a config file
-    that itself names `init_from` (`configs/train/finetune.yaml`); the `model` section of a file written to train from
-    scratch (the packaged default, `tiny.yaml`) does not apply over a checkpoint given as an override. The
-    checkpoint's tokenizer (unless `tokenizer` names another) and its saved processor settings (under the `processor`
-    section's) come with it; saved settings that name code (a `tree_parser` import path, `parser_code`) only with
-    `trust_remote_code: true`. `init_new_modules`: how modules the checkpoint lacks (a variant added by
-    `model.encoder_type=...`) start: `"identity"` (the model computes what the checkpoint computed, as far as the
-    variant allows, see [`~modeling_upgrade.init_new_modules_as_identity`]) or `"random"`.
+    that itself names `init_from` (the `finetune` recipe, which `init_from` without a recipe picks); the `model`
+    section of a recipe written to train from scratch (`recipe=tiny`) does not apply over a checkpoint given as an
+    override. The checkpoint's tokenizer (unless `tokenizer` names another) and its saved processor settings (under
+    the `processor` section's) come with it; saved settings that name code (a `tree_parser` import path,
+    `parser_code`) only with `trust_remote_code: true`. `init_new_modules`: how modules the checkpoint lacks (a
+    variant added by `model.encoder_type=...`) start: `"identity"` (the model computes what the checkpoint
+    computed, as far as the variant allows, see [`~modeling_upgrade.init_new_modules_as_identity`]) or `"random"`.
 
     `resume_from_checkpoint`: true (the newest complete checkpoint in the run folder's `checkpoints/`; an error when
     there is none) or a checkpoint folder, which must hold what resuming reads ([`MgsaSeq2SeqTrainer.train`]).
@@ -164,10 +167,25 @@ def _apply_override(raw: dict, override: str) -> None:
 
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
-    """Read a YAML/JSON training config (the packaged default when `path` is None) and apply overrides."""
-    path = Path(path) if path is not None else DEFAULT_CONFIG
-    if not path.is_file():
-        raise FileNotFoundError(f"training config {path} does not exist.")
+    """Read a YAML/JSON training config and apply `key=value` overrides.
+
+    `path` is a file or a packaged recipe's name (`finetune`); None: the recipe an override `recipe=NAME` names, else
+    `finetune` when an override sets `init_from` (a checkpoint is fine-tuned with the fine-tuning recipe, never with
+    the from-scratch recipe's learning rate and warm-up), else `default`. An override `model=<encoder_type>/<row>`
+    sets the model fields of a packaged row (or of a JSON file), which later `model.*` overrides change.
+    """
+    overrides = list(overrides)
+    named = [override.partition("=")[2].strip() for override in overrides if override_key(override) == "recipe"]
+    overrides = expand_rows([override for override in overrides if override_key(override) != "recipe"])
+    if named and (path is not None or len(named) > 1):
+        raise ValueError(f"name one recipe: {path or named[0]!r} and recipe={named[-1]!r} were both given.")
+    if named:
+        path = named[0]
+    elif path is None:
+        path = FINETUNE_RECIPE if any(override_key(o) == "init_from" for o in overrides) else DEFAULT_RECIPE
+        if path == FINETUNE_RECIPE:
+            logger.info("init_from without a recipe: the %s recipe (%s)", FINETUNE_RECIPE, RECIPES)
+    path = recipe_path(path)
     raw = _load_yaml(path.read_text()) or {}
     if not isinstance(raw, dict):
         raise ValueError(f"training config {path} must be a mapping of keys to values.")
@@ -678,13 +696,14 @@ def translate_examples(output_dir: str | Path, sentences: list[str], **generate_
 
 def add_train_arguments(parser) -> None:
     parser.add_argument("config", nargs="?", default=None,
-                        help="YAML/JSON training config (default: the packaged Multi30k CPU config)")
+                        help="a packaged recipe's name or a YAML/JSON training config file (default: recipe=default, "
+                             "or recipe=finetune when init_from= is given)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="overrides such as model.encoder_type=rhe training.max_steps=2000 output_dir=runs/rhe")
 
 
 def run_train(args) -> dict:
-    """Entry point of `mgsa-hf train` and `scripts/train.py`: train, report the scores, translate the examples."""
+    """Entry point of `mgsa-hf train` and `mgsa-hf finetune`: train, report the scores, translate the examples."""
     config_path = args.config
     overrides = list(args.overrides)
     if config_path is not None and "=" in config_path and not Path(config_path).exists():
@@ -709,8 +728,7 @@ def run_train(args) -> dict:
                        f"{COLLAPSED_FRACTION:.0%} distinct): it learnt the target language but not to read its "
                        "source. Train again with another `training.seed=...`, a lower `training.learning_rate` or "
                        "more steps.")
-            logger.warning(message)
-            print(f"WARNING: {message}")
+            print(f"WARNING: {message}", file=sys.stderr)  # once: not also through the logger
         if config.examples:
             translations = translate_examples(config.output_dir, config.examples)
             for source, translation in zip(config.examples, translations, strict=True):

@@ -1,4 +1,4 @@
-"""The rows the benchmarks compare, read from the repository's `configs/` folder.
+"""The rows the benchmarks compare: the rows shipped in the package (`src/mgsa_hf/rows/`, see `training_recipes`).
 
 A row is a set of [`MgsaConfig`] fields of one encoder type (the benchmark's recipe gives the sizes). Each encoder
 type's default is the row named by the type (`"hybrid"`); every other row is a config file of its variant's folder,
@@ -11,11 +11,12 @@ import os
 from pathlib import Path
 
 from ..configuration_mgsa import ENCODER_TYPES
+from ..training_recipes import ROWS
 
 
-# the source checkout (`src/mgsa_hf/` → the repository), whose `configs/` and `benchmarks/` the benchmarks use
+# the source checkout (`src/mgsa_hf/benchmarking/` → the repository), whose `benchmarks/` the benchmarks use
 REPOSITORY = Path(__file__).resolve().parents[3]
-CONFIGS = REPOSITORY / "configs"
+CONFIGS = ROWS  # rows/<encoder_type>/<row>.json
 BASELINE = "transformer"
 # the config file of each encoder type's default, where its fields are written out: a run folder of an earlier
 # default under the same name (MG-SA's was the n-gram row) is then told apart by its fields
@@ -29,7 +30,7 @@ SPEED_ROWS = ("transformer", "phrase_memory/ngram_sans_layer_0", "phrase_memory"
 
 
 def config_row(name: str) -> dict:
-    """The fields of the config file `configs/<name>.json` (`name` as `<encoder_type>/<file stem>`)."""
+    """The fields of the row file `rows/<name>.json` (`name` as `<encoder_type>/<file stem>`)."""
     path = CONFIGS / f"{name}.json"
     if not path.is_file():
         raise SystemExit(f"row {name!r}: no file {path}.")
@@ -73,7 +74,7 @@ def resolve_rows(specs: list[str]) -> dict[str, dict]:
                 raise SystemExit(f"{spec} must set `encoder_type` to one of {sorted(ENCODER_TYPES)}.")
             rows[f"{fields['encoder_type']}/{Path(spec).stem}"] = fields
         else:
-            raise SystemExit(f"row {spec!r} is neither `defaults`, `best`, an encoder type, a row of configs/ nor a "
+            raise SystemExit(f"row {spec!r} is neither `defaults`, `best`, an encoder type, a packaged row nor a "
                              "JSON file.")
     return rows
 

@@ -1,0 +1,267 @@
+"""`mgsa-hf translate`, `evaluate`, `convert` and `export`: what a user does with a saved model folder. Each command
+is an `add_*_arguments(parser)` and a `run_*(args)`; `mgsa_hf.cli` wires them up and turns user errors into one line.
+"""
+
+import argparse
+import io
+import json
+import sys
+from pathlib import Path
+
+
+ONNX_MISSING = ("{what} needs the ONNX generation export (mgsa_hf.onnx_generation) and onnxruntime: install the "
+                "package with its export extra, `pip install 'mgsa-hf[export]'` ({error}).")
+
+
+def _onnx_generation(what: str):
+    """`mgsa_hf.onnx_generation`, imported only when a command needs it; a missing module or onnxruntime is one
+    clear `ImportError`."""
+    try:
+        import onnxruntime  # noqa: F401
+
+        from . import onnx_generation
+    except ImportError as error:
+        raise ImportError(ONNX_MISSING.format(what=what, error=error)) from error
+    return onnx_generation
+
+
+# translate ----------------------------------------------------------------------------------------------------
+
+TRANSLATE_DESCRIPTION = """Translate sentences (one per line) with a saved model folder, in batches, through the
+translation pipeline; an ONNX folder (one with encoder_model.onnx, written by `mgsa-hf export onnx`) is run with
+onnxruntime.
+
+Lines end at a line feed (the \\r of a \\r\\n ending is dropped): every input line gives one output line. Decoding
+follows the folder's generation config (beam size, length bound) unless --num-beams, --max-length or
+--max-new-tokens say otherwise. A line longer than the model's positions stops the run with an error naming it,
+unless --truncation or --max-source-length cut it.
+
+    echo "A man rides a bike." | mgsa-hf translate runs/mgsa-multi30k
+    mgsa-hf translate runs/mgsa-multi30k --input test.en --output test.hyp.de --num-beams 4
+"""
+
+
+def add_translate_arguments(parser) -> None:
+    from .cli import positive_int
+
+    parser.add_argument("model", help="saved model folder (model + processor), or an ONNX folder")
+    parser.add_argument("--input", help="file of source sentences (default: standard input)")
+    parser.add_argument("--output", help="file for the translations (default: standard output)")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="sentences per batch (default: 32)")
+    parser.add_argument("--num-beams", type=positive_int, help="beam size (default: the model's generation config)")
+    parser.add_argument("--max-length", type=positive_int,
+                        help="most tokens of a translation, EOS included (default: the model's generation config)")
+    parser.add_argument("--max-new-tokens", type=positive_int,
+                        help="most tokens of a translation, instead of --max-length (default: the model's "
+                             "generation config)")
+    parser.add_argument("--max-source-length", type=positive_int,
+                        help="cut source sentences to this many tokens (default: none is cut)")
+    parser.add_argument("--truncation", action="store_true",
+                        help="cut source sentences to the tokenizer's model_max_length, or to the model's positions "
+                             "where they are fewer (default: none is cut)")
+    parser.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
+
+
+def read_lines(source) -> list[str]:
+    """The lines of a text stream opened with `newline=""`, split at `\\n` only, without their `\\n` or `\\r\\n`."""
+    lines = source.read().split("\n")
+    if lines[-1] == "":  # the last line's line feed, or an empty input
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def _read_sources(path: str | None) -> list[str]:
+    if path:
+        with open(path, encoding="utf-8", newline="") as source:
+            return read_lines(source)
+    if hasattr(sys.stdin, "buffer"):  # standard input, without Python's universal newlines
+        return read_lines(io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline=""))
+    return read_lines(sys.stdin)
+
+
+def _onnx_translations(folder: str, sentences: list[str], args, options: dict):
+    """Batches of an ONNX folder's translations through `OrtMgsaForConditionalGeneration.generate`."""
+    from .processing_mgsa import MgsaProcessor
+
+    model = _onnx_generation("translating an ONNX folder").OrtMgsaForConditionalGeneration.from_pretrained(folder)
+    processor = MgsaProcessor.from_pretrained(folder)
+    cut = {"truncation": True, "max_length": options.pop("max_source_length")} if "max_source_length" in options \
+        else {"truncation": options.pop("truncation", False)}
+    for start in range(0, len(sentences), args.batch_size):
+        inputs = processor(sentences[start:start + args.batch_size], return_tensors="pt", **cut)
+        yield from processor.tokenizer.batch_decode(model.generate(**inputs, **options), skip_special_tokens=True)
+
+
+def run_translate(args) -> None:
+    from tqdm import tqdm
+
+    from .pipeline_translation import SourceTooLongError
+
+    if not Path(args.model).is_dir():
+        raise FileNotFoundError(f"model folder {args.model!r} does not exist.")
+    sentences = _read_sources(args.input)
+    options = {name: getattr(args, name) for name in ("num_beams", "max_length", "max_new_tokens", "max_source_length")
+               if getattr(args, name) is not None}
+    if args.truncation:
+        options["truncation"] = True
+    if (Path(args.model) / "encoder_model.onnx").is_file():
+        translations = _onnx_translations(args.model, sentences, args, options)
+    else:
+        from transformers import pipeline
+
+        translator = pipeline("translation", model=args.model, device=args.device)
+        # a generator in, translations streamed out as each batch is done
+        rows = translator((sentence for sentence in sentences), batch_size=args.batch_size, **options)
+        translations = (row["translation_text"] for (row,) in rows)
+    output = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        for translation in tqdm(translations, total=len(sentences), desc="translating", unit="sentence",
+                                disable=args.input is None):
+            output.write(translation + "\n")
+    except SourceTooLongError as error:
+        line = sentences.index(error.sentence) + 1
+        raise SystemExit(
+            f"translate: error: {args.input or '<stdin>'}, line {line}: {error.num_tokens} tokens, more than the "
+            f"model's {error.limit} positions: pass --truncation or --max-source-length {error.limit} to cut it."
+        ) from None
+    output.flush()
+
+
+# evaluate ----------------------------------------------------------------------------------------------------
+
+EVALUATE_DESCRIPTION = """Score a saved model folder on a split of a corpus folder through the translation pipeline,
+with the folder's own decoding (its generation config) unless --num-beams says otherwise, and sources longer than the
+model's positions cut there (as training scores its splits): sacreBLEU's BLEU and chrF with the BLEU signature, the share of distinct translations, and the BLEU the folder's model card states for that
+split, printed as JSON.
+
+    mgsa-hf evaluate runs/mgsa-multi30k --data path/to/multi30k --split test_2016_flickr
+"""
+
+
+def add_evaluate_arguments(parser) -> None:
+    from .cli import positive_int
+    from .training import TrainConfig
+
+    parser.add_argument("folder", help="saved model folder (model + processor)")
+    parser.add_argument("--data", default=TrainConfig.data,
+                        help="corpus folder of {split}.{lang}[.gz] files (default: %(default)s)")
+    parser.add_argument("--split", default="test_2016_flickr", help="the split's file name (default: %(default)s)")
+    parser.add_argument("--source-lang", default="en", help="(default: %(default)s)")
+    parser.add_argument("--target-lang", default="de", help="(default: %(default)s)")
+    parser.add_argument("--max-samples", type=positive_int, help="score the first N pairs only (default: all)")
+    parser.add_argument("--num-beams", type=positive_int, help="beam size (default: the model's generation config)")
+    parser.add_argument("--batch-size", type=positive_int, default=100, help="(default: %(default)s)")
+    parser.add_argument("--output", help="also write the report as JSON here")
+
+
+def run_evaluate(args) -> dict:
+    from transformers import pipeline
+
+    from . import pipeline_translation  # noqa: F401  (registers the translation pipeline)
+    from .data import find_split_file
+    from .evaluation import translation_scores
+    from .tokenization_utils import read_lines as read_file_lines
+
+    if not Path(args.folder).is_dir():
+        raise FileNotFoundError(f"model folder {args.folder!r} does not exist.")
+    if not Path(args.data).is_dir():
+        raise FileNotFoundError(f"corpus folder {args.data!r} does not exist (pass --data).")
+    sources, references = (list(read_file_lines(find_split_file(Path(args.data), args.split, lang)))
+                           for lang in (args.source_lang, args.target_lang))
+    if len(sources) != len(references):
+        raise ValueError(f"split {args.split!r} of {args.data}: {len(sources)} source lines but {len(references)} "
+                         "reference lines.")
+    sources, references = sources[:args.max_samples], references[:args.max_samples]
+    translator = pipeline("translation", model=args.folder, device="cpu")
+    options = {"truncation": True, **({"num_beams": args.num_beams} if args.num_beams else {})}
+    translations = [row["translation_text"] for row in translator(sources, batch_size=args.batch_size, **options)]
+    scores = translation_scores(translations, references)
+    report = {"folder": args.folder, "data": args.data, "split": args.split, "sentences": len(sources),
+              "bleu": scores["bleu"], "chrf": scores["chrf"], "distinct_fraction": scores["distinct_fraction"],
+              "num_beams": args.num_beams or translator.model.generation_config.num_beams,
+              "bleu_signature": scores["bleu_signature"], "card_bleu": _card_bleu(args.folder, args.split)}
+    print(json.dumps(report, indent=2))
+    if args.output:
+        Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _card_bleu(folder: str, split: str) -> float | None:
+    """The BLEU the folder's model card states for `split` (its `model-index`), or None."""
+    from huggingface_hub import ModelCard
+
+    card_file = Path(folder) / "README.md"
+    if not card_file.is_file():
+        return None
+    card = ModelCard.load(card_file)
+    return next((result.metric_value for result in card.data.eval_results or []
+                 if result.metric_type == "bleu" and result.dataset_split in (split, "test")), None)
+
+
+# convert ----------------------------------------------------------------------------------------------------
+
+def add_convert_arguments(parser) -> None:
+    from .conversion import add_convert_arguments as add
+
+    add(parser)
+
+
+def run_convert(args) -> None:
+    from .conversion import check_folder_or_hub_id, convert_checkpoint, parse_set_fields
+
+    check_folder_or_hub_id(args.marian, "marian")
+    report = convert_checkpoint(args.marian, args.output_dir, encoder_type=args.encoder_type,
+                                new_modules_init=args.new_modules_init, trust_remote_code=args.trust_remote_code,
+                                **parse_set_fields(args.set))
+    print(json.dumps(report, indent=2))
+
+
+# export ----------------------------------------------------------------------------------------------------
+
+def add_export_arguments(parser) -> None:
+    formats = parser.add_subparsers(dest="format", required=True, metavar="{onnx,ct2}",
+                                    parser_class=type(parser))
+    onnx = formats.add_parser(
+        "onnx", help="encoder and decoder graphs that `mgsa-hf translate` and OrtMgsaForConditionalGeneration run "
+                     "with onnxruntime (any encoder type)",
+        description="Export a saved model folder to an ONNX folder (encoder_model.onnx, the decoder's graphs, the "
+                    "processor's files) that generates with onnxruntime.")
+    onnx.add_argument("folder", help="saved model folder (model + processor)")
+    onnx.add_argument("output_dir", help="the ONNX folder to write")
+    onnx.add_argument("--int8", action="store_true", help="quantize the weights to int8 (dynamic quantization)")
+    onnx.set_defaults(export=_export_onnx)
+    ct2 = formats.add_parser(
+        "ct2", help="a CTranslate2 model (encoder_type transformer, Marian backbone)",
+        description="Convert a saved encoder_type=transformer folder (Marian backbone) to a CTranslate2 model; the "
+                    "other encoder types have no CTranslate2 form: export them with `mgsa-hf export onnx`.")
+    ct2.add_argument("folder", help="saved model folder (model and tokenizer)")
+    ct2.add_argument("output_dir", help="the CTranslate2 model folder to write")
+    ct2.add_argument("--quantization", default=None,
+                     help="CTranslate2 weight type: int8, int8_float32, int16, float16, bfloat16 (default float32)")
+    ct2.add_argument("--force", action="store_true", help="overwrite output_dir")
+    ct2.set_defaults(export=_export_ct2)
+    for subparser in (onnx, ct2):
+        subparser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+
+
+def _export_onnx(args) -> dict:
+    onnx_generation = _onnx_generation("mgsa-hf export onnx")
+    if not Path(args.folder).is_dir():
+        raise FileNotFoundError(f"model folder {args.folder!r} does not exist.")
+    path = onnx_generation.export_generation_onnx(args.folder, args.output_dir, quantize=args.int8)
+    return {"model": args.folder, "output_dir": str(path or args.output_dir), "int8": args.int8}
+
+
+def _export_ct2(args) -> dict:
+    from .export import export_ctranslate2
+
+    if not Path(args.folder).is_dir():
+        raise FileNotFoundError(f"model folder {args.folder!r} does not exist.")
+    path = export_ctranslate2(args.folder, args.output_dir, quantization=args.quantization, force=args.force)
+    return {"model": args.folder, "output_dir": str(path), "quantization": args.quantization or "float32"}
+
+
+def run_export(args: argparse.Namespace) -> dict:
+    report = args.export(args)
+    print(json.dumps(report))
+    return report

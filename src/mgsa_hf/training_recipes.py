@@ -1,0 +1,80 @@
+"""The named training recipes and paper rows shipped inside the package, so that `mgsa-hf train recipe=finetune` and
+`mgsa-hf train model=rhe/dea_rhe` work from an installed wheel.
+
+A recipe is a YAML file of [`~mgsa_hf.training.TrainConfig`] keys in `recipes/` (`default` is what `mgsa-hf train`
+runs without one); a row is a JSON file of `MgsaConfig` fields of one encoder type in `rows/<encoder_type>/`, named
+`<encoder_type>/<file stem>` (the papers' table rows; `rows/<encoder_type>/README.md` maps each to its table). A path
+to a file works wherever a name does.
+"""
+
+import json
+from pathlib import Path
+
+
+PACKAGE = Path(__file__).resolve().parent
+RECIPES = PACKAGE / "recipes"
+ROWS = PACKAGE / "rows"
+DEFAULT_RECIPE = "default"
+FINETUNE_RECIPE = "finetune"
+
+
+def recipe_names() -> dict[str, str]:
+    """Recipe name → the first line of its leading comment (what it is for), sorted by name."""
+    names = {}
+    for path in sorted(RECIPES.glob("*.yaml")):
+        first = next((line.lstrip("# ").strip() for line in path.read_text().splitlines() if line.startswith("#")), "")
+        names[path.stem] = first
+    return names
+
+
+def row_names() -> list[str]:
+    """Every packaged row, `<encoder_type>/<file stem>`, sorted."""
+    return sorted(f"{path.parent.name}/{path.stem}" for path in ROWS.glob("*/*.json"))
+
+
+def recipe_path(name_or_path: str | Path) -> Path:
+    """The YAML/JSON file of a recipe: an existing file's path, or the name of a packaged recipe (`finetune`)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    packaged = RECIPES / f"{name_or_path}.yaml"
+    if "/" not in str(name_or_path) and packaged.is_file():
+        return packaged
+    raise FileNotFoundError(f"training config {str(name_or_path)!r} is neither a file nor a packaged recipe "
+                            f"({', '.join(recipe_names())}).")
+
+
+def row_fields(name_or_path: str) -> dict:
+    """The model fields of a row: `<encoder_type>/<file stem>` (a packaged row), an encoder type alone (its default,
+    `{"encoder_type": name}`), or the path of a JSON file of fields."""
+    from .configuration_mgsa import ENCODER_TYPES
+
+    if name_or_path in ENCODER_TYPES:
+        return {"encoder_type": name_or_path}
+    packaged = ROWS / f"{name_or_path}.json"
+    path = packaged if packaged.is_file() else Path(name_or_path)
+    if not path.is_file() or path.suffix != ".json":
+        raise FileNotFoundError(f"model={name_or_path!r} is neither an encoder type, a packaged row (such as "
+                                "rhe/dea_rhe; `mgsa-hf train --help` lists them) nor a JSON file of model fields.")
+    fields = json.loads(path.read_text())
+    if not isinstance(fields, dict):
+        raise ValueError(f"model={name_or_path!r}: {path} must hold a JSON object of model fields.")
+    return fields
+
+
+def override_key(override: str) -> str:
+    """The key of a `key=value` override."""
+    return override.partition("=")[0].strip()
+
+
+def expand_rows(overrides: list[str]) -> list[str]:
+    """`model=<encoder_type>/<row>` (a packaged row, or a JSON file) → one `model.<field>=<json>` override per field,
+    in its place, so that later `model.*` overrides change it."""
+    expanded = []
+    for override in overrides:
+        value = override.partition("=")[2].strip()
+        if override_key(override) == "model" and not value.startswith("{"):
+            expanded.extend(f"model.{key}={json.dumps(field)}" for key, field in row_fields(value).items())
+        else:
+            expanded.append(override)
+    return expanded
