@@ -44,7 +44,7 @@ _SHARED_FIELDS_DOC = r"""
             loss is added to it. 0.0 gives `MarianMTModel`'s (T5's) loss. The papers train with 0.1 (the hybrid paper's
             A.1; Transformer-base, whose setting MG-SA and PR follow): training recipes set it, here or as the
             Trainer's `label_smoothing_factor` (with [`MgsaSeq2SeqTrainer`], which keeps the tag loss). The package's
-            recipes (`default_train_config.yaml`, `configs/train/*.yaml`) use the Trainer's `label_smoothing_factor:
+            recipes (`recipes/*.yaml`) use the Trainer's `label_smoothing_factor:
             0.1` and leave this field at 0.0, so the models they train are trained with ε = 0.1 while their saved
             config says 0.0: `model(**batch).loss` outside the Trainer is then the unsmoothed loss.
 """

@@ -1,4 +1,5 @@
-"""Checks of the token ids a model is given, before they reach an embedding.
+"""Checks of what a model and the processor are given: token ids before they reach an embedding
+(`check_token_ids`), and the processor's text and tree arguments (`as_text_batch`, `check_tree_batch`).
 
 An id at or beyond the embedding's rows fails inside torch with `IndexError: index out of range in self` (on a GPU, a
 device-side assert that ends the process), and a list or a 1-d tensor as `input_ids` with an `AttributeError` or an
@@ -56,3 +57,46 @@ def check_tokenizer_fits(tokenizer, model, where: str) -> None:
             f"embeds {rows} (`vocab_size`): pair the model with its own tokenizer or processor (saved in its "
             "folder), or resize the embeddings with `model.resize_token_embeddings(len(tokenizer))`."
         )
+
+
+def as_text_batch(text, name) -> tuple[list[str], bool]:
+    """`text` as a list of strings, and whether it was one."""
+    if isinstance(text, str):
+        check_unicode(text, name)
+        return [text], False
+    if not isinstance(text, (list, tuple)):
+        raise TypeError(f"`{name}` must be a string or a list of strings, got {type(text).__name__}.")
+    if not text:
+        raise ValueError(f"`{name}` is an empty list.")
+    for i, item in enumerate(text):
+        if not isinstance(item, str):
+            raise TypeError(f"`{name}[{i}]` must be a string, got {type(item).__name__}.")
+        check_unicode(item, f"{name}[{i}]")
+    return list(text), True
+
+
+def check_unicode(text: str, name: str) -> None:
+    """A `ValueError` naming `name` for a string that is not Unicode text: a lone surrogate (from a `surrogateescape`
+    decode, or a `\\ud800` escape), which no tokenizer or parser can read."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"`{name}` is not valid Unicode text: {error.reason} at character {error.start} "
+                         f"({text[error.start]!r}).") from None
+
+
+def check_tree_batch(trees, texts, is_batched) -> list[str | None] | None:
+    """The processor's `trees` as a list beside `texts` (None: every tree derived), or a clear error for another
+    type or count."""
+    if trees is None:
+        return None
+    if not is_batched:
+        trees = [trees]
+    elif not isinstance(trees, (list, tuple)):
+        raise TypeError(f"`trees` must be a list of PTB strings (or None) like `text`, got {type(trees).__name__}.")
+    if len(trees) != len(texts):
+        raise ValueError(f"Got {len(texts)} sentences but {len(trees)} trees.")
+    for i, tree in enumerate(trees):
+        if tree is not None and not isinstance(tree, str):
+            raise TypeError(f"`trees[{i}]` must be a PTB bracketed string or None, got {type(tree).__name__}.")
+    return list(trees)

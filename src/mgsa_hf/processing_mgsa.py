@@ -18,6 +18,7 @@ from .atomic_saves import PROCESSOR_FILES, staged_folder
 from .configuration_mgsa import MgsaConfig, MgsaT5Config
 from .constituency_conversion import MODEL_FILE
 from .data_collator import pad_batch
+from .input_checks import as_text_batch, check_tree_batch, check_unicode
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 from .syntax_parser import SyntaxParser
 from .syntax_spacy import package_version, refuse_saved_code
@@ -306,8 +307,8 @@ class MgsaProcessor(ProcessorMixin):
         `text`, replaces the constituency tree (derived, or from `tree_parser`)."""
         if not isinstance(text, str):
             raise TypeError(f"syntax() analyses one sentence: `text` must be a string, got {type(text).__name__}.")
-        _check_unicode(text, "text")
-        trees = _check_trees(tree, [text], is_batched=False)
+        check_unicode(text, "text")
+        trees = check_tree_batch(tree, [text], is_batched=False)
         return next(self.parser.pipe([text], trees, self.parser_batch_size, self.n_process))
 
     def __call__(
@@ -349,11 +350,11 @@ class MgsaProcessor(ProcessorMixin):
             that cannot be read or do not spell their text ([`~mgsa_hf.syntax_trees.TreeError`], naming the
             sentence and the first mismatch).
         """
-        texts, is_batched = _as_batch(text, "text")
-        tree_list = _check_trees(trees, texts, is_batched)
+        texts, is_batched = as_text_batch(text, "text")
+        tree_list = check_tree_batch(trees, texts, is_batched)
         targets = None
         if text_target is not None:
-            targets, _ = _as_batch(text_target, "text_target")
+            targets, _ = as_text_batch(text_target, "text_target")
             if len(targets) != len(texts):
                 raise ValueError(f"Got {len(texts)} source sentences but {len(targets)} target sentences.")
         if return_tensors not in RETURN_TENSORS:
@@ -705,47 +706,6 @@ def derived_tree_source(tree_parser: str | None = None, conversion_path=MODEL_FI
         digest = hashlib.sha256(Path(conversion_path).read_bytes()).hexdigest()
         return f"learned conversion {digest[:16]}"
     return str(tree_parser)
-
-
-def _as_batch(text, name) -> tuple[list[str], bool]:
-    """`text` as a list of strings, and whether it was one."""
-    if isinstance(text, str):
-        _check_unicode(text, name)
-        return [text], False
-    if not isinstance(text, (list, tuple)):
-        raise TypeError(f"`{name}` must be a string or a list of strings, got {type(text).__name__}.")
-    if not text:
-        raise ValueError(f"`{name}` is an empty list.")
-    for i, item in enumerate(text):
-        if not isinstance(item, str):
-            raise TypeError(f"`{name}[{i}]` must be a string, got {type(item).__name__}.")
-        _check_unicode(item, f"{name}[{i}]")
-    return list(text), True
-
-
-def _check_unicode(text: str, name: str) -> None:
-    """A `ValueError` naming `name` for a string that is not Unicode text: a lone surrogate (from a `surrogateescape`
-    decode, or a `\\ud800` escape), which no tokenizer or parser can read."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise ValueError(f"`{name}` is not valid Unicode text: {error.reason} at character {error.start} "
-                         f"({text[error.start]!r}).") from None
-
-
-def _check_trees(trees, texts, is_batched) -> list[str | None] | None:
-    if trees is None:
-        return None
-    if not is_batched:
-        trees = [trees]
-    elif not isinstance(trees, (list, tuple)):
-        raise TypeError(f"`trees` must be a list of PTB strings (or None) like `text`, got {type(trees).__name__}.")
-    if len(trees) != len(texts):
-        raise ValueError(f"Got {len(texts)} sentences but {len(trees)} trees.")
-    for i, tree in enumerate(trees):
-        if tree is not None and not isinstance(tree, str):
-            raise TypeError(f"`trees[{i}]` must be a PTB bracketed string or None, got {type(tree).__name__}.")
-    return list(trees)
 
 
 AutoProcessor.register(MgsaConfig, MgsaProcessor, exist_ok=True)

@@ -73,7 +73,7 @@ class PhraseMemoryConfigFields:
             MG-SA: interaction over the phrase sequence: `"none"`, `"lstm"` or `"on_lstm"` (ordered neurons).
         on_lstm_chunk_size (`int`, defaults to 4):
             MG-SA: chunk size of the ON-LSTM master gates (the phrase heads' width must be divisible by it). The
-            paper does not give it; 2 gives Table 3 row 6's +1.9M and Table 4's Big +7.4M (configs/phrase_memory).
+            paper does not give it; 2 gives Table 3 row 6's +1.9M and Table 4's Big +7.4M (rows/phrase_memory).
         phrase_memory_key_value (`str`, defaults to `"head_space"`):
             MG-SA: how phrase heads read a head-space memory g^h ∈ R^{d_h} (Eq. 5's H_g W_K^h, H_g W_V^h):
             `"head_space"`, each phrase head's own d_h × d_h W_K^h, W_V^h; `"none"`, g^h is the key and the value
@@ -92,7 +92,7 @@ class PhraseMemoryConfigFields:
 
             The MG-SA defaults are the paper's final system, "MG-SA" of its Table 4 (Table 3 row 6: syntactic
             phrases, tag supervision, ON-LSTM interaction, SANs composition, bottom layer);
-            `configs/phrase_memory/` names its other rows (the n-gram ones set `phrase_partition="ngram"`,
+            `rows/phrase_memory/` names its other rows (the n-gram ones set `phrase_partition="ngram"`,
             `phrase_tag_supervision=False`, `phrase_interaction="none"`).
     """
 
@@ -501,7 +501,7 @@ class PhraseMemoryAttention(MgsaAttention):
             raise ValueError(
                 "`phrase_tag_supervision=True` (the default) needs `phrase_partition='syntactic'`: only syntactic "
                 "phrases have tags. N-gram rows set `phrase_tag_supervision=False` "
-                "(configs/phrase_memory/ngram_*.json)."
+                "(rows/phrase_memory/ngram_*.json)."
             )
         self.word_heads, self.heads_per_granularity = config.phrase_head_allocation()
         # granularity of each phrase head, in head order

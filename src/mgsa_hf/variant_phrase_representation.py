@@ -46,13 +46,13 @@ class PhraseRepresentationConfigFields:
         pr_combination_dim (`int`, *optional*):
             PR: hidden size of the attentive combination's 2-layer network (W3, W4 of the paper's Eq. 8, which leaves
             it open); defaults to `3 * d_model`, the width at which Transformer-base's "+Max" row has Table 2's
-            parameter count (+40.9M; +37.7M here). `configs/phrase_representation/max_attn_ta_narrow.json` names a
+            parameter count (+40.9M; +37.7M here). `rows/phrase_representation/max_attn_ta_narrow.json` names a
             cheaper 256-wide network (`d_model // 2` at base size).
         pr_pooling_dim (`int`, *optional*):
             PR: hidden size of the attentive pooling's scoring network (W1 of the paper's Eq. 3, which leaves it
             open); defaults to `12 * d_model`, the width at which Transformer-base's "+Max+Attn" rows add Table 2's
             +44.0M over "+Max" (7 poolings of 12 × 512 = 6144 units). A PR config saved before this field existed
-            loads with `d_model`, the width it was built with. `configs/phrase_representation/max_attn_ta_narrow*.json`
+            loads with `d_model`, the width it was built with. `rows/phrase_representation/max_attn_ta_narrow*.json`
             name cheaper widths.
         pr_unfolded_output_projection (`bool`, defaults to `False`):
             PR: learn Eq. 7's output projection W_O (D → D) and the half of Eq. 8's W3 that reads out_phrase apart, as

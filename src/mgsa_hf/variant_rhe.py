@@ -41,7 +41,7 @@ class RheConfigFields:
             criterion the paper's prose states beside Eq. 10), `"sigmoid"` (σ(h_conf), Eq. 10 as printed: σ(h_conf)
             > 0.5, so a trained CPU-recipe model labels 100% of its heads redundant and RHE acts as SEA on every
             head) or `"learned"` (σ(w_h h_conf + b_h), w and b trained per head through a straight-through
-            estimator). `configs/rhe/README.md` gives the share of heads each labels redundant, before and after
+            estimator). `rows/rhe/README.md` gives the share of heads each labels redundant, before and after
             training. A saved config without the field (trained before it existed) loads with `"sigmoid"`.
         rhe_fixed_gate (`float`, *optional*):
             RHE: a fixed Syn_gate instead of `rhe_gate`'s (not with `"learned"`).
