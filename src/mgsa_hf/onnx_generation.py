@@ -85,8 +85,13 @@ class EncoderGraph(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, **syntax):
-        outputs = self.model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, **syntax)
+    def forward(self, input_ids, attention_mask, word_ids=None, head_word_ids=None, phrase_ids=None,
+                pr_phrase_ids=None, local_phrase_start=None, local_phrase_end=None, tree_depth=None):
+        outputs = self.model.get_encoder()(
+            input_ids=input_ids, attention_mask=attention_mask, word_ids=word_ids, head_word_ids=head_word_ids,
+            phrase_ids=phrase_ids, pr_phrase_ids=pr_phrase_ids, local_phrase_start=local_phrase_start,
+            local_phrase_end=local_phrase_end, tree_depth=tree_depth,
+        )
         if outputs.phrase_states is None:
             return (outputs.last_hidden_state,)
         return outputs.last_hidden_state, outputs.phrase_states, outputs.phrase_mask
