@@ -41,6 +41,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from .export import check_onnx_exportable, onnx_syntax_fields
+from .input_checks import check_token_ids
 from .modeling_common import OUTPUT_CACHE_FIELD, MgsaEncoderOutput
 
 
@@ -158,9 +159,16 @@ def _load_model_and_processor(model_or_folder, processor):
     folder = Path(model_or_folder)
     model = AutoModelForSeq2SeqLM.from_pretrained(folder)
     if processor is None:
+        from transformers import AutoTokenizer
+
         from .processing_mgsa import MgsaProcessor
 
-        processor = MgsaProcessor.from_pretrained(folder)
+        try:
+            processor = MgsaProcessor.from_pretrained(folder)
+        except (OSError, ValueError, TypeError):
+            if onnx_syntax_fields(model.config):
+                raise
+            processor = AutoTokenizer.from_pretrained(folder)  # a model that reads no syntax, saved with its tokenizer
     return model, processor, folder
 
 
@@ -327,9 +335,10 @@ class OrtEncoder(nn.Module):
 
     main_input_name = "input_ids"
 
-    def __init__(self, session, output_names: list[str]):
+    def __init__(self, session, output_names: list[str], vocab_size: int):
         super().__init__()
         self.session = session
+        self.vocab_size = vocab_size
         self.input_names = [graph_input.name for graph_input in session.get_inputs()]
         self.output_names = output_names
 
@@ -341,6 +350,7 @@ class OrtEncoder(nn.Module):
         if attention_mask is None:
             raise ValueError("The ONNX encoder needs the source `attention_mask` (pass the processor's output).")
         fields = {name: value for name, value in locals().items() if name not in ("self", "kwargs")}
+        check_token_ids(input_ids, self.vocab_size, "input_ids")
         missing = [name for name in self.input_names if fields.get(name) is None]
         if missing:
             raise ValueError(f"The ONNX encoder reads {missing}, which the inputs lack: pass the output of the "
@@ -375,7 +385,7 @@ class OrtMgsaForConditionalGeneration(PreTrainedModel, GenerationMixin):
         self.manifest = manifest
         self.generation_config = generation_config or GenerationConfig.from_model_config(config)
         self.sessions = sessions
-        self.encoder = OrtEncoder(sessions["encoder"], manifest["encoder_outputs"])
+        self.encoder = OrtEncoder(sessions["encoder"], manifest["encoder_outputs"], config.vocab_size)
         self.decoder_inputs = {kind: [graph_input.name for graph_input in sessions[kind].get_inputs()]
                                for kind in ("decoder", "decoder_with_past")}
         num_self, num_cross = manifest["num_self_attention_layers"], manifest["num_cross_attention_layers"]
@@ -436,6 +446,10 @@ class OrtMgsaForConditionalGeneration(PreTrainedModel, GenerationMixin):
 
     def get_encoder(self) -> OrtEncoder:
         return self.encoder
+
+    def get_input_embeddings(self) -> None:
+        """None: the embeddings are inside the graphs (the token ids are checked against `config.vocab_size`)."""
+        return None
 
     def prepare_inputs_for_generation(self, input_ids, attention_mask=None, encoder_outputs=None, **kwargs) -> dict:
         """The step's inputs: all decoder tokens at the first step, the last one once there is a cache."""
