@@ -94,11 +94,15 @@ def model_folder(args, encoder_type: str, given: dict, processor) -> Path:
 def exported(args, folder: Path, encoder_type: str, engine: str) -> Path:
     """The ONNX or CTranslate2 folder of `folder` for `engine`, exported once into the work folder."""
     target = Path(args.work_dir) / f"{folder.name}-{encoder_type}-{engine}"
-    if engine.startswith("ort") and not (target / "onnx_generation.json").is_file():
+    if engine == "ort-int8" and not (target / "onnx_generation.json").is_file():
+        from mgsa_hf.onnx_generation import quantize_generation_onnx
+
+        quantize_generation_onnx(exported(args, folder, encoder_type, "ort-fp32"), target)
+    if engine == "ort-fp32" and not (target / "onnx_generation.json").is_file():
         from mgsa_hf.onnx_generation import export_generation_onnx
 
         log(f"exporting {folder} to {target}")
-        export_generation_onnx(folder, target, quantize=engine == "ort-int8")
+        export_generation_onnx(folder, target)
     if engine == "ctranslate2" and not (target / "model.bin").is_file():
         from mgsa_hf.export import export_ctranslate2
 

@@ -17,7 +17,8 @@ optimum uses for seq2seq models:
 
 Batch, source, target, cache and phrase lengths are dynamic. The folder also holds `config.json`,
 `generation_config.json`, the tokenizer / processor files and `onnx_generation.json`, which names the graphs' inputs
-and outputs. `quantize=True` quantizes the graphs' weights to int8 (onnxruntime's dynamic quantization).
+and outputs. `quantize=True` quantizes the graphs' weights to int8 (onnxruntime's dynamic quantization;
+[`quantize_generation_onnx`] does it to an exported folder).
 
 [`OrtMgsaForConditionalGeneration`] loads such a folder into onnxruntime sessions behind transformers'
 `GenerationMixin`: `generate` (greedy, beam search, sampling, `num_return_sequences`, the saved generation config) and
@@ -139,12 +140,14 @@ class DecoderGraph(nn.Module):
 
 
 def _onnx_export(module, args, dynamic_shapes, input_names, output_names, path, opset):
+    """Trace a [`DecoderGraph`] on `args` with `torch.export` and write it to `path` (one file, no external data)."""
+    # the exporter's progress messages (some onnxscript releases print them) go to stderr, not the caller's stdout
     with torch.no_grad(), contextlib.redirect_stdout(sys.stderr):
         program = torch.onnx.export(
             # `forward(decoder_input_ids, encoder_attention_mask, *tensors)`: the varargs' shapes come as one tuple
             module.eval(), tuple(args), dynamic_shapes=(*dynamic_shapes[:2], tuple(dynamic_shapes[2:])),
-            input_names=input_names,
-            output_names=output_names, opset_version=opset, optimize=True, dynamo=True, verbose=False,
+            input_names=input_names, output_names=output_names, opset_version=opset, optimize=True, dynamo=True,
+            verbose=False,
         )
     program.save(path, external_data=False)
 
@@ -213,15 +216,7 @@ def export_generation_onnx(
         manifest = _export_graphs(model, encoder_inputs, syntax_names, output_dir, opset)
     finally:
         model.train(was_training)
-    if quantize:
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        for name in GRAPHS.values():
-            path = output_dir / name
-            quantized = output_dir / f"{path.stem}.int8.onnx"
-            quantize_dynamic(path, quantized, weight_type=QuantType.QInt8)
-            quantized.replace(path)
-    manifest["quantized"] = "int8" if quantize else None
+    manifest["quantized"] = None
     manifest["backbone"] = type(model).__name__
 
     if folder is not None:
@@ -236,6 +231,29 @@ def export_generation_onnx(
     config_dict = json.loads((output_dir / "config.json").read_text())
     config_dict.pop("auto_map", None)  # no remote code beside the graphs
     (output_dir / "config.json").write_text(json.dumps(config_dict, indent=2))
+    (output_dir / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    if quantize:
+        quantize_generation_onnx(output_dir)
+    return output_dir
+
+
+def quantize_generation_onnx(folder: str | Path, output_dir: str | Path | None = None) -> Path:
+    """Quantize the graphs of an [`export_generation_onnx`] folder to int8 weights with onnxruntime's dynamic
+    quantization (int8 matrix products, activations quantized on the fly), in place or into a copy `output_dir`."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    folder = Path(folder)
+    output_dir = Path(output_dir) if output_dir is not None else folder
+    if output_dir != folder:
+        shutil.copytree(folder, output_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.onnx"))
+    manifest = json.loads((folder / MANIFEST).read_text())
+    if manifest.get("quantized"):
+        raise ValueError(f"{folder} is already quantized ({manifest['quantized']}).")
+    for name in manifest["graphs"].values():
+        quantized = output_dir / f"{Path(name).stem}.int8.onnx"
+        quantize_dynamic(folder / name, quantized, weight_type=QuantType.QInt8)
+        quantized.replace(output_dir / name)
+    manifest["quantized"] = "int8"
     (output_dir / MANIFEST).write_text(json.dumps(manifest, indent=2))
     return output_dir
 
@@ -395,8 +413,8 @@ class OrtMgsaForConditionalGeneration(PreTrainedModel, GenerationMixin):
         self.past_cross = cache_names("past_key_values", "encoder", num_cross)
 
     @classmethod
-    def from_pretrained(cls, folder, *, threads: int | None = None, provider: str = "CPUExecutionProvider",
-                        **kwargs) -> "OrtMgsaForConditionalGeneration":
+    def from_pretrained(cls, folder, *, threads: int | None = None, provider: str = "CPUExecutionProvider"
+                        ) -> "OrtMgsaForConditionalGeneration":
         """
         Load a folder written by [`export_generation_onnx`].
 
