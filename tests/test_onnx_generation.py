@@ -134,6 +134,11 @@ def test_pipeline_gives_pytorch_strings(exported, multi30k_processor, test_sourc
     assert len({row["translation_text"] for row in expected}) > 1
 
 
+@pytest.mark.skipif(
+    tuple(int(part) for part in ort.__version__.split(".")[:2]) < (1, 21),
+    reason="onnxruntime 1.20's quantizer writes a decoder graph that its own session refuses to load (an Add's shape "
+    "inference fails; seen on 1.20.1, not on 1.32)",
+)
 def test_int8_exports_and_translates(multi30k_processor, tiny_config, test_sources, tmp_path, capsys):
     """`scripts/export_onnx.py FOLDER OUT --generation --int8` (`quantize=True`) writes int8 graphs (integer matrix
     products) that translate."""

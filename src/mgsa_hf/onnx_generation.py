@@ -240,6 +240,7 @@ def export_generation_onnx(
 def quantize_generation_onnx(folder: str | Path, output_dir: str | Path | None = None) -> Path:
     """Quantize the graphs of an [`export_generation_onnx`] folder to int8 weights with onnxruntime's dynamic
     quantization (int8 matrix products, activations quantized on the fly), in place or into a copy `output_dir`."""
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     folder = Path(folder)
@@ -250,8 +251,16 @@ def quantize_generation_onnx(folder: str | Path, output_dir: str | Path | None =
     if manifest.get("quantized"):
         raise ValueError(f"{folder} is already quantized ({manifest['quantized']}).")
     for name in manifest["graphs"].values():
-        quantized = output_dir / f"{Path(name).stem}.int8.onnx"
-        quantize_dynamic(folder / name, quantized, weight_type=QuantType.QInt8)
+        # without the exporter's recorded shapes: the quantizer of onnxruntime < 1.21 re-infers them and refuses the
+        # tied output projection's ("Inferred shape and existing shape differ")
+        graph = onnx.load(folder / name)
+        graph.graph.ClearField("value_info")
+        unshaped, quantized = (output_dir / f"{Path(name).stem}.{kind}.onnx" for kind in ("unshaped", "int8"))
+        onnx.save(graph, unshaped)
+        try:
+            quantize_dynamic(unshaped, quantized, weight_type=QuantType.QInt8)
+        finally:
+            unshaped.unlink()
         quantized.replace(output_dir / name)
     manifest["quantized"] = "int8"
     (output_dir / MANIFEST).write_text(json.dumps(manifest, indent=2))
