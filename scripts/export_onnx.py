@@ -7,6 +7,12 @@ script then runs the graph with onnxruntime on the example batch and on one of a
 difference from the PyTorch logits:
 
     python scripts/export_onnx.py runs/mgsa-multi30k runs/mgsa-multi30k.onnx
+
+With `--generation`, OUTPUT is a folder for ONNX Runtime generation instead: the encoder graph and the decoder graphs
+with past key/values (`mgsa_hf.onnx_generation.export_generation_onnx`; `--int8` quantizes them), with the config,
+generation config and processor files, which `OrtMgsaForConditionalGeneration.from_pretrained(OUTPUT)` loads:
+
+    python scripts/export_onnx.py runs/mgsa-multi30k runs/mgsa-multi30k-onnx --generation [--int8]
 """
 
 import argparse
@@ -36,6 +42,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("output", help="the .onnx file to write")
     parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the exporter's)")
     parser.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
+    parser.add_argument("--generation", action="store_true",
+                        help="write a folder of encoder and decoder-with-past graphs for ONNX Runtime generation")
+    parser.add_argument("--int8", action="store_true", help="with --generation: int8 dynamic quantization")
     return parser.parse_args(argv)
 
 
@@ -60,6 +69,12 @@ def check(model, processor, output: str) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.generation:
+        from mgsa_hf.onnx_generation import MANIFEST, export_generation_onnx
+
+        folder = export_generation_onnx(args.model, args.output, quantize=args.int8, opset=args.opset)
+        print((folder / MANIFEST).read_text())
+        return
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model).eval()
     processor = MgsaProcessor.from_pretrained(args.model)
     sources, targets = zip(*EXAMPLES, strict=True)
