@@ -3,10 +3,8 @@
 Public: a module-level function or class of any module under `src/mgsa_hf` whose name has no leading underscore, and
 every method (or property) of such a class whose name has no leading underscore. A method that overrides a documented
 method of a base class outside the package (`get_encoder`, `compute_loss`, `on_step_end`, ...) inherits that
-documentation (mkdocstrings shows it too) and is not counted.
-
-`KNOWN_MISSING` lists, by qualified name, the names still undocumented in modules being rewritten elsewhere; it may
-only shrink: a new undocumented name fails the first test, a listed name that is documented (or gone) fails the second.
+documentation (mkdocstrings shows it too) and is not counted. Every public name must be documented: there is no list
+of exceptions.
 """
 
 import ast
@@ -20,59 +18,6 @@ import mgsa_hf
 
 
 PACKAGE_DIR = Path(mgsa_hf.__file__).parent
-
-# qualified names still without a docstring (module at the time of writing in the comment); to be emptied
-KNOWN_MISSING = {
-    # benchmarking_quality
-    "load_budget",
-    "recipe_of",
-    "prepared_folder",
-    "run_one",
-    "render_papers",
-    "render_section",
-    "update_markdown",
-    "git_commit",
-    "report",
-    "load_budget_path",
-    # benchmarking_quality, benchmarking_speed, cli
-    "main",
-    # benchmarking_speed
-    "log",
-    "read_sentences",
-    "build_processor",
-    "make_batches",
-    "to_device",
-    "synchronize",
-    "train_step",
-    "with_vocab_size",
-    "benchmark_size",
-    "markdown_table",
-    "write_results",
-    # export
-    "Seq2SeqLogits.forward",
-    # modeling_common
-    "reads_no_syntax",
-    "compiles_always",
-    "MgsaLayerOutput.from_tuple",
-    "MgsaAttention.query_proj",
-    "MgsaAttention.key_proj",
-    "MgsaAttention.value_proj",
-    "MgsaAttention.output_proj",
-    "MgsaAttention.attention_dropout",
-    # training
-    "add_train_arguments",
-    # variant_phrase_memory
-    "PhraseMemoryInputs.from_syntax",
-    "MaxComposition.forward",
-    "MeanComposition.forward",
-    "SansComposition.forward",
-    "HeadSpaceKeyValue.init_variant_parameters",
-    # variant_phrase_representation
-    "PhraseSegmentation.num_phrases",
-    "TransparentAttention.init_variant_parameters",
-    # variant_rhe
-    "RheInputs.from_syntax",
-}
 
 
 def module_name(path: Path) -> str:
@@ -152,13 +97,8 @@ def missing():
 
 
 def test_every_public_name_has_a_docstring(missing):
-    new = [f"{module}: {name}" for module, name in missing if name not in KNOWN_MISSING]
-    assert not new, f"{len(new)} public names without a docstring:\n" + "\n".join(new)
-
-
-def test_known_missing_list_only_shrinks(missing):
-    documented = sorted(KNOWN_MISSING - {name for _, name in missing})
-    assert not documented, "documented (or gone) now, remove from KNOWN_MISSING:\n" + "\n".join(documented)
+    names = [f"{module}: {name}" for module, name in missing]
+    assert not names, f"{len(names)} public names without a docstring:\n" + "\n".join(names)
 
 
 def test_walk_sees_the_public_api():

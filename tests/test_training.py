@@ -454,7 +454,8 @@ def test_multi30k_from_the_hub_as_the_readme_says(tmp_path, monkeypatch):
 
 def test_installed_wheel_trains_with_a_data_path(tmp_path):
     """`pip install .` (a wheel, not the editable checkout): the package data (the named recipes and rows, the model
-    card template) and the LICENSE are inside, and `mgsa-hf train` runs from a folder outside the repository with `data=` given."""
+    card template) and the LICENSE are inside, and `mgsa-hf train` runs from a folder outside the repository with
+    `data=` given."""
     wheels, site = tmp_path / "wheels", tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(wheels), str(REPO)], check=True, capture_output=True, text=True, timeout=300)

@@ -42,6 +42,7 @@ unless --truncation or --max-source-length cut it.
 
 
 def add_translate_arguments(parser) -> None:
+    """The arguments of `mgsa-hf translate`: the model or ONNX folder, input and output files, batching, decoding."""
     from .cli import positive_int
 
     parser.add_argument("model", help="saved model folder (model + processor), or an ONNX folder")
@@ -93,6 +94,7 @@ def _onnx_translations(folder: str, sentences: list[str], args, options: dict):
 
 
 def run_translate(args) -> None:
+    """`mgsa-hf translate`: write one translation per input line, through the pipeline or onnxruntime."""
     from tqdm import tqdm
 
     from .pipeline_translation import SourceTooLongError
@@ -131,14 +133,15 @@ def run_translate(args) -> None:
 
 EVALUATE_DESCRIPTION = """Score a saved model folder on a split of a corpus folder through the translation pipeline,
 with the folder's own decoding (its generation config) unless --num-beams says otherwise, and sources longer than the
-model's positions cut there (as training scores its splits): sacreBLEU's BLEU and chrF with the BLEU signature, the share of distinct translations, and the BLEU the folder's model card states for that
-split, printed as JSON.
+model's positions cut there (as training scores its splits): sacreBLEU's BLEU and chrF with the BLEU signature, the
+share of distinct translations, and the BLEU the folder's model card states for that split, printed as JSON.
 
     mgsa-hf evaluate runs/mgsa-multi30k --data path/to/multi30k --split test_2016_flickr
 """
 
 
 def add_evaluate_arguments(parser) -> None:
+    """The arguments of `mgsa-hf evaluate`: the model folder, the corpus folder and split, decoding."""
     from .cli import positive_int
     from .training import TrainConfig
 
@@ -155,6 +158,7 @@ def add_evaluate_arguments(parser) -> None:
 
 
 def run_evaluate(args) -> dict:
+    """`mgsa-hf evaluate`: BLEU, chrF and the card's BLEU of the folder's model on a split; prints and returns them."""
     from transformers import pipeline
 
     from . import pipeline_translation  # noqa: F401  (registers the translation pipeline)
@@ -201,12 +205,14 @@ def _card_bleu(folder: str, split: str) -> float | None:
 # convert ----------------------------------------------------------------------------------------------------
 
 def add_convert_arguments(parser) -> None:
+    """The arguments of `mgsa-hf convert` ([`conversion.add_convert_arguments`])."""
     from .conversion import add_convert_arguments as add
 
     add(parser)
 
 
 def run_convert(args) -> None:
+    """`mgsa-hf convert`: a Marian checkpoint (folder or Hub id) to a model folder of another encoder type."""
     from .conversion import check_folder_or_hub_id, convert_checkpoint, parse_set_fields
 
     check_folder_or_hub_id(args.marian, "marian")
@@ -219,6 +225,7 @@ def run_convert(args) -> None:
 # export ----------------------------------------------------------------------------------------------------
 
 def add_export_arguments(parser) -> None:
+    """The `onnx` and `ct2` subcommands of `mgsa-hf export` and their arguments."""
     formats = parser.add_subparsers(dest="format", required=True, metavar="{onnx,ct2}",
                                     parser_class=type(parser))
     onnx = formats.add_parser(
@@ -262,6 +269,7 @@ def _export_ct2(args) -> dict:
 
 
 def run_export(args: argparse.Namespace) -> dict:
+    """`mgsa-hf export onnx|ct2`: export the folder as the subcommand says; prints and returns the report."""
     report = args.export(args)
     print(json.dumps(report))
     return report

@@ -89,6 +89,18 @@ class Seq2SeqLogits(nn.Module):
         local_phrase_end: torch.LongTensor | None = None,
         tree_depth: torch.LongTensor | None = None,
     ) -> torch.Tensor:
+        """
+        Args:
+            input_ids, attention_mask: (batch_size, source_len) source tokens and their padding mask.
+            decoder_input_ids: (batch_size, target_len) decoder tokens (teacher forcing).
+            word_ids, head_word_ids, pr_phrase_ids, local_phrase_start, local_phrase_end, tree_depth:
+                (batch_size, source_len) source syntax fields, those the encoder type reads (see
+                [`MgsaSyntaxInputs`]); the others are None and not graph inputs.
+            phrase_ids: (batch_size, levels, source_len) MG-SA's syntactic phrase ids, or None.
+
+        Returns:
+            The logits, (batch_size, target_len, vocab_size).
+        """
         return self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

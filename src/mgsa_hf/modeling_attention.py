@@ -111,18 +111,22 @@ class MgsaAttention(nn.Module):
 
     @property
     def query_proj(self) -> nn.Linear:
+        """W_Q, D → H·d_h (Marian's `q_proj`, T5's `q`)."""
         return self._modules[self.layout.query]
 
     @property
     def key_proj(self) -> nn.Linear:
+        """W_K, D → H·d_h (Marian's `k_proj`, T5's `k`)."""
         return self._modules[self.layout.key]
 
     @property
     def value_proj(self) -> nn.Linear:
+        """W_V, D → H·d_h (Marian's `v_proj`, T5's `v`)."""
         return self._modules[self.layout.value]
 
     @property
     def output_proj(self) -> nn.Linear:
+        """W_O, H·d_h → D (Marian's `out_proj`, T5's `o`)."""
         return self._modules[self.layout.output]
 
     def split_heads(self, states: torch.Tensor) -> torch.Tensor:
@@ -154,6 +158,7 @@ class MgsaAttention(nn.Module):
             )
 
     def attention_dropout(self, weights: torch.Tensor) -> torch.Tensor:
+        """Dropout (`config.attention_dropout`, in training only) on attention weights (B, H, T, S)."""
         return nn.functional.dropout(weights, p=self.dropout, training=self.training)
 
     def attend(

@@ -37,6 +37,7 @@ class MgsaLayerOutput:
 
     @classmethod
     def from_tuple(cls, values: tuple[torch.Tensor | None, ...]) -> "MgsaLayerOutput":
+        """The output that [`to_tuple`] flattened into `values`."""
         tag_loss, gates, head_labels, phrase_mask, *phrase_states = values
         return cls(tag_loss, gates, head_labels, tuple(phrase_states), phrase_mask)
 

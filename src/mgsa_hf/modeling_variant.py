@@ -13,10 +13,12 @@ from .modeling_syntax_inputs import MgsaSyntaxInputs
 
 
 def reads_no_syntax(config) -> tuple[str, ...]:
+    """[`Variant.syntax_fields`] of a variant whose logits read no source syntax: none."""
     return ()
 
 
 def compiles_always(config) -> bool:
+    """[`Variant.compiles_fullgraph`] of a variant that always runs under `torch.compile(fullgraph=True)`."""
     return True
 
 

@@ -695,6 +695,7 @@ def translate_examples(output_dir: str | Path, sentences: list[str], **generate_
 
 
 def add_train_arguments(parser) -> None:
+    """The arguments of `mgsa-hf train` and `finetune`: a recipe or config file and `KEY=VALUE` overrides."""
     parser.add_argument("config", nargs="?", default=None,
                         help="a packaged recipe's name or a YAML/JSON training config file (default: recipe=default, "
                              "or recipe=finetune when init_from= is given)")

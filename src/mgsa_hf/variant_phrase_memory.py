@@ -295,6 +295,8 @@ class PhraseMemoryInputs:
     def from_syntax(
         cls, config, syntax: MgsaSyntaxInputs, hidden_states: torch.Tensor | None = None
     ) -> "PhraseMemoryInputs":
+        """The phrase partition of every granularity (`phrase_partition`) and, with tag supervision, the checked
+        `phrase_tags` of a batch's [`MgsaSyntaxInputs`]; `hidden_states` is not read."""
         partition = phrase_partition(config, syntax)
         phrase_tags = syntax.phrase_tags if config.phrase_tag_supervision else None
         if phrase_tags is not None:
@@ -316,6 +318,16 @@ class MaxComposition(nn.Module):
         self.output_dim = config.d_model
 
     def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
+        """
+        Eq. 8 with COM = max pooling: each phrase's vector is the element-wise max of its words' x_i.
+
+        Args:
+            hidden_states: (B, L, D), the layer input H.
+            partition: the batch's phrases of every granularity.
+
+        Returns:
+            (B, G, P, D), the phrase memories H_g side by side; padded phrases hold 0.
+        """
         return partition.max_pool(hidden_states)
 
 
@@ -323,6 +335,16 @@ class MeanComposition(MaxComposition):
     """COM = mean of the phrase's word vectors, (B, G, P, D)."""
 
     def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
+        """
+        Eq. 8 with COM = mean pooling: each phrase's vector is the mean of its words' x_i.
+
+        Args:
+            hidden_states: (B, L, D), the layer input H.
+            partition: the batch's phrases of every granularity.
+
+        Returns:
+            (B, G, P, D), the phrase memories H_g side by side; padded phrases hold 0.
+        """
         weights = partition.membership.to(hidden_states.dtype)
         weights = weights / weights.sum(-1, keepdim=True).clamp(min=1.0)
         return weights @ hidden_states.unsqueeze(1)
@@ -347,6 +369,17 @@ class SansComposition(nn.Module):
         self.key_proj = nn.Linear(config.d_model, self.output_dim, bias=False)  # W_k^h
 
     def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
+        """
+        Eq. 8 with COM = SANs: per phrase head h, g^h = Σ_i softmax_i((m W_q^h)(x_i W_k^h)ᵀ / √d_h) (x_i W_k^h), the
+        softmax running over the phrase's words x_i and m being their max-pooled vector.
+
+        Args:
+            hidden_states: (B, L, D), the layer input H.
+            partition: the batch's phrases of every granularity.
+
+        Returns:
+            (B, G, P, d_m), the phrase heads' g^h ∈ R^{d_h} side by side; padded phrases hold 0.
+        """
         batch_size, num_granularities, num_phrases = partition.phrase_mask.shape
         heads = self.output_dim // self.head_dim
         key = self.key_proj(hidden_states).view(batch_size, 1, -1, heads, self.head_dim).transpose(2, 3)
@@ -446,6 +479,7 @@ class HeadSpaceKeyValue(nn.Module):
         self.init_variant_parameters(config)
 
     def init_variant_parameters(self, config):
+        """W_K^h and W_V^h drawn from N(0, `config.variant_init_std`²)."""
         init.normal_(self.key_weight, std=config.variant_init_std)
         init.normal_(self.value_weight, std=config.variant_init_std)
 

@@ -117,6 +117,7 @@ class PhraseSegmentation:
 
     @property
     def num_phrases(self) -> int:
+        """P, the padded number of phrases per sentence."""
         return self.mask.shape[1]
 
 
@@ -450,6 +451,7 @@ class TransparentAttention(nn.Module):
         self.level_weights = nn.Parameter(torch.zeros(config.encoder_layers + 1))
 
     def init_variant_parameters(self, config):
+        """The level weights w start at 0: an equal mix of the d + 1 encoder levels."""
         init.zeros_(self.level_weights)
 
     def forward(self, phrase_states: torch.Tensor) -> torch.Tensor:

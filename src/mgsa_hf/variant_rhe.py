@@ -164,6 +164,9 @@ class RheInputs:
 
     @classmethod
     def from_syntax(cls, config, syntax: MgsaSyntaxInputs, hidden_states: torch.Tensor | None = None) -> "RheInputs":
+        """What the configured RHE layers read, from a batch's [`MgsaSyntaxInputs`] (its needed fields required and
+        their ranges checked): Dep_mask, the key pairs SEA keeps (Eq. 5's D for DEA, the local phrases for LPEA) and
+        LPEA's labels (Eq. 7); `rhe_prune` needs Dep_mask only. `hidden_states` is not read."""
         fields = required_syntax_fields(config)
         syntax.require(*fields, needed_by=f'encoder_type="rhe" ({config.rhe_attention})')
         check_syntax_ranges(syntax, fields)

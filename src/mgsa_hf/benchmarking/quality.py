@@ -113,6 +113,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def load_budget(spec: str) -> tuple[str, dict]:
+    """`(name, budget)` of a budget: a name in `configs/quality/` or a JSON file; an unknown one stops the run."""
     path = Path(spec) if spec.endswith(".json") else REPOSITORY / "configs" / "quality" / f"{spec}.json"
     if not path.is_file():
         known = sorted(p.stem for p in (REPOSITORY / "configs" / "quality").glob("*.json"))
@@ -121,6 +122,7 @@ def load_budget(spec: str) -> tuple[str, dict]:
 
 
 def recipe_of(budget: dict, max_steps: int | None):
+    """The budget's training `Recipe`, with `--max-steps` when given (a selection budget has none)."""
     from ..prepared_training import Recipe
 
     if "select" in budget:
@@ -168,6 +170,7 @@ def prepare(args, name: str, budget: dict) -> Path:
 
 
 def prepared_folder(args, name: str) -> Path:
+    """The budget's prepared corpus folder: `--prepared`, or `<root>/<budget>/prepared`."""
     return Path(args.prepared) if args.prepared else Path(args.root) / name / "prepared"
 
 
@@ -254,6 +257,7 @@ def common_step(run_dirs: list[Path]) -> int:
 
 
 def run_one(args, name: str, budget: dict) -> None:
+    """The `run-one` step: train and score one row × seed in `--run-dir`; prints its scores."""
     from ..prepared_training import PreparedCorpus, train_run
 
     corpus = PreparedCorpus(prepared_folder(args, name))
@@ -267,8 +271,7 @@ def run_one(args, name: str, budget: dict) -> None:
 
 
 def read_hypotheses(path: Path) -> list[str]:
-    """The lines of a file written as one line per sentence, empty ones included (a model may translate a sentence
-    as nothing)."""
+    """The lines of a one-sentence-per-line file, empty ones included (a model may translate a sentence as nothing)."""
     text = path.read_text(encoding="utf-8")
     return (text[:-1] if text.endswith("\n") else text).split("\n")
 
@@ -285,15 +288,13 @@ def collect_runs(root: Path) -> list[dict]:
 
 
 def hypotheses_path(record: dict, target_lang: str) -> Path:
-    """Where a run's test translations are: beside its result in its run folder, or (a run read back from a reported
-    budget) the copy the report keeps."""
+    """A run's test translations: beside its result, or (a run read back from a reported budget) the report's copy."""
     return Path(record["test_hypotheses"]) if "test_hypotheses" in record else \
         Path(record["run_dir"]) / f"test.hyp.{target_lang}"
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Per row: BLEU and chrF on each split and distinct test outputs, mean ± std over seeds; steps, steps/s and
-    parameters."""
+    """Per row: BLEU, chrF per split and distinct test outputs (mean ± std over seeds); steps, steps/s, parameters."""
     summary = {}
     for name in sorted({r["name"] for r in runs}, key=lambda n: (n != BASELINE, n)):
         records = [r for r in runs if r["name"] == name]
@@ -404,6 +405,7 @@ def render_selection(report: dict) -> list[str]:
 
 
 def render_papers() -> str:
+    """The markdown table of the papers' own figures (`PAPER_RESULTS`)."""
     lines = ["### The papers' own figures (Transformer-base, WMT En→De; for reference, not comparable in size)", "",
              "| row | paper | paper's row | baseline BLEU | BLEU | Δ BLEU | parameters (M) | training speed |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -415,6 +417,7 @@ def render_papers() -> str:
 
 
 def render_section(reports: list[dict]) -> str:
+    """The "## Translation quality" section: the protocol, one table per reported budget and the papers' figures."""
     parts = [SECTION, "",
              "`scripts/bench_quality.py`: Multi30k en→de, one prepared corpus per budget, the same recipe and number "
              "of steps for every row (only the variant's own fields differ), the last checkpoints averaged, beam "
@@ -428,8 +431,7 @@ def render_section(reports: list[dict]) -> str:
 
 
 def replace_section(text: str, section: str) -> str:
-    """`text` with its "## Translation quality" section (up to the next `## ` heading) replaced by `section`,
-    or with `section` appended; every other section is kept as it is."""
+    """`text` with its quality section (up to the next `## ` heading) replaced by `section`, or `section` appended."""
     lines = text.split("\n")
     start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
     if start is None:
@@ -441,6 +443,7 @@ def replace_section(text: str, section: str) -> str:
 
 
 def update_markdown(path: Path, reports: list[dict]) -> None:
+    """Rewrite the quality section of the markdown file at `path` (made if missing) from `reports`."""
     text = path.read_text() if path.is_file() else "# Benchmarks\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(replace_section(text, render_section(reports)))
@@ -484,6 +487,7 @@ def plot_curves(runs: list[dict], path: Path) -> str | None:
 
 
 def git_commit() -> str | None:
+    """The repository's HEAD commit, or None outside a git checkout."""
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPOSITORY, capture_output=True, text=True,
                               check=True).stdout.strip()
@@ -492,6 +496,7 @@ def git_commit() -> str | None:
 
 
 def report(args, name: str, budget: dict, argv) -> dict:
+    """The `report` step of a budget: its finished runs summarized and tested, written as results JSON and markdown."""
     from ..prepared_training import PreparedCorpus
 
     root = Path(args.root) / name
@@ -573,8 +578,7 @@ SELECTION_METRICS = {"validation_bleu": ("validation", "bleu", "validation BLEU"
 
 
 def reported_runs(results_path: Path, target_lang: str) -> tuple[dict, list[dict]]:
-    """A reported budget's results JSON and its runs, each pointing at the copy of its test translations kept beside
-    the JSON (`<results>/<row>.seed-<seed>.test.hyp.<lang>`)."""
+    """A reported budget's results JSON and its runs, each pointing at its test translations ([`kept_hypotheses`])."""
     if not results_path.is_file():
         raise SystemExit(f"{results_path} does not exist: report that budget first.")
     reported = json.loads(results_path.read_text())
@@ -588,12 +592,10 @@ def reported_runs(results_path: Path, target_lang: str) -> tuple[dict, list[dict
 
 
 def select_runs(runs_by_budget: dict[str, list[dict]], by: str) -> tuple[list[dict], dict]:
-    """
-    For every row that all the budgets ran, the runs of the budget with the highest mean `by` (validation BLEU or
+    """For every row that all the budgets ran, the runs of the budget with the highest mean `by` (validation BLEU or
     chrF) over the seeds the budgets share for that row (ties: the first budget); the transformer by the same rule.
 
-    Returns the chosen runs (those seeds) and, per row, every budget's mean validation and test scores and the choice.
-    """
+    Returns the chosen runs (those seeds) and, per row, each budget's mean validation and test scores, the choice."""
     split, metric, _ = SELECTION_METRICS[by]
     budgets = list(runs_by_budget)
     names = set.intersection(*({r["name"] for r in runs} for runs in runs_by_budget.values()))
@@ -615,8 +617,7 @@ def select_runs(runs_by_budget: dict[str, list[dict]], by: str) -> tuple[list[di
 
 
 def recipe_differences(budgets: dict[str, dict]) -> dict[str, dict]:
-    """Budget name → the recipe fields (`model.<field>` for the model's) in which the budgets differ: what the
-    selection chooses between."""
+    """Budget name → the recipe fields (`model.<field>`: the model's) the budgets differ in: what a selection picks."""
 
     def flat(recipe: dict) -> dict:
         model = {f"model.{key}": value for key, value in recipe.get("model", {}).items()}
@@ -655,12 +656,10 @@ def source_arguments(args, name: str, sources: dict[str, tuple[str, dict]]) -> d
 
 
 def run_selection(args, name: str, budget: dict, argv) -> dict | None:
-    """
-    The steps of a selection budget. `prepare` and `train` run those steps for every budget it selects from (one
+    """The steps of a selection budget. `prepare` and `train` run those steps for every budget it selects from (one
     prepared corpus when their `prepare` settings agree; the runs of all of them in one queue, `--jobs` at a time);
     `all` does both, reports each of those budgets, then the selection; `report` reports the selection from their
-    reported results (`benchmarks/quality-<budget>.json` and the test translations beside them).
-    """
+    reported results (`benchmarks/quality-<budget>.json` and the test translations beside them)."""
     sources = selection_sources(name, budget)
     arguments = source_arguments(args, name, sources)
     if args.step in ("prepare", "all"):
@@ -726,10 +725,12 @@ def report_selection(args, name: str, budget: dict, argv) -> dict:
 
 
 def load_budget_path(spec: str) -> Path:
+    """The budget file that `--budget` names (a JSON file, or a name in `configs/quality/`)."""
     return Path(spec) if spec.endswith(".json") else REPOSITORY / "configs" / "quality" / f"{spec}.json"
 
 
 def main(argv=None) -> dict | None:
+    """Run the step of `scripts/bench_quality.py` the command line names; returns the report where it writes one."""
     args = parse_args(argv)
     name, budget = load_budget(args.budget)
     if args.step == "run-one":

@@ -70,15 +70,18 @@ TARGETS = {
 
 
 def log(message: str) -> None:
+    """Print `message` to stderr with the time."""
     print(f"[bench_speed {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def read_sentences(data: Path, split: str, lang: str, limit: int) -> list[str]:
+    """The first `limit` lines of the corpus file `<data>/<split>.<lang>.gz`, stripped."""
     with gzip.open(data / f"{split}.{lang}.gz", "rt", encoding="utf-8") as handle:
         return [line.strip() for _, line in zip(range(limit), handle, strict=False)]
 
 
 def build_processor(workdir: Path, data: Path):
+    """An `MgsaProcessor` with a joint 8000-token tokenizer trained on the corpus's train split (under `workdir`)."""
     from .. import MgsaProcessor
     from ..tokenization_utils import train_joint_tokenizer
 
@@ -89,6 +92,7 @@ def build_processor(workdir: Path, data: Path):
 
 
 def make_batches(processor, sources, targets, batch_size: int) -> list[dict]:
+    """The processor's batches (tokens, syntax fields, labels) of `batch_size` sentence pairs each."""
     return [
         dict(processor(sources[i : i + batch_size], text_target=targets[i : i + batch_size], return_tensors="pt"))
         for i in range(0, len(sources), batch_size)
@@ -187,6 +191,7 @@ def build_model(vocab: dict, backbone: str, size: str, fields: dict, device, dty
 
 
 def to_device(batch: dict, device) -> dict:
+    """Every tensor of `batch` moved to `device`."""
     return {key: value.to(device) for key, value in batch.items()}
 
 
@@ -199,6 +204,7 @@ def select_device(name: str) -> torch.device:
 
 
 def synchronize(device) -> None:
+    """Wait for the device's queued kernels (CUDA), so that a timer reads them."""
     if device.type == "cuda":
         torch.cuda.synchronize()
 
@@ -209,6 +215,7 @@ def autocast(device, amp: bool):
 
 
 def train_step(model, optimizer, batch, amp: bool = False) -> None:
+    """One timed training step: forward (under bf16 autocast with `amp`), backward, optimizer step."""
     with autocast(model.device, amp):
         loss = model(**batch).loss
     loss.backward()
@@ -274,6 +281,7 @@ def load_inputs(path, vocab_size: int | None = None) -> dict:
 
 
 def with_vocab_size(inputs: dict, vocab_size: int | None) -> dict:
+    """`inputs` with the models' vocabulary widened to `vocab_size` (not below the tokenizer's); None keeps it."""
     if vocab_size is not None:
         if vocab_size < inputs["vocab"]["vocab_size"]:
             raise SystemExit(f"--vocab-size {vocab_size} is below the tokenizer's {inputs['vocab']['vocab_size']}")
@@ -321,6 +329,7 @@ def peak_memory_cpu(
 
 
 def benchmark_size(args, inputs: dict, inputs_path: Path, backbone: str, size: str, device) -> dict:
+    """The result of one backbone and size: each variant's parameters, timings and memory, and the requested checks."""
     train_batches, long_batch = inputs["train_batches"], inputs["long_batch"]
     amp = args.dtype == "bf16"
     models = {
@@ -512,6 +521,7 @@ def kernel_check(model, batch: dict, device, amp: bool) -> dict:
 
 
 def markdown_table(result: dict) -> str:
+    """The markdown table of one size's result ([`benchmark_size`]), ratios marked against their `TARGETS`."""
     config = result["config"]
     layers = (config.get("encoder_layers", config.get("num_layers")), config.get("decoder_layers",
               config.get("num_decoder_layers")))
@@ -562,6 +572,7 @@ def markdown_table(result: dict) -> str:
 
 
 def write_results(args, results: list[dict]) -> None:
+    """Write results JSON (`--output`, or `benchmarks/speed-<device>.json`) and its tables beside it; print them."""
     out = Path(args.output) if args.output else REPOSITORY / "benchmarks" / f"speed-{args.device}.json"
     out.parent.mkdir(exist_ok=True)
     command = "python scripts/bench_speed.py " + " ".join(sys.argv[1:])
@@ -635,6 +646,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> None:
+    """`scripts/bench_speed.py`: save the batches, run a memory probe, or time each variant, backbone and size."""
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
