@@ -4,7 +4,8 @@ Transformer.
 Multi30k en→de, one prepared corpus per budget (a joint tokenizer and every syntax field, parsed once), the same
 recipe for every row (only the variant's own config fields differ), equal steps, several seeds, the average of the
 last checkpoints, beam search, sacreBLEU BLEU and chrF on validation and test 2016, the number of distinct test
-outputs, and a paired bootstrap test of each row against `transformer` on test 2016. Training is
+outputs, and of each row against `transformer` on test 2016 a t-test over seeds (`evaluation.seed_level_test`: the
+null is "the same recipe, another seed") with the paired bootstrap's test-set interval beside it. Training is
 `mgsa_hf.prepared_training`: it needs only torch, transformers and sacreBLEU, so the `train` step runs on a GPU
 machine without spaCy or `datasets`; `prepare` runs where the package is installed.
 
@@ -47,31 +48,19 @@ from pathlib import Path
 import numpy as np
 
 from ..cli import positive_int
-from ..evaluation import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, mean_std, paired_bootstrap
+from ..evaluation import mean_std, paired_bootstrap, seed_level_test
+from .quality_report import (  # noqa: F401  (the report's functions, read as this module's by the tests)
+    PAPER_RESULTS,
+    SECTION,
+    SELECTION_METRICS,
+    SIGNIFICANCE,
+    plot_curves,
+    render_budget,
+    render_section,
+    replace_section,
+    update_markdown,
+)
 from .rows import BASELINE, REPOSITORY, job_gpus, least_busy_gpu, package_environment, resolve_rows
-
-
-SECTION = "## Translation quality"
-
-# What the papers report for their own models (Transformer-base on WMT En→De, 4.5M sentence pairs): the row, the
-# baseline's and the row's BLEU, parameters (M) and training speed where given.
-PAPER_RESULTS = {
-    "phrase_memory": {"paper": "MG-SA (Hao et al., EMNLP 2019), Tables 3-4", "row": "syntactic + tag + ON-LSTM",
-                      "baseline_bleu": 27.31, "bleu": 28.28, "params": "88.0 → 89.9",
-                      "speed": "1.28 → 1.19 steps/s"},
-    "phrase_memory/syntactic_tag_on_lstm": {"paper": "MG-SA, Table 3", "row": "syntactic + tag + ON-LSTM",
-                                            "baseline_bleu": 27.31, "bleu": 28.28, "params": "88.0 → 89.9",
-                                            "speed": "1.28 → 1.19 steps/s"},
-    "phrase_representation": {"paper": "PR (ACL 2020), Table 2", "row": "+Max+Attn+TA", "baseline_bleu": 27.38,
-                              "bleu": 28.67, "params": "88.1 → 173.0", "speed": "1.75× training time"},
-    "phrase_representation/max_attn_ta_parse": {"paper": "PR, Table 2", "row": "+Max+Attn+TA+Parsing Phrase",
-                                                 "baseline_bleu": 27.38, "bleu": 28.76, "params": "88.1 → 173.0",
-                                                 "speed": "1.83× training time"},
-    "hybrid": {"paper": "Hybrid (Xu et al., ACL 2019), Table 1", "row": "HYBRID (Gate), m = 1",
-               "baseline_bleu": 27.67, "bleu": 28.31, "params": "+0.0", "speed": "not reported"},
-    "rhe": {"paper": "RHE (EMNLP 2021), Table 1", "row": "LPEA + RHE", "baseline_bleu": 27.31, "bleu": 28.27,
-            "params": "not reported", "speed": "1.21 → 1.17 steps/s"},
-}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -310,11 +299,16 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def significance(runs: list[dict], references: list[str], target_lang: str) -> dict:
-    """Paired bootstrap of every row against the baseline on test, over the seeds both finished."""
+    """Every row against the baseline on test: the t-test over seeds (`<metric>_seeds`, over every seed each
+    finished: the table's p and interval) and the paired bootstrap over test sentences (`<metric>`, over the seeds
+    both finished: how far another test set could move the difference, blind to training variance)."""
     from sacrebleu.metrics import BLEU, CHRF
 
     def hypotheses(name):
         return {r["seed"]: read_hypotheses(hypotheses_path(r, target_lang)) for r in runs if r["name"] == name}
+
+    def seed_scores(name, metric_name):
+        return [r["test"][metric_name] for r in runs if r["name"] == name]
 
     baseline = hypotheses(BASELINE)
     tests = {}
@@ -327,163 +321,9 @@ def significance(runs: list[dict], references: list[str], target_lang: str) -> d
         for metric_name, metric in (("bleu", BLEU()), ("chrf", CHRF())):
             tests[name][metric_name] = paired_bootstrap([baseline[s] for s in seeds], [system[s] for s in seeds],
                                                         references, metric)
+            tests[name][f"{metric_name}_seeds"] = seed_level_test(seed_scores(BASELINE, metric_name),
+                                                                  seed_scores(name, metric_name))
     return tests
-
-
-# -------------------------------------------------------------------------------------------------- reporting
-
-
-def _cell(stats: dict | None, scale: float = 1.0, digits: int = 2) -> str:
-    if not stats:
-        return "–"
-    text = f"{stats['mean'] * scale:.{digits}f}"
-    return text + (f" ± {stats['std'] * scale:.{digits}f}" if stats["std"] is not None else "")
-
-
-def _verdict(test: dict) -> str:
-    if test["p_value"] >= 0.05:
-        return "no significant difference"
-    return "better (p < 0.05)" if test["delta"] > 0 else "worse (p < 0.05)"
-
-
-def render_budget(report: dict) -> str:
-    """The markdown table of one budget."""
-    summary, tests = report["summary"], report["significance"]
-    base = summary.get(BASELINE)
-    lines = [
-        f"### Budget `{report['budget']}`",
-        "",
-        f"Command: `{report['command']}` (at commit `{(report.get('commit') or 'unknown')[:10]}`)  ",
-        f"Recipe: `{report['budget_file']}` ({report['protocol']}); {report['environment']['device']}.",
-        "",
-        "| row | seeds | steps | params (M) | steps/s (ratio) | valid BLEU | test BLEU | test chrF | "
-        "Δ test BLEU [95% CI] | p (BLEU) | Δ chrF | p (chrF) | distinct test outputs |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for name, row in summary.items():
-        test = tests.get(name)
-        if test:
-            bleu, chrf = test["bleu"], test["chrf"]
-            delta = (f"{bleu['delta']:+.2f} [{bleu['delta_95ci'][0]:+.2f}, {bleu['delta_95ci'][1]:+.2f}] | "
-                     f"{bleu['p_value']:.3f} | {chrf['delta']:+.2f} | {chrf['p_value']:.3f}")
-        else:
-            delta = "– | – | – | –"
-        ratio = row["steps_per_second"]["mean"] / base["steps_per_second"]["mean"] if base else float("nan")
-        lines.append(
-            f"| `{name}` | {len(row['seeds'])} | {row['steps']} | {row['parameters'] / 1e6:.1f} | "
-            f"{row['steps_per_second']['mean']:.2f} ({ratio:.2f}) | {_cell(row['validation_bleu'])} | "
-            f"{_cell(row['test_bleu'])} | {_cell(row['test_chrf'])} | {delta} | "
-            f"{_cell(row['test_distinct_fraction'], 100, 1)}% |"
-        )
-    lines += ["", f"BLEU: `{report['signatures']['bleu']}`  ", f"chrF: `{report['signatures']['chrf']}`  ",
-              f"Significance: {report['signatures']['significance']}", ""]
-    verdicts = [f"`{name}` {_verdict(test['bleu'])} (Δ BLEU {test['bleu']['delta']:+.2f}, p = "
-                f"{test['bleu']['p_value']:.3f})" for name, test in tests.items()]
-    if verdicts:
-        lines += ["Against `transformer` on test 2016: " + "; ".join(verdicts) + ".", ""]
-    if report.get("plot"):
-        lines += [f"![validation loss against steps]({Path(report['plot']).name})", ""]
-    if report.get("selection"):
-        lines += render_selection(report)
-    return "\n".join(lines)
-
-
-def render_selection(report: dict) -> list[str]:
-    """The scores every row had in each budget of a selection, and the budget chosen."""
-    selection = report["selection"]
-    budgets = list(next(iter(selection.values()))["scores"])
-    by = SELECTION_METRICS[next(iter(selection.values()))["by"]][2]
-    header = " | ".join(f"`{budget}`: valid / test" for budget in budgets)
-    lines = [f"Each row's budget, chosen by the mean {by} over the seeds shown (the test scores beside it are not "
-             "used to choose):", "", f"| row | seeds | {header} | chosen |",
-             "| --- | --- | " + " | ".join("---" for _ in budgets) + " | --- |"]
-    for name, row in selection.items():
-        cells = " | ".join(f"{row['scores'][b]['validation']:.2f} / {row['scores'][b]['test']:.2f}" for b in budgets)
-        recipe = ", ".join(f"{key} {value}" for key, value in row["recipe"].items())
-        lines.append(f"| `{name}` | {', '.join(map(str, row['seeds']))} | {cells} | `{row['chosen']}` ({recipe}) |")
-    return lines + [""]
-
-
-def render_papers() -> str:
-    """The markdown table of the papers' own figures (`PAPER_RESULTS`)."""
-    lines = ["### The papers' own figures (Transformer-base, WMT En→De; for reference, not comparable in size)", "",
-             "| row | paper | paper's row | baseline BLEU | BLEU | Δ BLEU | parameters (M) | training speed |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for name, paper in PAPER_RESULTS.items():
-        lines.append(f"| `{name}` | {paper['paper']} | {paper['row']} | {paper['baseline_bleu']:.2f} | "
-                     f"{paper['bleu']:.2f} | {paper['bleu'] - paper['baseline_bleu']:+.2f} | {paper['params']} | "
-                     f"{paper['speed']} |")
-    return "\n".join(lines) + "\n"
-
-
-def render_section(reports: list[dict]) -> str:
-    """The "## Translation quality" section: the protocol, one table per reported budget and the papers' figures."""
-    parts = [SECTION, "",
-             "`scripts/bench_quality.py`: Multi30k en→de, one prepared corpus per budget, the same recipe and number "
-             "of steps for every row (only the variant's own fields differ), the last checkpoints averaged, beam "
-             "search, sacreBLEU BLEU/chrF on validation (val, 1014 sentences) and test 2016 (flickr, 1000 sentences) "
-             "from detokenized output against the raw references, mean ± std over seeds, the share of distinct test "
-             "translations, and the paired bootstrap test (1000 resamples, seed-averaged) of each row against "
-             "`transformer` on test 2016 (Δ = row − transformer).", ""]
-    parts += [render_budget(report) for report in reports]
-    parts.append(render_papers())
-    return "\n".join(parts)
-
-
-def replace_section(text: str, section: str) -> str:
-    """`text` with its quality section (up to the next `## ` heading) replaced by `section`, or `section` appended."""
-    lines = text.split("\n")
-    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
-    if start is None:
-        return text.rstrip("\n") + ("\n\n" if text.strip() else "") + section.rstrip("\n") + "\n"
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    rest = "\n".join(lines[end:])
-    return "\n".join(lines[:start]) + ("\n" if start else "") + section.rstrip("\n") + "\n" + \
-        ("\n" + rest if rest.strip() else "")
-
-
-def update_markdown(path: Path, reports: list[dict]) -> None:
-    """Rewrite the quality section of the markdown file at `path` (made if missing) from `reports`."""
-    text = path.read_text() if path.is_file() else "# Benchmarks\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(replace_section(text, render_section(reports)))
-
-
-def plot_curves(runs: list[dict], path: Path) -> str | None:
-    """Validation loss (and greedy validation BLEU where logged) against steps, one line per row (seed mean)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    curves: dict[str, dict[int, list]] = {}
-    for record in runs:
-        log = Path(record["run_dir"]) / "log.jsonl"
-        for line in log.read_text().splitlines() if log.is_file() else []:
-            entry = json.loads(line)
-            if "validation_loss" in entry:
-                curves.setdefault(record["name"], {}).setdefault(entry["step"], []).append(entry)
-    if not curves:
-        return None
-    with_bleu = any("validation_bleu_greedy" in e for c in curves.values() for es in c.values() for e in es)
-    figure, axes = plt.subplots(1, 2 if with_bleu else 1, figsize=(12 if with_bleu else 6, 4), squeeze=False)
-    for name, by_step in curves.items():
-        steps = sorted(by_step)
-        axes[0][0].plot(steps, [np.mean([e["validation_loss"] for e in by_step[s]]) for s in steps], label=name)
-        if with_bleu:
-            axes[0][1].plot(steps, [np.mean([e.get("validation_bleu_greedy", np.nan) for e in by_step[s]])
-                                    for s in steps], label=name)
-    axes[0][0].set(xlabel="step", ylabel="validation loss (nats/token)", title="validation loss")
-    axes[0][0].legend(fontsize=7)
-    if with_bleu:
-        axes[0][1].set(xlabel="step", ylabel="BLEU", title="validation BLEU (greedy)")
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return str(path)
 
 
 def git_commit() -> str | None:
@@ -520,8 +360,7 @@ def report(args, name: str, budget: dict, argv) -> dict:
                         if first["device"] == "cpu" else first["device"],
                         "python": platform.python_version()},
         "signatures": {"bleu": first["test"]["bleu_signature"], "chrf": first["test"]["chrf_signature"],
-                       "significance": f"paired bootstrap, {BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, "
-                                       "two-sided, seed-averaged"},
+                       "significance": SIGNIFICANCE},
         "summary": summarize(runs),
         "significance": significance(runs, corpus.references("test"), target_lang),
         "papers": {k: v for k, v in PAPER_RESULTS.items() if k in {r["name"] for r in runs}},
@@ -573,8 +412,6 @@ def write_results(args, result: dict, results_path: Path) -> None:
 
 
 # a selection's criterion → (split, metric) of the run records, and how tables name it
-SELECTION_METRICS = {"validation_bleu": ("validation", "bleu", "validation BLEU"),
-                     "validation_chrf": ("validation", "chrf", "validation chrF")}
 
 
 def reported_runs(results_path: Path, target_lang: str) -> tuple[dict, list[dict]]:
@@ -709,7 +546,7 @@ def report_selection(args, name: str, budget: dict, argv) -> dict:
         "protocol": f"per row, whichever of {choices} has the higher mean {SELECTION_METRICS[by][2]} over their "
                     f"shared seeds; otherwise {first['protocol']}",
         "environment": first["environment"],
-        "signatures": first["signatures"],
+        "signatures": {**first["signatures"], "significance": SIGNIFICANCE},
         "sources": {source: {"commit": report.get("commit"), "command": report["command"]}
                     for source, report in reported.items()},
         "selection": selection,
