@@ -40,6 +40,8 @@ from torch import nn
 from transformers import AutoConfig, GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import Seq2SeqLMOutput
+from transformers.processing_utils import ProcessorMixin
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from .export import check_onnx_exportable, onnx_syntax_fields
 from .input_checks import check_token_ids
@@ -176,7 +178,8 @@ def _load_model_and_processor(model_or_folder, processor):
 
 
 def export_generation_onnx(
-    model_or_folder, output_dir: str | Path, *, quantize: bool = False, opset: int | None = None, processor=None
+    model_or_folder: "str | Path | PreTrainedModel", output_dir: str | Path, *, quantize: bool = False,
+    opset: int | None = None, processor: ProcessorMixin | PreTrainedTokenizerBase | None = None,
 ) -> Path:
     """
     Write the encoder and the two decoder graphs of an MGSA translation model (any encoder type, Marian or T5
@@ -422,7 +425,7 @@ class OrtMgsaForConditionalGeneration(PreTrainedModel, GenerationMixin):
         self.past_cross = cache_names("past_key_values", "encoder", num_cross)
 
     @classmethod
-    def from_pretrained(cls, folder, *, threads: int | None = None, provider: str = "CPUExecutionProvider"
+    def from_pretrained(cls, folder: str | Path, *, threads: int | None = None, provider: str = "CPUExecutionProvider"
                         ) -> "OrtMgsaForConditionalGeneration":
         """
         Load a folder written by [`export_generation_onnx`].
