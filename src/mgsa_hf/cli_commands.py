@@ -3,6 +3,7 @@ is an `add_*_arguments(parser)` and a `run_*(args)`; `mgsa_hf.cli` wires them up
 """
 
 import argparse
+import importlib
 import io
 import json
 import sys
@@ -19,7 +20,7 @@ def _onnx_generation(what: str):
     try:
         import onnxruntime  # noqa: F401
 
-        from . import onnx_generation
+        onnx_generation = importlib.import_module(f"{__package__}.onnx_generation")
     except ImportError as error:
         raise ImportError(ONNX_MISSING.format(what=what, error=error)) from error
     return onnx_generation

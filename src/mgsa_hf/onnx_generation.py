@@ -91,6 +91,8 @@ class EncoderGraph(nn.Module):
 
     def forward(self, input_ids, attention_mask, word_ids=None, head_word_ids=None, phrase_ids=None,
                 pr_phrase_ids=None, local_phrase_start=None, local_phrase_end=None, tree_depth=None):
+        """The encoder on a processor batch's source fields (None: a field the encoder type does not read); returns
+        `(last_hidden_state,)`, or for PR `(last_hidden_state, phrase_states, phrase_mask)`."""
         outputs = self.model.get_encoder()(
             input_ids=input_ids, attention_mask=attention_mask, word_ids=word_ids, head_word_ids=head_word_ids,
             phrase_ids=phrase_ids, pr_phrase_ids=pr_phrase_ids, local_phrase_start=local_phrase_start,
@@ -119,6 +121,9 @@ class DecoderGraph(nn.Module):
         self.num_self, self.num_cross, self.with_past = num_self, num_cross, with_past
 
     def forward(self, decoder_input_ids, encoder_attention_mask, *tensors):
+        """One decoding step: `tensors` are the source memories (`memory_names`: the encoder states, PR's phrase
+        states and mask) and, with past, the self-attention then cross-attention keys and values of every layer;
+        returns the last position's logits `(batch, vocab_size)` and the caches to feed back."""
         memories = dict(zip(self.memory_names, tensors[: len(self.memory_names)], strict=True))
         past = tensors[len(self.memory_names):]
         if self.with_past:

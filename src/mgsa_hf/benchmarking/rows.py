@@ -123,8 +123,8 @@ def parameter_count(fields: dict, size: str = "base") -> int:
     `"big"`; a row's own sizes win), built on the meta device (nothing is allocated) with a 64-token vocabulary."""
     import torch
 
-    from .configuration_mgsa import MgsaConfig
-    from .modeling_mgsa import MgsaForConditionalGeneration
+    from ..configuration_mgsa import MgsaConfig
+    from ..modeling_mgsa import MgsaForConditionalGeneration
 
     config = MgsaConfig(**{"vocab_size": 64, "pad_token_id": 63, "decoder_start_token_id": 63,
                            **TRANSFORMER_SIZES[size], **fields})
