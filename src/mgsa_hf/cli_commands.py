@@ -64,7 +64,7 @@ def add_translate_arguments(parser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
 
 
-def read_lines(source) -> list[str]:
+def split_input_lines(source) -> list[str]:
     """The lines of a text stream opened with `newline=""`, split at `\\n` only, without their `\\n` or `\\r\\n`."""
     lines = source.read().split("\n")
     if lines[-1] == "":  # the last line's line feed, or an empty input
@@ -75,10 +75,10 @@ def read_lines(source) -> list[str]:
 def _read_sources(path: str | None) -> list[str]:
     if path:
         with open(path, encoding="utf-8", newline="") as source:
-            return read_lines(source)
+            return split_input_lines(source)
     if hasattr(sys.stdin, "buffer"):  # standard input, without Python's universal newlines
-        return read_lines(io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline=""))
-    return read_lines(sys.stdin)
+        return split_input_lines(io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline=""))
+    return split_input_lines(sys.stdin)
 
 
 def _onnx_translations(folder: str, sentences: list[str], args, options: dict):
@@ -165,13 +165,13 @@ def run_evaluate(args) -> dict:
     from . import pipeline_translation  # noqa: F401  (registers the translation pipeline)
     from .data import find_split_file
     from .evaluation import translation_scores
-    from .tokenization_utils import read_lines as read_file_lines
+    from .tokenization_utils import read_lines
 
     if not Path(args.folder).is_dir():
         raise FileNotFoundError(f"model folder {args.folder!r} does not exist.")
     if not Path(args.data).is_dir():
         raise FileNotFoundError(f"corpus folder {args.data!r} does not exist (pass --data).")
-    sources, references = (list(read_file_lines(find_split_file(Path(args.data), args.split, lang)))
+    sources, references = (list(read_lines(find_split_file(Path(args.data), args.split, lang)))
                            for lang in (args.source_lang, args.target_lang))
     if len(sources) != len(references):
         raise ValueError(f"split {args.split!r} of {args.data}: {len(sources)} source lines but {len(references)} "
