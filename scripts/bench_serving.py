@@ -9,10 +9,11 @@ PyTorch `generate` with the same settings, sacreBLEU BLEU against the references
 identical to `generate`'s. ONNX folders come from `mgsa_hf.onnx_generation.export_generation_onnx` (the encoder
 graph and the decoder graphs with past key/values), read by `OrtMgsaForConditionalGeneration`.
 
-Models: trained folders (`--model TYPE=FOLDER`), or, for the types given none, a freshly initialised model per type
-at the default sizes with the processor of `--processor` (random weights: speeds count, BLEU does not; generation
-then runs to `--max-new-tokens` unless EOS comes). MG-SA is the exportable syntactic row (max-pooling composition,
-no phrase interaction); PR uses the parse segmentation.
+Models: trained folders (`--model TYPE=FOLDER`, e.g. `mgsa-hf train model.encoder_type=rhe output_dir=...`), or, for
+the types given none, a freshly initialised model per type with the sizes of the default training recipe (`mgsa-hf
+train`: 128 wide, 4+4 layers, 4 heads, FFN 256; `--model-fields` overrides them, e.g. Transformer-base) and the
+processor of `--processor` (random weights: speeds count, BLEU does not; generation then runs to `--max-new-tokens`
+unless EOS comes). Every type is at its default config.
 
 Results go to `--output` (JSON, default benchmarks/serving-cpu.json) and a markdown table beside it after every row;
 a rerun skips the rows already there (delete the file to start over).
@@ -35,13 +36,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "multi30k"
-TYPES = {
-    "transformer": {},
-    "phrase_memory": {"phrase_partition": "syntactic", "phrase_interaction": "none"},
-    "phrase_representation": {"pr_segmentation": "parse"},
-    "hybrid": {},
-    "rhe": {},
-}
+# every encoder type at its default config (MG-SA: syntactic phrases, SANs composition, ON-LSTM interaction; PR: its
+# default segmentation)
+TYPES = ["transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe"]
 ENGINES = ["pytorch", "ort-fp32", "ort-int8", "ctranslate2"]
 
 
@@ -53,7 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", action="append", default=[], metavar="TYPE=FOLDER",
                         help="a trained folder for an encoder type (repeatable)")
-    parser.add_argument("--types", nargs="+", default=list(TYPES), choices=list(TYPES))
+    parser.add_argument("--types", nargs="+", default=TYPES, choices=TYPES)
     parser.add_argument("--processor", help="the processor folder of the fresh models (default: a --model folder's)")
     parser.add_argument("--source", default=str(DATA / "test_2016_flickr.en.gz"))
     parser.add_argument("--reference", default=str(DATA / "test_2016_flickr.de.gz"))
@@ -70,6 +67,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def default_recipe_sizes() -> dict:
+    """The model section of the packaged default recipe (`mgsa-hf train`), without its encoder type."""
+    import yaml
+
+    from mgsa_hf.training_recipes import recipe_path
+
+    model = dict(yaml.safe_load(recipe_path("default").read_text())["model"])
+    model.pop("encoder_type", None)
+    return model
+
+
 def model_folder(args, encoder_type: str, given: dict, processor) -> Path:
     """The trained folder given for `encoder_type`, or a fresh model at the default sizes saved under the work
     folder."""
@@ -80,10 +88,11 @@ def model_folder(args, encoder_type: str, given: dict, processor) -> Path:
     folder = Path(args.work_dir) / f"fresh-{encoder_type}"
     if not (folder / "config.json").is_file():
         tokenizer = processor.tokenizer
+        sizes = {**default_recipe_sizes(), **json.loads(args.model_fields)}
         config = MgsaConfig(
             vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
             decoder_start_token_id=tokenizer.pad_token_id, encoder_type=encoder_type,
-            num_phrase_tags=len(processor.phrase_tags), **TYPES[encoder_type], **json.loads(args.model_fields),
+            num_phrase_tags=len(processor.phrase_tags), **sizes,
         )
         torch.manual_seed(0)
         MgsaForConditionalGeneration(config).save_pretrained(folder)
