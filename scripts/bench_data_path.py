@@ -27,7 +27,6 @@ import torch
 from mgsa_hf.benchmarking.data import first_step_command, make_corpus, measure_command
 
 
-REPO = Path(__file__).resolve().parents[1]
 RECIPE = ["vocab_size=8000", "max_eval_samples=8", "max_test_samples=8", "training.max_steps=1",
           "training.eval_strategy=no", "training.save_strategy=no", "training.per_device_train_batch_size=32",
           "reuse_cpu_memory=false"]
@@ -95,7 +94,7 @@ def main():
                       f"model.encoder_type={encoder_type}", *RECIPE, *again]
             records = run.parent / f"{run.name}-{launch}-records"
             shutil.rmtree(records, ignore_errors=True)
-            measured = measure_command(first_step_command(REPO, records, recipe, 29581), env=env, cwd=args.work)
+            measured = measure_command(first_step_command(records, recipe, 29581), env=env, cwd=args.work)
             ranks = [json.loads((records / f"rank{rank}.json").read_text()) for rank in (0, 1)]
             results[key] = {"seconds": measured["seconds"], "ranks": ranks}
             save()

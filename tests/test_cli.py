@@ -1,14 +1,17 @@
 """The `mgsa-hf` command line: user errors are one line without a traceback (`--debug` shows it), every command's
-`--help` lists its options (`train`'s: the config keys, recipes and rows), the packaged recipes and rows resolve by
-name, and `translate`, `evaluate`, `finetune` and `export` run on a tiny trained folder."""
+`--help` lists its options (`train`'s: the config keys, recipes and rows), the packaged recipes, rows and
+`accelerate launch` configs resolve by name, and `translate`, `evaluate`, `finetune` and `export` run on a tiny
+trained folder."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from transformers import pipeline
 
 from mgsa_hf import MgsaConfig
@@ -17,7 +20,7 @@ from mgsa_hf.evaluation import translation_scores
 from mgsa_hf.run_ownership import run_folder
 from mgsa_hf.tokenization_utils import read_lines
 from mgsa_hf.training import TrainConfig, load_train_config, train
-from mgsa_hf.training_recipes import recipe_names, row_names
+from mgsa_hf.training_recipes import ACCELERATE_CONFIGS, accelerate_config_names, recipe_names, row_names
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,6 +57,9 @@ def test_a_user_error_is_one_line(tmp_path):
     (["evaluate", "{tmp}", "--data", "{tmp}/no-corpus"], "corpus folder '.*no-corpus' does not exist"),
     (["convert", "{tmp}/no-marian", "{tmp}/out"], "marian='.*no-marian': no such folder"),
     (["export", "ct2", "{tmp}/no-model", "{tmp}/out"], "model folder '.*no-model' does not exist"),
+    (["accelerate-config", "no_such"], "no packaged accelerate config 'no_such' \\(the configs: cpu_2proc, deepspeed"),
+    (["accelerate-config", "../recipes/tiny"], "no packaged accelerate config '../recipes/tiny'"),
+    (["accelerate-config", "no_such", "--write", "{tmp}/run"], "no packaged accelerate config 'no_such'"),
 ])
 def test_user_errors_in_process(tmp_path, arguments, message):
     with pytest.raises(SystemExit, match=rf"^mgsa-hf {arguments[0]}: error: .*{message}") as exit_info:
@@ -96,6 +102,7 @@ def test_train_help_lists_keys_recipes_and_rows(capsys):
     (["demo"], ["--encoder-types"]),
     (["prepare"], ["--num-proc", "KEY=VALUE"]),
     (["finetune"], ["KEY=VALUE", "recipe=finetune"]),
+    (["accelerate-config"], ["NAME", "--write", "multi_gpu_ddp", "cpu_2proc", "--debug"]),
 ])
 def test_every_command_help_lists_its_options(capsys, command, options):
     text = help_text(capsys, *command)
@@ -123,6 +130,45 @@ def test_recipes_and_rows_resolve_by_name(tmp_path):
     row_file = tmp_path / "mine.json"
     row_file.write_text('{"encoder_type": "hybrid", "hybrid_window": 5}')
     assert load_train_config("tiny", [f"model={row_file}"]).model["hybrid_window"] == 5
+
+
+ACCELERATE_CONFIG_NAMES = {"single_gpu", "multi_gpu_ddp", "fsdp", "deepspeed_zero2", "cpu_2proc"}
+
+
+def test_accelerate_configs_resolve_by_name(capsys):
+    """`mgsa-hf accelerate-config NAME` prints the path of the packaged config of that name, for every name; with no
+    name it lists each name with its comment's first line; every name the docs launch with is one of them."""
+    assert set(accelerate_config_names()) == ACCELERATE_CONFIG_NAMES
+    for name in ACCELERATE_CONFIG_NAMES:
+        main(["accelerate-config", name])
+        path = Path(capsys.readouterr().out.strip())
+        assert path.is_absolute() and path.is_file() and path == ACCELERATE_CONFIGS / f"{name}.yaml"
+        assert yaml.safe_load(path.read_text())["compute_environment"] == "LOCAL_MACHINE"
+    main(["accelerate-config"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == sorted(ACCELERATE_CONFIG_NAMES)
+    assert any(line.startswith("cpu_2proc ") and "gloo" in line for line in lines)
+    assert all(len(line.split()) > 2 for line in lines)  # a name and what it is for
+    documents = [REPO / "README.md", *(REPO / "docs").glob("*.md"), ACCELERATE_CONFIGS / "README.md",
+                 *(REPO / "src" / "mgsa_hf" / "recipes").glob("*.yaml"), *ACCELERATE_CONFIGS.glob("*.yaml")]
+    named = {name for path in documents for name in re.findall(r"accelerate-config ([a-z]\w*)", path.read_text())}
+    assert "multi_gpu_ddp" in named and named <= ACCELERATE_CONFIG_NAMES
+
+
+def test_accelerate_config_write_copies_without_overwriting(tmp_path, capsys):
+    """`--write DIR` copies every config and the README (or the named config alone) and refuses to overwrite."""
+    main(["accelerate-config", "--write", str(tmp_path / "all")])
+    written = capsys.readouterr().out.split()
+    expected = sorted([*(f"{name}.yaml" for name in ACCELERATE_CONFIG_NAMES), "README.md"])
+    assert sorted(Path(path).name for path in written) == expected
+    for name in expected:
+        assert (tmp_path / "all" / name).read_bytes() == (ACCELERATE_CONFIGS / name).read_bytes()
+    main(["accelerate-config", "fsdp", "--write", str(tmp_path / "one")])
+    assert [path.name for path in (tmp_path / "one").iterdir()] == ["fsdp.yaml"]
+    (tmp_path / "all" / "fsdp.yaml").write_text("edited")
+    with pytest.raises(SystemExit, match=r"^mgsa-hf accelerate-config: error: .*all already holds .*fsdp.yaml"):
+        main(["accelerate-config", "--write", str(tmp_path / "all")])
+    assert (tmp_path / "all" / "fsdp.yaml").read_text() == "edited"
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from mgsa_hf.corpus_preparation import prepare, tokenizer_sample
 from mgsa_hf.data import load_parallel_corpus
 from mgsa_hf.trainer_mgsa import column_lengths
 from mgsa_hf.training import load_train_config
+from mgsa_hf.training_recipes import accelerate_config_path
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -102,7 +103,7 @@ def test_two_processes_prepare_past_a_10_second_group_timeout(tmp_path):
     finishes, the main process alone having built the corpus and trained the tokenizer."""
     command = [
         sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", str(REPO / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "29571",
+        "--config_file", str(accelerate_config_path("cpu_2proc")), "--main_process_port", "29571",
         str(REPO / "tests" / "scripts" / "train_and_record_tokenizer.py"), str(TINY),
         f"data={DATA}", f"output_dir={tmp_path / 'model'}", "model.encoder_type=rhe",
         "processor.tree_parser=tree_plugins:slow_tree", "max_train_samples=24", "max_eval_samples=2",

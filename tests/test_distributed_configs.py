@@ -1,8 +1,8 @@
-"""The shipped `configs/accelerate/` configs for several GPUs, checked on CPU: FSDP's wrap policy, resolved by
-accelerate from `fsdp.yaml` as `accelerate launch` passes it on, finds the layer classes of every encoder type on
-both backbones; two processes (gloo) in which accelerate shards a model with FSDP2 train it, and the end of a run
-gathers it, translates, saves and reloads it; DeepSpeed takes gradient accumulation and clipping from the training
-arguments; DDP does not search for unused parameters where every parameter is used."""
+"""The packaged `accelerate launch` configs for several GPUs (`mgsa-hf accelerate-config`), checked on CPU: FSDP's
+wrap policy, resolved by accelerate from `fsdp.yaml` as `accelerate launch` passes it on, finds the layer classes of
+every encoder type on both backbones; two processes (gloo) in which accelerate shards a model with FSDP2 train it, and
+the end of a run gathers it, translates, saves and reloads it; DeepSpeed takes gradient accumulation and clipping from
+the training arguments; DDP does not search for unused parameters where every parameter is used."""
 
 import copy
 import json
@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration, MgsaT5Config, MgsaT5ForConditionalGeneration
 from mgsa_hf.distributed import ddp_find_unused_parameters, fsdp_modules, model_for_main_process
+from mgsa_hf.training_recipes import ACCELERATE_CONFIGS
 
 
 try:
@@ -31,8 +32,6 @@ except ImportError:  # accelerate before FSDP2 (1.3, the lowest version allowed)
     fsdp2_prepare_auto_wrap_policy = fsdp2_prepare_model = None
 
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "configs" / "accelerate"
 ENCODER_TYPES = ["transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe"]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -69,7 +68,7 @@ def launch_environment(config: Path, prepare) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def fsdp_environment():
-    environment = launch_environment(CONFIGS / "fsdp.yaml", prepare_multi_gpu_env)
+    environment = launch_environment(ACCELERATE_CONFIGS / "fsdp.yaml", prepare_multi_gpu_env)
     # the plugin asks a GPU for its index when it is to load on rank 0 only and broadcast: a loading setting (not
     # the wrap policy's), which the CPU cannot answer
     return {**environment, "FSDP_CPU_RAM_EFFICIENT_LOADING": "false", "FSDP_SYNC_MODULE_STATES": "false"}
@@ -101,7 +100,8 @@ def test_fsdp_config_wraps_every_layer(fsdp_environment, monkeypatch, backbone, 
 def test_deepspeed_config_takes_the_training_arguments(monkeypatch):
     """`deepspeed_zero2.yaml` leaves gradient accumulation and clipping to the Trainer (`auto`: its
     `gradient_accumulation_steps` and `max_grad_norm`) instead of fixing 1 and 1.0 against them."""
-    for name, value in launch_environment(CONFIGS / "deepspeed_zero2.yaml", prepare_deepspeed_cmd_env).items():
+    environment = launch_environment(ACCELERATE_CONFIGS / "deepspeed_zero2.yaml", prepare_deepspeed_cmd_env)
+    for name, value in environment.items():
         monkeypatch.setenv(name, value)
     config = DeepSpeedPlugin().deepspeed_config
     assert (config["gradient_accumulation_steps"], config["gradient_clipping"]) == ("auto", "auto")

@@ -15,6 +15,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoProcessor, pipeline
 
 from mgsa_hf import MgsaForConditionalGeneration, MgsaProcessor
 from mgsa_hf.training import TrainConfig, load_train_config, run_folder, train
+from mgsa_hf.training_recipes import accelerate_config_path
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -326,7 +327,7 @@ def test_two_cpu_processes_with_accelerate(tmp_path, batching):
     token-count batches, accelerate hands each process whole batches of different sizes)."""
     command = [
         sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", str(REPO / "configs" / "accelerate" / "cpu_2proc.yaml"),
+        "--config_file", str(accelerate_config_path("cpu_2proc")),
         "--main_process_port", "29561",
         str(REPO / "tests" / "scripts" / "train_and_digest.py"), str(TINY),
         f"data={DATA}", f"output_dir={tmp_path}", "training.max_steps=3", "training.eval_steps=1",
@@ -350,7 +351,7 @@ def test_user_script_under_two_cpu_processes(tmp_path, use_cpu):
     passes the config's CPU setting on) the processes join as one run."""
     command = [
         sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", str(REPO / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "29563",
+        "--config_file", str(accelerate_config_path("cpu_2proc")), "--main_process_port", "29563",
         str(REPO / "tests" / "scripts" / "trainer_processes.py"), str(tmp_path), *(["--use-cpu"] if use_cpu else []),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -455,9 +456,10 @@ def test_multi30k_from_the_hub_as_the_readme_says(tmp_path, monkeypatch):
 
 
 def test_installed_wheel_trains_with_a_data_path(tmp_path):
-    """`pip install .` (a wheel, not the editable checkout): the package data (the named recipes and rows, the model
-    card template) and the LICENSE are inside, and `mgsa-hf train` runs from a folder outside the repository with
-    `data=` given."""
+    """`pip install .` (a wheel, not the editable checkout): the package data (the named recipes and rows, the
+    `accelerate launch` configs, the model card template) and the LICENSE are inside, `mgsa-hf accelerate-config`
+    gives the installed configs' paths, and `mgsa-hf train` runs from a folder outside the repository with `data=`
+    given."""
     wheels, site = tmp_path / "wheels", tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(wheels), str(REPO)], check=True, capture_output=True, text=True, timeout=300)
@@ -469,6 +471,15 @@ def test_installed_wheel_trains_with_a_data_path(tmp_path):
     assert (site / "mgsa_hf" / "rows" / "rhe" / "README.md").is_file()
     assert "Apache License" in next(site.glob("mgsa_hf-*.dist-info/licenses/LICENSE")).read_text()
     assert (site / "mgsa_hf" / "model_card_template.md").is_file()
+    configs = site / "mgsa_hf" / "accelerate_configs"
+    assert sorted(path.name for path in configs.iterdir()) == sorted(
+        path.name for path in accelerate_config_path("cpu_2proc").parent.iterdir())
+    assert (configs / "README.md").is_file() and len(list(configs.glob("*.yaml"))) == 5
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    code = "import mgsa_hf.cli; mgsa_hf.cli.main(['accelerate-config', 'cpu_2proc'])"
+    printed = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=120, check=True).stdout.strip()
+    assert printed == str(configs.resolve() / "cpu_2proc.yaml")
     overrides = [f"data={DATA}", f"output_dir={tmp_path / 'run'}", "max_train_samples=64", "max_eval_samples=8",
                  "max_test_samples=8", "vocab_size=300", "model.d_model=32", "model.encoder_layers=1",
                  "model.decoder_layers=1", "model.encoder_ffn_dim=64", "model.decoder_ffn_dim=64",
@@ -476,7 +487,6 @@ def test_installed_wheel_trains_with_a_data_path(tmp_path):
                  "training.generation_max_length=8", "training.disable_tqdm=true", "examples=[]"]
     code = ("import sys, mgsa_hf, mgsa_hf.cli; print('FROM', mgsa_hf.__file__, flush=True); "
             "mgsa_hf.cli.main(['train', *sys.argv[1:]])")
-    env = {**os.environ, "PYTHONPATH": str(site)}
     result = subprocess.run([sys.executable, "-c", code, *overrides], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

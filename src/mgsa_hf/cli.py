@@ -1,6 +1,7 @@
 """The `mgsa-hf` command line: `train` (and `finetune`) a translation model from a named recipe, `prepare` a recipe's
 corpus once before training, `translate` with a saved folder, `evaluate` it on a corpus split, `convert` a Marian or
-T5 folder into a variant, `export` it to ONNX or CTranslate2, and `demo` every encoder type in seconds.
+T5 folder into a variant, `export` it to ONNX or CTranslate2, `demo` every encoder type in seconds, and
+`accelerate-config` gives the path of a packaged `accelerate launch` config.
 
 User errors (a missing file or folder, an unknown key or recipe, a bad value) end the command with one line on
 standard error and a non-zero exit status; `--debug` shows the traceback instead."""
@@ -15,7 +16,14 @@ from huggingface_hub.errors import StrictDataclassError
 from . import cli_commands
 from .corpus_preparation import add_prepare_arguments, run_prepare
 from .training import TrainConfig, add_train_arguments, run_train
-from .training_recipes import FINETUNE_RECIPE, recipe_names, row_names
+from .training_recipes import (
+    ACCELERATE_CONFIGS,
+    FINETUNE_RECIPE,
+    accelerate_config_names,
+    accelerate_config_path,
+    recipe_names,
+    row_names,
+)
 
 
 def positive_int(text: str) -> int:
@@ -69,6 +77,41 @@ def demo(args: argparse.Namespace) -> None:
             output = reloaded.generate(**inputs, num_beams=4, max_new_tokens=8)
             print(f"{encoder_type:>22}: {model.num_parameters():,} parameters, saved, reloaded, generated "
                   f"{output.shape[0]} sentences of {output.shape[1]} tokens from the parsed sources")
+
+
+ACCELERATE_CONFIG_DESCRIPTION = """The path of a packaged `accelerate launch` config, so that a launch works from
+an installed wheel; with no NAME, the names and what each is for. --write DIR copies the named config (or all of
+them, with their README.md: what to set) into DIR to edit.
+
+    accelerate launch --config_file "$(mgsa-hf accelerate-config multi_gpu_ddp)" -m mgsa_hf.cli train recipe=wmt14
+    mgsa-hf accelerate-config --write my-configs
+"""
+
+
+def accelerate_config(args: argparse.Namespace) -> None:
+    """`mgsa-hf accelerate-config [NAME] [--write DIR]`: print a packaged config's path, list the configs, or copy
+    them into a folder (never over an existing file)."""
+    import shutil
+    from pathlib import Path
+
+    if args.write is None:
+        if args.name is None:
+            for name, line in accelerate_config_names().items():
+                print(f"{name:<16} {line}")
+        else:
+            print(accelerate_config_path(args.name))
+        return
+    names = [args.name] if args.name else list(accelerate_config_names())
+    sources = [accelerate_config_path(name) for name in names]
+    if args.name is None:  # what each is for and what to set
+        sources.append(ACCELERATE_CONFIGS / "README.md")
+    folder = Path(args.write)
+    if existing := [source.name for source in sources if (folder / source.name).exists()]:
+        raise FileExistsError(f"{folder} already holds {', '.join(existing)}: not overwritten (remove them or choose "
+                              "another DIR).")
+    folder.mkdir(parents=True, exist_ok=True)
+    for source in sources:
+        print(shutil.copyfile(source, folder / source.name))
 
 
 # what a user gets wrong: one line, no traceback (--debug shows it); torch's and Python's own faults keep theirs.
@@ -160,6 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--encoder-types", nargs="*", help="(default: all)",
         default=["transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe"],
     )
+    launcher = command("accelerate-config", accelerate_config, "the path of a packaged `accelerate launch` config, "
+                       "or the list of them", ACCELERATE_CONFIG_DESCRIPTION)
+    launcher.add_argument("name", nargs="?", metavar="NAME", help="a config's name (default: list them): "
+                          + ", ".join(accelerate_config_names()))
+    launcher.add_argument("--write", metavar="DIR", help="copy the config (default: all of them) into DIR")
     for name, subparser in commands.choices.items():
         if name != "export":  # its formats take it
             subparser.add_argument("--debug", action="store_true", help="show the traceback of an error")

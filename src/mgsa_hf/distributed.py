@@ -6,7 +6,8 @@ model that one process calls alone either fails ("mixed torch.Tensor and DTensor
 for the others (gathering its weights in `save_pretrained`). At the end of a run every process therefore takes part
 in gathering the full state dict, and the main process loads it into a plain model of the same class, which it
 scores and saves exactly as the model of a single process ([`model_for_main_process`]). DeepSpeed ZeRO stage 3, which
-shards the parameters too, is not handled: the recipe takes ZeRO stages 1 and 2 (`configs/accelerate/`).
+shards the parameters too, is not handled: the recipe takes ZeRO stages 1 and 2
+(`mgsa-hf accelerate-config deepspeed_zero2`).
 """
 
 import copy

@@ -1,10 +1,13 @@
-"""The named training recipes and paper rows shipped inside the package, so that `mgsa-hf train recipe=finetune` and
-`mgsa-hf train model=rhe/dea_rhe` work from an installed wheel.
+"""The named training recipes, paper rows and `accelerate launch` configs shipped inside the package, so that
+`mgsa-hf train recipe=finetune`, `mgsa-hf train model=rhe/dea_rhe` and
+`accelerate launch --config_file "$(mgsa-hf accelerate-config multi_gpu_ddp)" -m mgsa_hf.cli train` work from an
+installed wheel.
 
 A recipe is a YAML file of [`~mgsa_hf.training.TrainConfig`] keys in `recipes/` (`default` is what `mgsa-hf train`
 runs without one); a row is a JSON file of `MgsaConfig` fields of one encoder type in `rows/<encoder_type>/`, named
 `<encoder_type>/<file stem>` (the papers' table rows; `rows/<encoder_type>/README.md` maps each to its table). A path
-to a file works wherever a name does.
+to a file works wherever a name does. A launcher config is a YAML file of `accelerate launch` in
+`accelerate_configs/` (`accelerate_configs/README.md` says what each is for and what to set).
 """
 
 import json
@@ -14,17 +17,41 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent
 RECIPES = PACKAGE / "recipes"
 ROWS = PACKAGE / "rows"
+ACCELERATE_CONFIGS = PACKAGE / "accelerate_configs"
 DEFAULT_RECIPE = "default"
 FINETUNE_RECIPE = "finetune"
 
 
-def recipe_names() -> dict[str, str]:
-    """Recipe name → the first line of its leading comment (what it is for), sorted by name."""
+def _first_comment_lines(folder: Path) -> dict[str, str]:
+    """File stem → the first line of its leading comment, for every YAML file of `folder`, sorted by name."""
     names = {}
-    for path in sorted(RECIPES.glob("*.yaml")):
+    for path in sorted(folder.glob("*.yaml")):
         first = next((line.lstrip("# ").strip() for line in path.read_text().splitlines() if line.startswith("#")), "")
         names[path.stem] = first
     return names
+
+
+def recipe_names() -> dict[str, str]:
+    """Recipe name → the first line of its leading comment (what it is for), sorted by name."""
+    return _first_comment_lines(RECIPES)
+
+
+def accelerate_config_names() -> dict[str, str]:
+    """Launcher config name (`multi_gpu_ddp`) → the first line of its leading comment (what it is for), sorted."""
+    return _first_comment_lines(ACCELERATE_CONFIGS)
+
+
+def accelerate_config_path(name: str) -> Path:
+    """The packaged `accelerate launch --config_file` file of a launcher config name (`multi_gpu_ddp`).
+
+    Raises:
+        FileNotFoundError: when no packaged config has that name (the message lists the names).
+    """
+    path = ACCELERATE_CONFIGS / f"{name}.yaml"
+    if Path(name).name != name or not path.is_file():
+        raise FileNotFoundError(f"no packaged accelerate config {name!r} (the configs: "
+                                f"{', '.join(accelerate_config_names())}).")
+    return path
 
 
 def row_names() -> list[str]:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ..tokenization_utils import read_lines
+from ..training_recipes import accelerate_config_path
 
 
 def make_corpus(multi30k: Path, folder: Path, pairs: int) -> Path:
@@ -68,11 +69,11 @@ def measure_command(command: list[str], env: dict | None = None, cwd: Path | Non
             "output": output[-2000:]}
 
 
-def first_step_command(repo: Path, records: Path, recipe: list[str], port: int) -> list[str]:
+def first_step_command(records: Path, recipe: list[str], port: int) -> list[str]:
     """`accelerate launch` (two CPU processes) of the training recipe's first step, each process writing
     `records/rank<N>.json` with its seconds from start to that step and its peak memory."""
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-            str(repo / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", str(port),
+            str(accelerate_config_path("cpu_2proc")), "--main_process_port", str(port),
             "-m", "mgsa_hf.benchmarking.data", str(records), *recipe]
 
 
