@@ -159,11 +159,11 @@ def translator(args, folder: Path, encoder_type: str, engine: str, threads: int,
 
 
 def markdown(report: dict) -> str:
-    lines = ["| type | engine | beams | batch | threads | sent/s | speed-up | BLEU | identical |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| type | engine | beams | batch | threads | sentences | sent/s | speed-up | BLEU | identical |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
         lines.append(f"| {row['encoder_type']} | {row['engine']} | {row['beams']} | {row['batch_size']} | "
-                     f"{row['threads']} | {row['sentences_per_second']} | {row.get('speedup_over_generate', '')} | "
+                     f"{row['threads']} | {row.get('sentences', report['sentences'])} | {row['sentences_per_second']} | {row.get('speedup_over_generate', '')} | "
                      f"{row['bleu']} | {row.get('identical_to_generate', '')} |")
     return "\n".join(lines) + "\n"
 
@@ -218,12 +218,12 @@ def main(argv=None) -> None:
                         start = time.perf_counter()
                         translations = translate(batches, beams)
                         seconds = time.perf_counter() - start
-                        generate_key = f"{encoder_type}/{beams}/{batch_size}"
+                        generate_key = f"{encoder_type}/{beams}/{batch_size}/{len(sources)}"
                         if engine == "pytorch":
                             report["generate_translations"][generate_key] = translations
                         row = {
                             "encoder_type": encoder_type, "engine": engine, "beams": beams, "batch_size": batch_size,
-                            "threads": cores, "seconds": round(seconds, 3),
+                            "threads": cores, "sentences": len(sources), "seconds": round(seconds, 3),
                             "sentences_per_second": round(len(sources) / seconds, 2),
                             "bleu": round(sacrebleu.corpus_bleu(translations, [references]).score, 2),
                             "load_average": round(os.getloadavg()[0], 2), "model": str(folder),
