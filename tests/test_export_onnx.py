@@ -1,6 +1,7 @@
 """ONNX export (`mgsa_hf.export.export_onnx`) of every encoder type: onnxruntime's logits equal PyTorch's on real
 processor batches, at the batch size and lengths the graph was traced with and at others; the graph takes exactly the
-syntax fields its encoder reads; settings that cannot export and bad examples get clear errors."""
+syntax fields its encoder reads (MG-SA's default with its ON-LSTM too); settings that cannot export and bad examples
+get clear errors."""
 
 import json
 import runpy
@@ -23,10 +24,12 @@ TOKENS = ["input_ids", "attention_mask", "decoder_input_ids"]
 # variant -> (config fields, the syntax inputs its graph must take); the syntax-reading form of each variant
 MARIAN_VARIANTS = {
     "transformer": ({"encoder_type": "transformer"}, []),
-    "phrase_memory (syntactic)": (  # Table 3 row 4; the default's ON-LSTM does not export
+    "phrase_memory (syntactic)": (  # Table 3 row 4
         {"encoder_type": "phrase_memory", "phrase_partition": "syntactic", "phrase_interaction": "none"},
         ["phrase_ids"],
     ),
+    # the default (Table 3 row 6): the ON-LSTM interaction exports as an ONNX Scan (`phrase_recurrence.py`)
+    "phrase_memory (default)": ({"encoder_type": "phrase_memory"}, ["phrase_ids"]),
     "phrase_representation (parse)": (
         {"encoder_type": "phrase_representation", "pr_segmentation": "parse"}, ["pr_phrase_ids"]
     ),
@@ -112,12 +115,20 @@ def test_export_script(multi30k_processor, tiny_config, batches, tmp_path, capsy
 
 @pytest.mark.parametrize("setting", [{"phrase_interaction": "on_lstm", "on_lstm_chunk_size": 2},
                                      {"phrase_composition": "lstm", "phrase_interaction": "none"}])
-def test_recurrent_mgsa_is_refused_by_name(setting, multi30k_processor, tiny_config, batches, tmp_path):
+def test_recurrent_mgsa_needs_an_exporter_that_writes_scan(setting, multi30k_processor, tiny_config, batches,
+                                                           tmp_path, monkeypatch):
+    """MG-SA's recurrences export as ONNX `Scan`s: with an exporter that cannot write them, the recurrent settings are
+    refused by name before tracing (the others still export)."""
+    from mgsa_hf import export
+
+    assert export.exporter_writes_scan()  # this torch's exporter writes them (the other tests export the default)
+    monkeypatch.setattr(export, "exporter_writes_scan", lambda: False)
     model = MgsaForConditionalGeneration(tiny_config(multi30k_processor, "phrase_memory", **setting))
-    name = next(key for key in setting if key.startswith("phrase_"))
-    with pytest.raises(ValueError, match=f"{name}=.*does not export to ONNX"):
+    name = next(key for key in setting if key.startswith("phrase_") and setting[key] != "none")
+    with pytest.raises(ValueError, match=f"{name}=.*ONNX `Scan`.*cannot write"):
         export_onnx(model, tmp_path / "model.onnx", batches[0])
     assert not (tmp_path / "model.onnx").exists()
+    export.check_onnx_exportable(tiny_config(multi30k_processor, "phrase_memory", phrase_interaction="none"))
 
 
 def test_bad_examples_are_refused(multi30k_processor, tiny_config, batches, tmp_path):

@@ -42,10 +42,21 @@ def onnx_input_names(config) -> list[str]:
     return ["input_ids", "attention_mask", "decoder_input_ids", *onnx_syntax_fields(config)]
 
 
+def exporter_writes_scan() -> bool:
+    """Whether this torch's ONNX exporter converts `torch._higher_order_ops.scan` into an ONNX `Scan` (torch 2.13
+    does): MG-SA's recurrences export as scans."""
+    try:
+        from torch._higher_order_ops.scan import scan  # noqa: F401
+        from torch.onnx._internal.exporter._torchlib.ops import hop
+    except ImportError:
+        return False
+    return hasattr(hop, "higher_order_scan")
+
+
 def check_onnx_exportable(config) -> None:
-    """Raise a clear error for the settings whose graph `torch.export` cannot trace: MG-SA's recurrent composition
-    and interactions, which run over each batch's real phrases packed by length (loops as long as the data's
-    longest phrase or phrase sequence)."""
+    """Raise a clear error for the settings this torch cannot export: MG-SA's recurrent composition and interactions
+    (`phrase_composition="lstm"`, `phrase_interaction="lstm"` / `"on_lstm"`, the default) export as scans over the
+    padded phrases, which need an exporter that writes ONNX `Scan` ([`exporter_writes_scan`])."""
     if config.encoder_type != "phrase_memory":
         return
     recurrent = {
@@ -53,13 +64,13 @@ def check_onnx_exportable(config) -> None:
         for name in ("phrase_composition", "phrase_interaction")
         if getattr(config, name) in ("lstm", "on_lstm")
     }
-    if recurrent:
+    if recurrent and not exporter_writes_scan():
         settings = ", ".join(f"{name}={value!r}" for name, value in recurrent.items())
         raise ValueError(
-            f"MG-SA with {settings} does not export to ONNX: its recurrences run over each batch's real phrases "
-            "packed by length, loops whose number of steps depends on the data. The n-gram or syntactic partition "
-            'with the "max", "mean" or "sans" composition and phrase_interaction="none" export (e.g. '
-            "the row phrase_memory/syntactic_tag; the default adds the ON-LSTM interaction)."
+            f"MG-SA with {settings} exports its recurrences as ONNX `Scan` nodes, which the ONNX exporter of this "
+            f"torch ({torch.__version__}) cannot write: install a torch whose exporter converts "
+            "`torch._higher_order_ops.scan` (2.13 does), or export a setting without a recurrence (e.g. the row "
+            'phrase_memory/syntactic_tag: the "max", "mean" or "sans" composition and phrase_interaction="none").'
         )
 
 

@@ -5,6 +5,8 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
+from .phrase_recurrence import masked_scan
+
 
 def cumax(logits: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """cumax(x) = cumsum(softmax(x)): a soft, monotonically increasing split point (Shen et al., 2018, §4.1)."""
@@ -24,7 +26,8 @@ class OnLstm(nn.Module):
     All gates are fused: one `Linear` projects the inputs of every time step before the loop, one `Linear` projects
     the previous hidden state inside it. Like [`torch.nn.LSTM`], [`forward`] takes a padded batch or a
     [`~torch.nn.utils.rnn.PackedSequence`] (then each step only computes the sequences still running) and returns
-    `(outputs, (h_T, c_T))`.
+    `(outputs, (h_T, c_T))`. [`forward_padded`] computes what a packed batch gives as one `scan` over a padded one,
+    which `torch.export` traces into an ONNX `Scan`.
     """
 
     def __init__(self, input_size: int, hidden_size: int, chunk_size: int):
@@ -59,6 +62,30 @@ class OnLstm(nn.Module):
         batch_size, num_steps, _ = inputs.shape
         outputs, states = self.run(inputs.transpose(0, 1).reshape(-1, inputs.shape[-1]), [batch_size] * num_steps)
         return outputs.view(num_steps, batch_size, -1).transpose(0, 1), states
+
+    def forward_padded(
+        self, inputs: torch.Tensor, lengths: torch.LongTensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """
+        The packed [`forward`]'s result on padded sequences, as a scan whose steps update only the sequences still
+        running (the ONNX form of MG-SA's interaction, Eq. 11).
+
+        Args:
+            inputs: (N, T, input_size).
+            lengths: (N,) the steps of each sequence (0 allowed).
+
+        Returns:
+            `(outputs (N, T, hidden_size), (h_T (N, hidden_size), c_T (N, hidden_size)))`: outputs past a sequence's
+            length are 0, h_T / c_T are its states after its last step (0 for an empty one).
+        """
+        batch_size, num_steps, _ = inputs.shape
+        steps = torch.arange(num_steps, device=inputs.device)
+        hidden = inputs.new_zeros(batch_size, self.hidden_size)
+        cell = inputs.new_zeros(batch_size, self.num_chunks, self.chunk_size)
+        outputs, (hidden, cell) = masked_scan(
+            self.step, (hidden, cell), self.input_gates(inputs).transpose(0, 1), steps.unsqueeze(1) < lengths
+        )
+        return outputs.transpose(0, 1), (hidden, cell.flatten(1))
 
     def run(self, inputs: torch.Tensor, batch_sizes: list[int]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """

@@ -18,8 +18,9 @@ composition, tag supervision and the `on_lstm` interaction in the bottom layer.
 
 Every step works on all sentences, granularities and phrases at once: phrases are a padded `(B, G, P, D)` tensor
 built with segment operations (a segment max over tokens sorted by phrase, membership-masked matmuls), recurrences
-run once over the real phrases of all granularities packed together, and padded phrases are masked out of the
-attention. Every module's parameters are shared by the granularities.
+run once over the real phrases of all granularities packed together (`phrase_recurrence.py`; under `torch.export`,
+as scans over the padded phrases, which ONNX runs), and padded phrases are masked out of the attention. Every module's
+parameters are shared by the granularities.
 
 Sizes. F_h (Eq. 4) has "its own trainable parameters" per head and g_m ∈ R^{d_h} (Eq. 8): the `sans` and `lstm`
 compositions and the interactions give each phrase head a d_h-wide memory, d_m = (phrase heads) × d_h wide in all. With
@@ -38,7 +39,6 @@ from typing import Literal
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import PackedSequence
 from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 
@@ -48,6 +48,7 @@ from .modeling_outputs_mgsa import MgsaLayerOutput
 from .modeling_syntax_inputs import MgsaSyntaxInputs, require_inputs
 from .modeling_variant import Variant
 from .on_lstm import OnLstm
+from .phrase_recurrence import LstmComposition, interaction_packed, interaction_padded, is_exporting
 
 
 @dataclass(kw_only=True, repr=False)
@@ -163,10 +164,6 @@ class PhraseMemoryConfigFields:
             )
 
 
-# `torch.export` is tracing (torch >= 2.7; before, any trace takes the exportable form, which computes the same)
-is_exporting = getattr(torch.compiler, "is_exporting", torch.compiler.is_compiling)
-
-
 @dataclass
 class PhrasePartition:
     """
@@ -198,7 +195,13 @@ class PhrasePartition:
         counts = self.phrase_ids.new_zeros(*self.phrase_ids.shape[:2], self.num_phrases + 1)
         self.segment_lengths = counts.scatter_add_(2, self.scatter_index, torch.ones_like(self.scatter_index))
         self.phrase_mask = self.segment_lengths[..., : self.num_phrases] > 0
-        self.token_order = self.scatter_index.argsort(dim=-1, stable=True)
+        if is_exporting():
+            # ONNX has no stable sort: keys made unique by the token position sort the same way
+            length = self.phrase_ids.shape[-1]
+            positions = torch.arange(length, device=self.phrase_ids.device)
+            self.token_order = (self.scatter_index * length + positions).argsort(dim=-1)
+        else:
+            self.token_order = self.scatter_index.argsort(dim=-1, stable=True)
 
     @property
     def membership(self) -> torch.BoolTensor:
@@ -418,57 +421,6 @@ class SansComposition(nn.Module):
         return (word_query * key).sum(-1) * self.head_dim**-0.5
 
 
-class LstmComposition(nn.Module):
-    """
-    COM = the last hidden state of an LSTM run over the phrase's words (Eq. 8), D → d_m: head h's g^h ∈ R^{d_h} is
-    its d_h-wide part (4 × 384 × (512 + 384) = 1.38M parameters per layer at Transformer-base, Table 1's
-    (96.1 − 88.0) / 6 = 1.35M). All phrases of all granularities run as one packed batch; (B, L, D) → (B, G, P, d_m).
-    """
-
-    def __init__(self, config):
-        super().__init__()
-        self.output_dim = config.phrase_head_width()
-        self.lstm = nn.LSTM(config.d_model, self.output_dim, batch_first=True)
-
-    @torch.compiler.disable
-    def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
-        """Under `torch.compile` this runs eagerly, as the interaction's recurrence does (its number of steps is the
-        longest phrase's length)."""
-        batch_size, num_granularities, length = partition.phrase_ids.shape
-        dim = hidden_states.shape[-1]
-        # the rows of hidden_states (flattened to (B * L, D)) grouped by phrase, and where each segment starts there
-        offsets = torch.arange(batch_size, device=hidden_states.device).view(-1, 1, 1) * length
-        tokens = (partition.token_order + offsets).flatten()
-        segment_lengths = partition.segment_lengths.flatten()
-        starts = (segment_lengths.cumsum(0) - segment_lengths).view(-1, partition.num_phrases + 1)[:, :-1].flatten()
-        lengths = partition.segment_lengths[..., :-1].flatten()
-        # pack every real phrase's words, longest first, and keep the LSTM's last state of each
-        width = int(lengths.max())
-        index, batch_sizes = packing_index(lengths, width)
-        phrase, step = index // width, index % width
-        words = hidden_states.reshape(-1, dim).index_select(0, tokens[starts[phrase] + step])
-        _, (last_hidden, _) = self.lstm(PackedSequence(words, batch_sizes))
-        phrases = hidden_states.new_zeros(lengths.shape[0], self.output_dim)
-        phrases = phrases.index_copy(0, phrase[: batch_sizes[0]], last_hidden[-1])
-        return phrases.view(batch_size, num_granularities, partition.num_phrases, self.output_dim)
-
-
-def packing_index(lengths: torch.LongTensor, num_steps: int) -> tuple[torch.LongTensor, torch.LongTensor]:
-    """
-    How to pack N padded sequences (N, T, ...) flattened to (N * T, ...) into a `PackedSequence`, longest first.
-
-    Returns:
-        `(index, batch_sizes)`: the rows of the flattened sequences in packed (time-major) order, and the number of
-        sequences still running at each step (on CPU, as `PackedSequence` wants).
-    """
-    order = lengths.argsort(descending=True, stable=True)
-    steps = torch.arange(num_steps, device=lengths.device).unsqueeze(1)
-    running = lengths[order].unsqueeze(0) > steps
-    index = (order.unsqueeze(0) * num_steps + steps)[running]
-    batch_sizes = running.sum(1).cpu()
-    return index, batch_sizes[batch_sizes > 0]
-
-
 class HeadSpaceKeyValue(nn.Module):
     """Eq. 5 for a head-space phrase memory: each phrase head's own W_K^h, W_V^h ∈ R^{d_h×d_h}."""
 
@@ -603,13 +555,14 @@ class PhraseMemoryAttention(MgsaAttention):
         REC over each phrase sequence (Eq. 11): (B, G, P, D or d_m) → (B, G, P, d_m). The granularities are stacked
         into the batch and the sequences packed, so the recurrence runs once and only over real phrases (padded slots
         become 0). Its number of steps depends on the data, so under `torch.compile` it runs eagerly (compiled, it
-        would be unrolled and recompiled for every phrase count).
+        would be unrolled and recompiled for every phrase count); under `torch.export` it runs over the padded
+        sequences as a scan, which computes the same ([`~phrase_recurrence.interaction_padded`]).
         """
         batch_size, num_granularities, num_phrases, dim = phrases.shape
-        index, batch_sizes = packing_index((partition.phrase_ids.amax(-1) + 1).flatten(), num_phrases)
-        outputs, _ = self.interaction(PackedSequence(phrases.reshape(-1, dim).index_select(0, index), batch_sizes))
-        memory = outputs.data.new_zeros(batch_size * num_granularities * num_phrases, outputs.data.shape[-1])
-        return memory.index_copy(0, index, outputs.data).view(batch_size, num_granularities, num_phrases, -1)
+        lengths = (partition.phrase_ids.amax(-1) + 1).flatten()  # a sequence's real phrases: the slots before these
+        run = interaction_padded if is_exporting() else interaction_packed
+        memory = run(self.interaction, phrases.reshape(-1, num_phrases, dim), lengths)
+        return memory.view(batch_size, num_granularities, num_phrases, -1)
 
     def memory_keys_values(self, hidden_states: torch.Tensor, phrases: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """
