@@ -101,17 +101,17 @@ def tiny_config():
 @pytest.fixture(scope="session")
 def tiny_t5_config():
     """Factory of tiny `MgsaT5Config`s (32 wide, 2 + 2 blocks, d_kv 8) for a processor's vocabulary and phrase tags:
-    `tiny_t5_config(processor, encoder_type, **fields)`."""
+    `tiny_t5_config(processor, encoder_type, **fields)`, `fields` overriding sizes and setting variant fields."""
     from mgsa_hf import MgsaT5Config
 
     def make(processor, encoder_type: str, **fields) -> MgsaT5Config:
         tokenizer = processor.tokenizer
+        sizes = dict(d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2, num_heads=4,
+                     relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0)
         return MgsaT5Config(
-            vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2, num_heads=4,
-            relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+            vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
             decoder_start_token_id=tokenizer.pad_token_id, encoder_type=encoder_type,
-            num_phrase_tags=len(processor.phrase_tags), **fields,
+            num_phrase_tags=len(processor.phrase_tags), **{**sizes, **fields},
         )
 
     return make

@@ -1,11 +1,13 @@
 """ONNX Runtime generation (`mgsa_hf.onnx_generation`): for every encoder type on both backbones, the exported
 encoder and decoder graphs with their KV cache give PyTorch `generate`'s tokens (greedy, beam 4,
 `num_return_sequences=2`) on real test 2016 sentences through the real processor, and the translation pipeline gives
-the same strings; int8 graphs export and translate; bad folders and inputs get clear errors."""
+the same strings; int8 graphs translate; bad folders and inputs get clear errors."""
 
+import contextlib
+import io
 import json
-import os
 import runpy
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,61 +22,108 @@ from mgsa_hf.tokenization_utils import read_lines
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from mgsa_hf.onnx_generation import OrtMgsaForConditionalGeneration, export_generation_onnx  # noqa: E402
+from mgsa_hf.onnx_generation import (  # noqa: E402
+    OrtMgsaForConditionalGeneration,
+    export_generation_onnx,
+    quantize_generation_onnx,
+)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 REPO = Path(__file__).resolve().parents[1]
 
-# (backbone, encoder type, variant fields, the syntax fields its encoder graph takes)
+RHE_FIELDS = ["word_ids", "head_word_ids", "local_phrase_start", "local_phrase_end", "tree_depth"]
+NGRAM = {"phrase_partition": "ngram", "phrase_interaction": "none", "phrase_tag_supervision": False}
+SYNTACTIC = {"phrase_partition": "syntactic", "phrase_interaction": "none"}
+# every kind is exported and tested (a kind is one line): (backbone, encoder type, config fields, the syntax fields its
+# encoder graph takes). The config fields override `EXPORT_LAYERS`.
 MODELS = {
     "marian-transformer": ("marian", "transformer", {}, []),
-    "marian-phrase_memory-syntactic": (
-        "marian", "phrase_memory", {"phrase_partition": "syntactic", "phrase_interaction": "none"}, ["phrase_ids"]
-    ),
+    "marian-phrase_memory-ngram": ("marian", "phrase_memory", NGRAM, []),
+    "marian-phrase_memory-syntactic": ("marian", "phrase_memory", SYNTACTIC, ["phrase_ids"]),
     "marian-phrase_representation": ("marian", "phrase_representation", {"pr_segmentation": "parse"},
-                                      ["pr_phrase_ids"]),
+                                     ["pr_phrase_ids"]),
     "marian-hybrid": ("marian", "hybrid", {}, []),
-    "marian-rhe": ("marian", "rhe", {},
-                   ["word_ids", "head_word_ids", "local_phrase_start", "local_phrase_end", "tree_depth"]),
+    "marian-rhe": ("marian", "rhe", {}, RHE_FIELDS),
     "t5-transformer": ("t5", "transformer", {}, []),
-    "t5-phrase_memory-ngram": ("t5", "phrase_memory", {"phrase_partition": "ngram", "phrase_interaction": "none",
-                                                       "phrase_tag_supervision": False}, []),
-    "t5-phrase_memory-syntactic": (
-        "t5", "phrase_memory", {"phrase_partition": "syntactic", "phrase_interaction": "none"}, ["phrase_ids"]
-    ),
-    "t5-phrase_representation": ("t5", "phrase_representation", {"pr_segmentation": "parse"}, ["pr_phrase_ids"]),
+    "t5-phrase_memory-ngram": ("t5", "phrase_memory", NGRAM, []),
+    "t5-phrase_memory-syntactic": ("t5", "phrase_memory", SYNTACTIC, ["phrase_ids"]),
+    # two layers of each: PR's non-last encoder layer, three phrase levels, the caches of two decoder layers
+    "t5-phrase_representation": ("t5", "phrase_representation",
+                                 {"pr_segmentation": "parse", "num_layers": 2, "num_decoder_layers": 2},
+                                 ["pr_phrase_ids"]),
     "t5-hybrid": ("t5", "hybrid", {}, []),
-    "t5-rhe": ("t5", "rhe", {}, ["word_ids", "head_word_ids", "local_phrase_start", "local_phrase_end",
-                                 "tree_depth"]),
+    "t5-rhe": ("t5", "rhe", {}, RHE_FIELDS),
 }
+# Exporting a model traces three graphs with `torch.export`, decomposes and optimizes them: 15 to 50 s of one core
+# per kind, most of it per graph whatever the width; one encoder layer (layer 0, where every variant sits by default)
+# and one decoder layer take a tenth off the 2 + 1 (Marian) and 2 + 2 (T5) layers of the other tests' tiny models
+EXPORT_LAYERS = {"marian": {"encoder_layers": 1, "decoder_layers": 1},
+                 "t5": {"num_layers": 1, "num_decoder_layers": 1}}
+# exported from a saved folder by `scripts/export_onnx.py FOLDER OUT --generation` (the command line's path); the
+# int8 test quantizes a copy of its folder
+SCRIPT_EXPORTED = "marian-hybrid"
 MAX_NEW_TOKENS = 8
-# exporting a model traces three graphs with `torch.export` (tens of seconds each on one core): by default the tests
-# export the kinds that exercise every graph feature (PR's phrase memories in the decoder, RHE's five syntax inputs
-# and T5's relative positions, MG-SA's phrase levels); MGSA_TEST_ALL_ONNX=1 exports every kind of `MODELS`
-DEFAULT_MODELS = ["marian-phrase_representation", "t5-rhe", "marian-phrase_memory-syntactic"]
-TESTED_MODELS = list(MODELS) if os.environ.get("MGSA_TEST_ALL_ONNX") == "1" else DEFAULT_MODELS
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torchlib_registry():
+    """`torch.onnx.export` builds its operator registry from onnxscript's torchlib at every call (about a second on
+    one core, three calls per exported model): the module's exports share one per opset. Without the private name
+    (another torch), every export builds its own."""
+    try:
+        from torch.onnx._internal.exporter import _registration
+
+        build = _registration.ONNXRegistry.__dict__["from_torchlib"].__func__
+    except (ImportError, KeyError, AttributeError):
+        yield
+        return
+    registries = {}
+
+    def from_torchlib(cls, *args, **kwargs):
+        key = (cls, args, tuple(sorted(kwargs.items())))
+        if key not in registries:
+            registries[key] = build(cls, *args, **kwargs)
+        return registries[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_registration.ONNXRegistry, "from_torchlib", classmethod(from_torchlib))
+        yield
 
 
 @pytest.fixture(scope="module")
 def test_sources():
-    """Five English sentences of Multi30k test 2016."""
-    return list(read_lines(f"{MULTI30K}/test_2016_flickr.en.gz", 5))
+    """The first five English sentences of Multi30k test 2016 and its longest, 51 tokens: longer than hybrid's fused
+    local pattern goes (32), than T5's relative positions reach and than the sentences the graphs were traced on."""
+    lines = list(read_lines(f"{MULTI30K}/test_2016_flickr.en.gz"))
+    return lines[:5] + [max(lines, key=len)]
 
 
-@pytest.fixture(scope="module", params=TESTED_MODELS)
+@pytest.fixture(scope="module", params=list(MODELS))
 def exported(request, multi30k_processor, tiny_config, tiny_t5_config, tmp_path_factory):
     """A tiny random model of each kind, exported once: `(name, PyTorch model, ONNX Runtime model, folder)`."""
-    backbone, encoder_type, fields, _ = MODELS[request.param]
+    name = request.param
+    backbone, encoder_type, fields, _ = MODELS[name]
+    fields = {**EXPORT_LAYERS[backbone], **fields}
     torch.manual_seed(0)
     if backbone == "marian":
         model = MgsaForConditionalGeneration(tiny_config(multi30k_processor, encoder_type, init_std=0.2, **fields))
     else:
         model = MgsaT5ForConditionalGeneration(tiny_t5_config(multi30k_processor, encoder_type, **fields))
     model.eval()
-    folder = export_generation_onnx(model, tmp_path_factory.mktemp(request.param), processor=multi30k_processor)
-    return request.param, model, OrtMgsaForConditionalGeneration.from_pretrained(folder, threads=1), folder
+    folder = tmp_path_factory.mktemp(name)
+    if name == SCRIPT_EXPORTED:
+        model.save_pretrained(folder / "model")
+        multi30k_processor.save_pretrained(folder / "model")
+        script = runpy.run_path(str(REPO / "scripts" / "export_onnx.py"))
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            script["main"]([str(folder / "model"), str(folder / "onnx"), "--generation"])
+        folder = folder / "onnx"
+        assert json.loads(printed.getvalue()) == json.loads((folder / "onnx_generation.json").read_text())
+    else:
+        export_generation_onnx(model, folder, processor=multi30k_processor)
+    return name, model, OrtMgsaForConditionalGeneration.from_pretrained(folder, threads=1), folder
 
 
 @pytest.mark.parametrize("settings", [{"num_beams": 1}, {"num_beams": 4}, {"num_beams": 4, "num_return_sequences": 2}],
@@ -82,6 +131,7 @@ def exported(request, multi30k_processor, tiny_config, tiny_t5_config, tmp_path_
 def test_ort_generate_equals_pytorch(exported, settings, multi30k_processor, test_sources):
     name, model, ort_model, folder = exported
     batch = multi30k_processor(test_sources, return_tensors="pt")
+    assert batch["input_ids"].shape[1] > 32  # hybrid's banded local attention runs
     generate = dict(max_new_tokens=MAX_NEW_TOKENS, do_sample=False, output_scores=True, return_dict_in_generate=True,
                     **settings)
     with torch.no_grad():
@@ -139,21 +189,22 @@ def test_pipeline_gives_pytorch_strings(exported, multi30k_processor, test_sourc
     reason="onnxruntime 1.20's quantizer writes a decoder graph that its own session refuses to load (an Add's shape "
     "inference fails; seen on 1.20.1, not on 1.32)",
 )
-def test_int8_exports_and_translates(multi30k_processor, tiny_config, test_sources, tmp_path, capsys):
-    """`scripts/export_onnx.py FOLDER OUT --generation --int8` (`quantize=True`) writes int8 graphs (integer matrix
-    products) that translate."""
+def test_int8_quantizes_and_translates(exported, multi30k_processor, test_sources, tmp_path):
+    """`quantize_generation_onnx` (what `export_generation_onnx(..., quantize=True)` and `scripts/export_onnx.py
+    FOLDER OUT --generation --int8` run on the folder they write) makes int8 graphs (integer matrix products) that
+    translate, once."""
     import onnx
 
-    torch.manual_seed(0)
-    model = MgsaForConditionalGeneration(tiny_config(multi30k_processor, "hybrid", init_std=0.2)).eval()
-    model.save_pretrained(tmp_path / "model")
-    multi30k_processor.save_pretrained(tmp_path / "model")
-    script = runpy.run_path(str(REPO / "scripts" / "export_onnx.py"))
-    script["main"]([str(tmp_path / "model"), str(tmp_path / "int8"), "--generation", "--int8"])
-    folder = tmp_path / "int8"
-    assert json.loads(capsys.readouterr().out)["quantized"] == "int8"
+    name, _, _, folder = exported
+    if name != SCRIPT_EXPORTED:
+        pytest.skip(f"checked on {SCRIPT_EXPORTED}, exported by the script")
+    shutil.copytree(folder, tmp_path / "int8")
+    folder = quantize_generation_onnx(tmp_path / "int8")
+    assert json.loads((folder / "onnx_generation.json").read_text())["quantized"] == "int8"
     operators = {node.op_type for node in onnx.load(folder / "decoder_with_past_model.onnx").graph.node}
     assert operators & {"MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul"}
+    with pytest.raises(ValueError, match="already quantized"):
+        quantize_generation_onnx(folder)
     ort_model = OrtMgsaForConditionalGeneration.from_pretrained(folder, threads=1)
     translations = pipeline("translation", model=ort_model, processor=multi30k_processor, max_new_tokens=6,
                             num_beams=2)(test_sources)
