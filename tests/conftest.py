@@ -1,5 +1,6 @@
 """Shared fixtures."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,16 @@ MULTI30K = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "multi3
 TINY_SIZES = dict(d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
                   encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128, init_std=0.2, dropout=0.0,
                   attention_dropout=0.0)
+
+
+def onnx_kinds(names) -> list[str]:
+    """The ONNX export kinds a test module runs: all of `names`, or those that `MGSA_ONNX_KINDS` lists
+    (comma-separated; CI's lowest-versions pass exports a few, every one runs at the newest versions)."""
+    chosen = os.environ.get("MGSA_ONNX_KINDS")
+    if not chosen:
+        return list(names)
+    wanted = {name.strip() for name in chosen.split(",")}
+    return [name for name in names if name in wanted]
 
 
 def tiny_sizes(**overrides) -> dict:

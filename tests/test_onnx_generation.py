@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MULTI30K
+from conftest import MULTI30K, onnx_kinds
 from transformers import pipeline
 
 from mgsa_hf import MgsaForConditionalGeneration, MgsaT5ForConditionalGeneration
@@ -100,7 +100,7 @@ def test_sources():
     return lines[:5] + [max(lines, key=len)]
 
 
-@pytest.fixture(scope="module", params=list(MODELS))
+@pytest.fixture(scope="module", params=onnx_kinds(MODELS))
 def exported(request, multi30k_processor, tiny_config, tiny_t5_config, tmp_path_factory):
     """A tiny random model of each kind, exported once: `(name, PyTorch model, ONNX Runtime model, folder)`."""
     name = request.param

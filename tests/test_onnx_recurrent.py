@@ -6,7 +6,7 @@ composition with the LSTM interaction export with `export_generation_onnx`, whos
 
 import pytest
 import torch
-from conftest import MULTI30K
+from conftest import MULTI30K, onnx_kinds
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from mgsa_hf import (
@@ -154,7 +154,7 @@ MODELS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(MODELS))
+@pytest.fixture(scope="module", params=onnx_kinds(MODELS))
 def exported(request, multi30k_processor, tiny_config, tiny_t5_config, tmp_path_factory):
     """A tiny random recurrent MG-SA model of each kind, exported once: `(PyTorch model, ONNX Runtime model,
     folder)`."""
