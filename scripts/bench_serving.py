@@ -162,9 +162,10 @@ def markdown(report: dict) -> str:
     lines = ["| type | engine | beams | batch | threads | sentences | sent/s | speed-up | BLEU | identical |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
-        lines.append(f"| {row['encoder_type']} | {row['engine']} | {row['beams']} | {row['batch_size']} | "
-                     f"{row['threads']} | {row.get('sentences', report['sentences'])} | {row['sentences_per_second']} | {row.get('speedup_over_generate', '')} | "
-                     f"{row['bleu']} | {row.get('identical_to_generate', '')} |")
+        cells = [row["encoder_type"], row["engine"], row["beams"], row["batch_size"], row["threads"],
+                 row.get("sentences", report["sentences"]), row["sentences_per_second"],
+                 row.get("speedup_over_generate", ""), row["bleu"], row.get("identical_to_generate", "")]
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
