@@ -27,6 +27,24 @@ def onnx_kinds(names) -> list[str]:
     return [name for name in names if name in wanted]
 
 
+def assert_ort_generate_equals_pytorch(model, ort_model, batch, max_new_tokens: int, **settings) -> None:
+    """`ort_model.generate` gives `model.generate`'s sequences and, at every step (from the cache after the first),
+    its scores, with `settings` (beams, `num_return_sequences`); the scores must vary, so the check is not vacuous."""
+    generate = dict(max_new_tokens=max_new_tokens, do_sample=False, output_scores=True, return_dict_in_generate=True,
+                    **settings)
+    with torch.no_grad():
+        expected = model.generate(**batch, **generate)
+    actual = ort_model.generate(**batch, **generate)
+    rows = batch["input_ids"].shape[0] * settings.get("num_return_sequences", 1)
+    assert actual.sequences.shape == expected.sequences.shape == (rows, max_new_tokens + 1)
+    assert torch.equal(actual.sequences, expected.sequences)
+    assert len(actual.scores) == len(expected.scores) == max_new_tokens
+    for actual_scores, expected_scores in zip(actual.scores, expected.scores, strict=True):
+        torch.testing.assert_close(actual_scores, expected_scores, atol=1e-4, rtol=1e-4)
+    finite = torch.cat([scores[scores.isfinite()] for scores in expected.scores])
+    assert finite.std() > 0.1
+
+
 def tiny_sizes(**overrides) -> dict:
     """[`TINY_SIZES`] with `overrides` (a vocabulary, special tokens, other sizes): the fields of a test's tiny
     `MgsaConfig` / `MarianConfig`."""

@@ -6,7 +6,7 @@ composition with the LSTM interaction export with `export_generation_onnx`, whos
 
 import pytest
 import torch
-from conftest import MULTI30K, onnx_kinds
+from conftest import MULTI30K, assert_ort_generate_equals_pytorch, onnx_kinds
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from mgsa_hf import (
@@ -185,15 +185,4 @@ def test_recurrent_mgsa_ort_generate_equals_pytorch(exported, num_beams, multi30
     operators += [node.op_type for function in encoder.functions for node in function.node]
     assert operators.count("Scan") == expected_scans * len(config.phrase_memory_layers)
     batch = multi30k_processor(test_sources, return_tensors="pt")
-    settings = dict(max_new_tokens=MAX_NEW_TOKENS, num_beams=num_beams, do_sample=False, output_scores=True,
-                    return_dict_in_generate=True)
-    with torch.no_grad():
-        expected = model.generate(**batch, **settings)
-    actual = ort_model.generate(**batch, **settings)
-    assert actual.sequences.shape == expected.sequences.shape == (len(test_sources), MAX_NEW_TOKENS + 1)
-    assert torch.equal(actual.sequences, expected.sequences)
-    assert len(actual.scores) == len(expected.scores) == MAX_NEW_TOKENS
-    for actual_scores, expected_scores in zip(actual.scores, expected.scores, strict=True):
-        torch.testing.assert_close(actual_scores, expected_scores, atol=1e-4, rtol=1e-4)
-    finite = torch.cat([scores[scores.isfinite()] for scores in expected.scores])
-    assert finite.std() > 0.1  # the scores vary: the comparison is not vacuous
+    assert_ort_generate_equals_pytorch(model, ort_model, batch, MAX_NEW_TOKENS, num_beams=num_beams)
