@@ -219,6 +219,32 @@ def test_resumed_run_equals_uninterrupted(dry_run, tmp_path):
     assert losses("whole") == losses("resumed")
 
 
+def test_a_run_resumed_on_another_machine_lists_both_and_the_report_says_so(dry_run, tmp_path, monkeypatch):
+    """Steps/s are only comparable on one machine: each run records where it trained, and a report whose runs
+    trained on several machines says that its steps/s ratios mix them."""
+    import copy
+
+    from mgsa_hf import prepared_training
+
+    root, _, report = dry_run
+    here = prepared_training.host_description(torch.device("cpu"))
+    assert all(run["hosts"] == [here] for run in report["runs"])
+    assert "trained on" not in bench_quality.render_budget(copy.deepcopy(report))
+    corpus = prepared_training.PreparedCorpus(root / "dry-run" / "prepared")
+    _, budget = bench_quality.load_budget("dry-run")
+    row = {"encoder_type": "transformer"}
+    prepared_training.train_run(corpus, tmp_path / "run", bench_quality.recipe_of(budget, 3), row, seed=1,
+                                device="cpu", threads=1)
+    (tmp_path / "run" / "result.json").unlink()  # cut off after its step-3 checkpoint, resumed elsewhere
+    monkeypatch.setattr(prepared_training, "host_description", lambda device: "another machine")
+    result = prepared_training.train_run(corpus, tmp_path / "run", bench_quality.recipe_of(budget, None), row,
+                                         seed=1, device="cpu", threads=1)
+    assert result["hosts"] == [here, "another machine"] and result["steps"] == 6
+    mixed = copy.deepcopy(report)
+    mixed["summary"]["transformer"]["hosts"] = result["hosts"]
+    assert "these runs trained on 2 machines" in bench_quality.render_budget(mixed)
+
+
 def test_training_runs_without_spacy_or_datasets(dry_run, tmp_path):
     """The train step needs torch, transformers and sacreBLEU only: a run in a process where spaCy and `datasets`
     cannot be imported."""

@@ -21,6 +21,7 @@ and reproducible at equal steps for every variant.
 import json
 import math
 import os
+import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -424,7 +425,7 @@ def train_run(corpus: PreparedCorpus, run_dir: str | Path, recipe: Recipe, row: 
 
     Returns:
         The `result.json` record: `row`, `encoder_type`, `seed`, `steps`, `parameters`, `train_seconds`,
-        `steps_per_second`, and per split `{bleu, chrf, distinct_fraction, bleu_signature, chrf_signature}`.
+        `steps_per_second`, `hosts` (where it trained: [`host_description`]), and per split `{bleu, chrf, distinct_fraction, bleu_signature, chrf_signature}`.
     """
     run_dir = Path(run_dir)
     if (run_dir / "result.json").is_file():
@@ -439,7 +440,7 @@ def train_run(corpus: PreparedCorpus, run_dir: str | Path, recipe: Recipe, row: 
     train = corpus.split("train")
     model = build_model(corpus, recipe, row, seed).to(device)
     optimizer, scheduler = make_optimizer(model, recipe)
-    step, epoch, position, train_seconds = 0, 0, 0, 0.0
+    step, epoch, position, train_seconds, hosts = 0, 0, 0, 0.0, []
     state_path = run_dir / "state.pt"
     if state_path.is_file():  # resume
         state = load_run_state(state_path, device)
@@ -447,9 +448,12 @@ def train_run(corpus: PreparedCorpus, run_dir: str | Path, recipe: Recipe, row: 
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step, epoch, position, train_seconds = state["step"], state["epoch"], state["position"], state["seconds"]
+        hosts = state.get("hosts", [])
         torch.set_rng_state(state["rng"])
         if device.type == "cuda" and state.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(state["cuda_rng"])
+    if host_description(device) not in hosts:  # a run resumed on another machine lists both
+        hosts = hosts + [host_description(device)]
     model.train()
     batches = epoch_batches(train, recipe, seed, epoch)
     started = time.perf_counter()
@@ -481,10 +485,18 @@ def train_run(corpus: PreparedCorpus, run_dir: str | Path, recipe: Recipe, row: 
             seconds = train_seconds + time.perf_counter() - started
             _save_atomic({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                           "scheduler": scheduler.state_dict(), "step": step, "epoch": epoch, "position": position,
-                          "seconds": seconds, "rng": torch.get_rng_state(),
+                          "seconds": seconds, "hosts": hosts, "rng": torch.get_rng_state(),
                           "cuda_rng": torch.cuda.get_rng_state() if device.type == "cuda" else None}, state_path)
     train_seconds += time.perf_counter() - started
-    return _finish(corpus, run_dir, model, recipe, row, seed, step, train_seconds, device)
+    return _finish(corpus, run_dir, model, recipe, row, seed, step, train_seconds, device, hosts)
+
+
+def host_description(device: torch.device) -> str:
+    """The machine a run trains on (OS and kernel build, CPU instruction set and cores, or the GPU): a run resumed
+    elsewhere lists both, and the quality report says when its steps/s come from different machines."""
+    processor = f"{torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores"
+    gpu = f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
+    return f"{platform.platform()}, {processor}{gpu}"
 
 
 def _save_checkpoint(model, run_dir: Path, step: int, keep: int) -> None:
@@ -518,7 +530,7 @@ def scored_checkpoints(run_dir: str | Path, recipe: Recipe) -> list[Path]:
     return checkpoints[-recipe.average_last :]
 
 
-def _finish(corpus, run_dir, model, recipe, row, seed, step, train_seconds, device) -> dict:
+def _finish(corpus, run_dir, model, recipe, row, seed, step, train_seconds, device, hosts) -> dict:
     from .evaluation import average_checkpoints
 
     checkpoints = scored_checkpoints(run_dir, recipe)
@@ -533,7 +545,7 @@ def _finish(corpus, run_dir, model, recipe, row, seed, step, train_seconds, devi
               "steps_per_second": round(steps_per_second, 3),
               "averaged_checkpoints": [path.stem for path in checkpoints], "num_beams": recipe.num_beams,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "threads": torch.get_num_threads()}
+              "threads": torch.get_num_threads(), "hosts": hosts}
     for split in ("validation", "test"):
         hypotheses = translate_split(model, corpus.split(split), tokenizer, device, recipe)
         (run_dir / f"{split}.hyp.{target_lang}").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")

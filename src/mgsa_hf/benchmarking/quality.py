@@ -291,6 +291,9 @@ def summarize(runs: list[dict]) -> dict:
                "parameters": records[0]["parameters"],
                "steps_per_second": mean_std([r["steps_per_second"] for r in records]),
                "train_minutes": mean_std([r["train_seconds"] / 60 for r in records])}
+        hosts = sorted({host for r in records for host in r.get("hosts", [])})
+        if hosts:  # runs written before `hosts` was recorded have none
+            row["hosts"] = hosts
         for split in ("validation", "test"):
             for metric in ("bleu", "chrf", "distinct_fraction"):
                 row[f"{split}_{metric}"] = mean_std([r[split][metric] for r in records])

@@ -115,6 +115,10 @@ def render_budget(report: dict) -> str:
         )
     lines += ["", f"BLEU: `{report['signatures']['bleu']}`  ", f"chrF: `{report['signatures']['chrf']}`  ",
               f"Significance: {SIGNIFICANCE}", ""]
+    hosts = sorted({host for row in summary.values() for host in row.get("hosts", [])})
+    if len(hosts) > 1:  # steps/s of runs on different machines are not each other's measure
+        lines += [f"Steps/s: these runs trained on {len(hosts)} machines (each run's `hosts`), so their ratios mix "
+                  "machines; the speed tables compare speed.", ""]
     verdicts = [f"`{name}` {_verdict(_seed_test(test, 'bleu'))} (Δ BLEU {_seed_test(test, 'bleu')['delta']:+.2f}, "
                 f"p = {_p(_seed_test(test, 'bleu'))})" for name, test in tests.items()]
     if verdicts:
