@@ -425,7 +425,8 @@ def train_run(corpus: PreparedCorpus, run_dir: str | Path, recipe: Recipe, row: 
 
     Returns:
         The `result.json` record: `row`, `encoder_type`, `seed`, `steps`, `parameters`, `train_seconds`,
-        `steps_per_second`, `hosts` (where it trained: [`host_description`]), and per split `{bleu, chrf, distinct_fraction, bleu_signature, chrf_signature}`.
+        `steps_per_second`, `hosts` (where it trained: [`host_description`]), and per split
+        `{bleu, chrf, distinct_fraction, bleu_signature, chrf_signature}`.
     """
     run_dir = Path(run_dir)
     if (run_dir / "result.json").is_file():
