@@ -453,8 +453,9 @@ def train_run(corpus: PreparedCorpus, run_dir: str | Path, recipe: Recipe, row: 
         torch.set_rng_state(state["rng"])
         if device.type == "cuda" and state.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(state["cuda_rng"])
-    if host_description(device) not in hosts:  # a run resumed on another machine lists both
-        hosts = hosts + [host_description(device)]
+    host = host_description(device)
+    if host not in hosts:  # a run resumed on another machine lists both
+        hosts = hosts + [host]
     model.train()
     batches = epoch_batches(train, recipe, seed, epoch)
     started = time.perf_counter()
