@@ -132,6 +132,37 @@ def test_a_trainer_that_drops_the_tag_loss_is_named_once(multi30k_processor, tin
     assert "label_smoothing" in records[0].getMessage() and "label_smoothing_factor" in records[0].getMessage()
 
 
+def test_the_benchmark_loop_trains_the_tag_loss_without_the_drop_warning(multi30k_processor, tiny_config,
+                                                                         tiny_t5_config, features, caplog):
+    """`prepared_training.training_step` calls the model without labels and adds the tag loss itself (Eq. 12): its
+    loss is the label-smoothed translation loss plus λ · tag loss per target token, and the model does not warn that
+    the tag loss is left out."""
+    from mgsa_hf.modeling_loss import translation_loss
+    from mgsa_hf.prepared_training import Recipe, make_optimizer, training_step
+
+    transformers_logging.warning_once.cache_clear()
+    model = tag_supervised_model("marian", multi30k_processor, tiny_config, tiny_t5_config, phrase_tag_loss_weight=2.0)
+    inputs = MgsaDataCollator(tokenizer=multi30k_processor.tokenizer, model=model)(features[:4])
+    inputs.pop("decoder_input_ids", None)
+    recipe = Recipe(learning_rate=0.0, warmup_steps=1, label_smoothing=0.1, max_grad_norm=0.0)
+    optimizer, scheduler = make_optimizer(model, recipe)
+    model.train()
+    with caplog.at_level(logging.WARNING):
+        loss = training_step(model, dict(inputs), recipe, optimizer, scheduler)
+    assert not drop_warning_records(caplog)
+    assert not model.tag_loss_added_by_caller  # set for the step only
+
+    labels = inputs["labels"]
+    # the same loss again: the model has no dropout, and learning rate 0 left its weights as they were
+    with torch.no_grad():
+        outputs = model(**{name: value for name, value in inputs.items() if name != "labels"},
+                        decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels=labels))
+    assert outputs.tag_loss > 0
+    tag_term = 2.0 * outputs.tag_loss * len(labels) / labels.ne(-100).sum()
+    expected = translation_loss(outputs.logits, labels, 0.1) + tag_term
+    assert loss == pytest.approx(float(expected), rel=1e-5)
+
+
 @pytest.mark.parametrize("backbone", ["marian", "t5"])
 def test_training_batch_without_phrase_tags_is_refused(backbone, multi30k_processor, tiny_config, tiny_t5_config,
                                                        batch):
