@@ -1,6 +1,8 @@
 """The loss of the MGSA models: the label-smoothed translation loss plus MG-SA's phrase-tag loss (Hao et al., 2019,
 Eq. 12), used by the models, `MgsaSeq2SeqTrainer` and the benchmark loop alike."""
 
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 from transformers.utils import logging
@@ -36,6 +38,19 @@ def check_tag_supervision_inputs(model, labels, phrase_tags, encoder_outputs) ->
             "leaves out the tag loss (the classifier does not train). Train with `MgsaSeq2SeqTrainer`, which adds it "
             "back, or set the model's `label_smoothing` field instead of the Trainer's `label_smoothing_factor`."
         )
+
+
+@contextmanager
+def caller_adds_tag_loss(model, adds: bool = True):
+    """
+    Within it, a forward of `model` without `labels` does not warn that MG-SA's tag loss is left out (when `adds`):
+    the caller adds the tag loss to the loss it computes from the logits. The flag is reset on leaving, error or not.
+    """
+    model.tag_loss_added_by_caller = adds
+    try:
+        yield
+    finally:
+        model.tag_loss_added_by_caller = False
 
 
 def tag_loss_per_target_token(

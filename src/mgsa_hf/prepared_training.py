@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from .evaluation import translation_scores
-from .modeling_loss import translation_loss, with_tag_loss
+from .modeling_loss import caller_adds_tag_loss, translation_loss, with_tag_loss
 from .syntax_fields import LEVELLED_SYNTAX_FIELDS, SOURCE_SYNTAX_PAD_VALUES
 
 
@@ -332,12 +332,9 @@ def training_step(model, batch: dict[str, torch.Tensor], recipe: Recipe, optimiz
     loss, weighted by `phrase_tag_loss_weight`), gradient clipping, optimizer and schedule step. Returns the loss."""
     labels = batch.pop("labels")
     batch["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels=labels)
-    model.tag_loss_added_by_caller = True  # called without labels, the model would warn that its tag loss is dropped
-    try:
-        with _autocast(labels.device, recipe):
-            outputs = model(**batch)
-    finally:
-        model.tag_loss_added_by_caller = False
+    # called without labels, the model would warn that its tag loss is dropped: it is added below
+    with caller_adds_tag_loss(model), _autocast(labels.device, recipe):
+        outputs = model(**batch)
     tag_loss = outputs.tag_loss.float() if outputs.tag_loss is not None else None
     loss = with_tag_loss(translation_loss(outputs.logits.float(), labels, recipe.label_smoothing), tag_loss,
                          model.config.phrase_tag_loss_weight, labels)

@@ -42,7 +42,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .atomic_saves import disk_full_error, is_disk_full
 from .evaluation import encoder_token_spread
-from .modeling_loss import with_tag_loss
+from .modeling_loss import caller_adds_tag_loss, with_tag_loss
 from .prepared_training import token_batches
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 from .target_tokens import at_least_one, target_token_count
@@ -425,14 +425,11 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
         # the Trainer recomputes the loss from the logits in these two cases, leaving the model's own loss aside
         recomputed = (self.label_smoother is not None or self.compute_loss_func is not None) and "labels" in inputs
         unwrapped = self.accelerator.unwrap_model(model)
-        # the model, called without labels, would warn that its tag loss is left out: this class adds it back
-        unwrapped.tag_loss_added_by_caller = recomputed
         labels = inputs.get("labels")  # the Trainer pops them when it recomputes the loss
-        try:
+        # the model, called without labels, would warn that its tag loss is left out: this class adds it back
+        with caller_adds_tag_loss(unwrapped, recomputed):
             loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
                                                  num_items_in_batch=num_items_in_batch)
-        finally:
-            unwrapped.tag_loss_added_by_caller = False
         if model.training and "input_ids" in inputs:
             self._pairs_trained += len(inputs["input_ids"])
         tag_loss = outputs.get("tag_loss") if isinstance(outputs, dict) else None
