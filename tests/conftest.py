@@ -9,6 +9,16 @@ import torch
 from mgsa_hf.tokenization_utils import read_lines
 
 
+def pytest_configure(config):
+    """In a pytest-xdist worker, torch and the processes a test starts use the worker's share of the cores, so that
+    the workers together start no more threads than there are cores."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        threads = max(1, (os.cpu_count() or 1) // int(workers))
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+
+
 # the project's shared data, beside the repository checkout
 MULTI30K = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k")
 # the sizes of the tests' tiny Marian-backbone models (32 wide, 2 + 1 layers, 4 heads, no dropout)
