@@ -206,9 +206,11 @@ def test_convert_marian_script(tmp_path, marian_dir, batch):
         assert torch.equal(converted_state[name], tensor), name
 
 
-def test_plain_marian_pipeline_after_import(marian_processor, tmp_path):
+@pytest.mark.parametrize("beside_the_model", ["tokenizer", "processor"])
+def test_plain_marian_pipeline_after_import(marian_processor, tmp_path, beside_the_model):
     """Importing the package registers `translation`; a plain MarianMTModel folder with only its tokenizer still
-    translates through it (the processor is optional), with the same tokens as `generate`."""
+    translates through it (the processor is optional), with the same tokens as `generate`. With a syntax processor
+    saved beside it, the pipeline parses nothing: the plain model reads no syntax fields."""
     from transformers import pipeline
 
     tokenizer = marian_processor.tokenizer
@@ -219,8 +221,11 @@ def test_plain_marian_pipeline_after_import(marian_processor, tmp_path):
         decoder_start_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         max_position_embeddings=64)).eval()
     model.save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
+    (tokenizer if beside_the_model == "tokenizer" else marian_processor).save_pretrained(tmp_path)
     translator = pipeline("translation", model=str(tmp_path), device="cpu")
+    if beside_the_model == "processor":
+        assert translator.processor is not None and marian_processor.with_syntax
+    assert not getattr(translator.processor, "with_syntax", False)  # it parses nothing
     sources = ["A man rides a bike.", "Two dogs play in the snow."]
     with torch.no_grad():
         expected = model.generate(**tokenizer(sources, return_tensors="pt", padding=True), num_beams=2,

@@ -167,7 +167,8 @@ class MgsaTranslationPipeline(Pipeline):
             )
         if self.processor is None and self.tokenizer is None:
             raise ValueError("the translation pipeline needs the model's processor or tokenizer: pass `tokenizer=`.")
-        reads_syntax = getattr(self.model.config, "reads_source_syntax", True)
+        # a config without the property is not an MgsaConfig (a plain MarianMTModel or T5): it reads no syntax fields
+        reads_syntax = getattr(self.model.config, "reads_source_syntax", False)
         if getattr(self.processor, "with_syntax", False) and not reads_syntax:
             self.processor = copy.copy(self.processor)  # it parses nothing the model does not read
             self.processor.with_syntax = False
