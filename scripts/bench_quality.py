@@ -2,7 +2,7 @@
 """Translation quality of every encoder type under one protocol, with seeds and significance against the plain
 Transformer: the command line of [`mgsa_hf.benchmarking.quality`], whose docstring says what each step does.
 
-    python scripts/bench_quality.py all --budget cpu --seeds 1 2 --jobs 2 --threads 1
+    python scripts/bench_quality.py all --budget cpu --rows defaults best --seeds 1 2 3 --jobs 2 --threads 1
 """
 
 import sys

@@ -5,6 +5,7 @@ including a run in a process where spaCy and `datasets` cannot be imported, as o
 
 import json
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -165,6 +166,42 @@ def test_finished_runs_are_not_trained_again(dry_run, capsys):
     assert (root / "dry-run" / "hybrid" / "seed-1" / "result.json").stat().st_mtime_ns == stamp
 
 
+def test_kept_runs_are_not_trained_again_in_a_fresh_root(dry_run, tmp_path, capsys):
+    """Every finished run is kept beside the results (`<results>.runs/<row>/seed-<seed>/`, whole or absent). A fresh
+    root (another checkout) trains only the runs not kept there, and reports the kept ones as they were; a kept run of
+    another recipe is refused, not mixed into the table."""
+    root, args, report = dry_run
+    kept = root / "quality.runs"
+    assert sorted(p.relative_to(kept).as_posix() for p in kept.glob("*/seed-*")) == [
+        "hybrid/seed-1", "rhe/seed-1", "transformer/seed-1"]
+    assert not list(kept.glob("*/.*"))  # no partial copy left behind
+    # another checkout: its own prepared corpus (the same settings), the kept runs without rhe's
+    fresh, results = tmp_path / "runs", tmp_path / "quality.json"
+    shutil.copytree(root / "dry-run" / "prepared", fresh / "dry-run" / "prepared")
+    shutil.copytree(kept, tmp_path / "quality.runs", ignore=shutil.ignore_patterns("rhe"))
+    again = ["all", "--budget", "dry-run", "--root", str(fresh), "--data", str(DATA), "--rows", "hybrid", "rhe",
+             "--seeds", "1", "--jobs", "2", "--threads", "1", "--results", str(results),
+             "--markdown", str(tmp_path / "BENCHMARKS.md")]
+    capsys.readouterr()
+    second = bench_quality.main(again)
+    out = capsys.readouterr().out
+    assert out.count("restored the finished run") == 2 and out.count("[bench_quality] start ") == 1
+    assert "start dry-run: rhe seed 1" in out
+    first = {(r["name"], r["seed"]): r for r in report["runs"]}
+    for run in second["runs"]:
+        if run["name"] != "rhe":
+            assert run == first[(run["name"], run["seed"])]
+    assert (tmp_path / "quality.runs" / "rhe" / "seed-1" / "result.json").is_file()
+    # a kept run of another learning rate does not stand in for this budget's run
+    shutil.rmtree(fresh / "dry-run" / "hybrid")
+    record = tmp_path / "quality.runs" / "hybrid" / "seed-1" / "run.json"
+    trained = json.loads(record.read_text())
+    trained["recipe"]["learning_rate"] *= 2
+    record.write_text(json.dumps(trained))
+    with pytest.raises(SystemExit, match="a run of another recipe"):
+        bench_quality.main(["train", *again[1:]])
+
+
 def test_mgsa_default_row_is_the_final_system_and_other_runs_are_refused(tmp_path):
     """The `phrase_memory` row of `defaults` is MG-SA's final system (the default config, fields written out); a run
     folder under that name holding another row (the n-gram row, once the default) is refused, not reused."""
@@ -266,7 +303,6 @@ def test_training_runs_without_spacy_or_datasets(dry_run, tmp_path):
 def test_runs_cut_short_finish_at_their_common_step(dry_run, tmp_path):
     """Runs stopped at different steps (a GPU lease ending) are all scored at the last checkpoint step every one of
     them reached, each with the checkpoints up to that step averaged."""
-    import shutil
 
     root, _, _ = dry_run
     prepared = root / "dry-run" / "prepared"
@@ -275,9 +311,11 @@ def test_runs_cut_short_finish_at_their_common_step(dry_run, tmp_path):
     budget_file = tmp_path / "cut.json"
     budget_file.write_text(json.dumps(budget))
     common = ["--budget", str(budget_file), "--root", str(tmp_path / "runs"), "--prepared", str(prepared),
-              "--rows", "hybrid", "--seeds", "1", "--jobs", "2", "--threads", "1"]
+              "--rows", "hybrid", "--seeds", "1", "--jobs", "2", "--threads", "1",
+              "--results", str(tmp_path / "quality-cut.json")]
     bench_quality.main(["train", *common])
     runs = tmp_path / "runs" / "cut"
+    shutil.rmtree(tmp_path / "quality-cut.runs")  # runs cut short never finished: none of them was kept
     for run in ("transformer", "hybrid"):
         (runs / run / "seed-1" / "result.json").unlink()
     for step in (4, 6):  # hybrid "was stopped" after its step-2 checkpoint
@@ -359,7 +397,6 @@ def test_rhe_head_rate_of_a_run_equals_the_processor_path(dry_run, tmp_path):
     """scripts/rhe_head_rate.py (`analysis.prepared_run_head_rate`) counts Eq. 10's labels of a trained run on the
     prepared batches: the same rates as `redundant_head_rate` finds through the processor on the same sentences, and a
     clear refusal for a non-RHE run."""
-    import shutil
 
     from mgsa_hf import MgsaProcessor
     from mgsa_hf.analysis import load_prepared_run, prepared_run_head_rate, redundant_head_rate
@@ -431,7 +468,6 @@ def test_selection_of_one_budget_reproduces_its_report(tmp_path):
     """A selection budget read from the committed `cpu-lr-0.005` results (their test translations and Multi30k's
     references) gives back that budget's summary and paired tests; with both learning rates it names what it chose
     for every row, as the committed `cpu` table does."""
-    import shutil
 
     for source in ("cpu-lr-0.005", "cpu-lr-0.0025"):
         shutil.copyfile(REPO / "benchmarks" / f"quality-{source}.json", tmp_path / f"quality-{source}.json")

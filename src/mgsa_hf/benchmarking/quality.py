@@ -9,9 +9,9 @@ null is "the same recipe, another seed") with the paired bootstrap's test-set in
 `mgsa_hf.prepared_training`: it needs only torch, transformers and sacreBLEU, so the `train` step runs on a GPU
 machine without spaCy or `datasets`; `prepare` runs where the package is installed.
 
-    # the CPU table: 2 seeds of the five defaults at two learning rates, two runs at a time with one thread each,
-    # every row at the rate of its better validation BLEU (a selection budget)
-    python scripts/bench_quality.py all --budget cpu --seeds 1 2 --jobs 2 --threads 1
+    # the CPU table: 3 seeds of the five defaults and each paper's best row at two learning rates, two runs at a
+    # time with one thread each, every row at the rate of its better validation BLEU (a selection budget)
+    python scripts/bench_quality.py all --budget cpu --rows defaults best --seeds 1 2 3 --jobs 2 --threads 1
     # the GPU table: prepare here, carry runs/bench-quality/base/prepared to the GPU machine, train there
     python scripts/bench_quality.py prepare --budget base
     python scripts/bench_quality.py train --budget base --rows defaults best --seeds 1 2 3 --jobs 5   # on the GPU
@@ -23,8 +23,12 @@ machine without spaCy or `datasets`; `prepare` runs where the package is install
 
 Budgets are JSON files in `configs/quality/` (`prepare` settings and the `Recipe`). Runs live in
 `<root>/<budget>/<row>/seed-<seed>/`; a finished run is reused and an interrupted one resumes from its last
-checkpoint. `report` writes `benchmarks/quality-<budget>.json` (one record per run under `runs`), the test
-hypotheses beside it, a plot of validation loss against steps, and the budget's table in `benchmarks/BENCHMARKS.md`.
+checkpoint. A finished run's record (its `run.json`, `result.json`, `log.jsonl`, test translations and the prepared
+corpus's manifest) is also kept beside the results, in `benchmarks/quality-<budget>.runs/<row>/seed-<seed>/`: a
+fresh checkout (or another machine) with that folder trains only the runs it lacks, so a table longer than one
+sitting is finished over several, and `report` reads the kept runs too. `report` writes
+`benchmarks/quality-<budget>.json` (one record per run under `runs`), the test hypotheses beside it, a plot of
+validation loss against steps, and the budget's table in `benchmarks/BENCHMARKS.md`.
 
 A selection budget (`"select": {"from": [budgets], "by": "validation_bleu"}`) keeps for every row the budget with the
 best mean validation score over the seeds they share (the same rule for every row, the transformer included: a
@@ -43,6 +47,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +103,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     # run-one (internal: one run in its own process)
     parser.add_argument("--row-json", help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--keep-run", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -180,6 +186,8 @@ def pending_runs(args, name: str, budget: dict) -> list[tuple[str, Path, list[st
     for row, fields in rows.items():
         for seed in args.seeds:
             run_dir = Path(args.root) / name / row / f"seed-{seed}"
+            restore_run(kept_runs_folder(args, name) / row / f"seed-{seed}", run_dir, prepared_folder(args, name),
+                        recipe_of(budget, args.max_steps), fields)
             if (run_dir / "result.json").is_file():
                 trained = json.loads((run_dir / "result.json").read_text()).get("row")
                 if trained != fields:
@@ -189,7 +197,8 @@ def pending_runs(args, name: str, budget: dict) -> list[tuple[str, Path, list[st
                 continue
             command = [sys.executable, "-m", "mgsa_hf.benchmarking.quality", "run-one", "--budget", args.budget,
                        "--root", args.root, "--prepared", str(prepared_folder(args, name)),
-                       "--row-json", json.dumps(fields), "--run-dir", str(run_dir), "--seeds", str(seed)]
+                       "--row-json", json.dumps(fields), "--run-dir", str(run_dir), "--seeds", str(seed),
+                       "--keep-run", str(kept_runs_folder(args, name) / row / f"seed-{seed}")]
             command += ["--threads", str(args.threads)] if args.threads else []
             command += ["--device", args.device] if args.device else []
             command += ["--max-steps", str(args.max_steps)] if args.max_steps else []
@@ -245,6 +254,58 @@ def common_step(run_dirs: list[Path]) -> int:
     return max(common)
 
 
+# ------------------------------------------------------------------------------------------ kept runs
+
+
+def kept_runs_folder(args, name: str) -> Path:
+    """Where a budget keeps its finished runs' records: beside its results, `benchmarks/quality-<budget>.runs/`."""
+    return results_file(args, name).with_suffix(".runs")
+
+
+def kept_files(prepared: Path) -> list[str]:
+    """The files of a run folder that a kept run holds: what `report` reads of it (not its checkpoints)."""
+    target_lang = json.loads((prepared / "manifest.json").read_text())["target_lang"]
+    return ["run.json", "result.json", "log.jsonl", f"test.hyp.{target_lang}"]
+
+
+def keep_run(run_dir: Path, kept: Path, prepared: Path) -> None:
+    """Copy a finished run's record to `kept`, with the prepared corpus's manifest as `prepared.json`; written in a
+    folder beside it and renamed, so a kept run is whole or absent."""
+    partial = kept.with_name(f".{kept.name}.partial")  # not a `seed-*` folder: `report` reads none
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    for file in kept_files(prepared):
+        shutil.copyfile(run_dir / file, partial / file)
+    shutil.copyfile(prepared / "manifest.json", partial / "prepared.json")
+    shutil.rmtree(kept, ignore_errors=True)
+    partial.rename(kept)
+
+
+def restore_run(kept: Path, run_dir: Path, prepared: Path, recipe, row: dict | None = None) -> bool:
+    """Copy a kept run into `run_dir` when that has no finished run: the run is then finished, not trained again.
+
+    The kept run must have trained this recipe (and `row`, when given) on a corpus prepared as `prepared` was (the
+    same manifest); one that did not stops the queue rather than joining a table it does not belong to. Returns
+    whether a run was restored."""
+    if (run_dir / "result.json").is_file() or not (kept / "result.json").is_file():
+        return False
+    trained = json.loads((kept / "run.json").read_text())
+    found = {"recipe": trained["recipe"], "prepared": json.loads((kept / "prepared.json").read_text())}
+    wanted = {"recipe": json.loads(json.dumps(asdict(recipe))),
+              "prepared": json.loads((prepared / "manifest.json").read_text())}
+    if row is not None:
+        found["row"], wanted["row"] = trained["row"], row
+    differing = sorted(key for key in wanted if found[key] != wanted[key])
+    if differing:
+        raise SystemExit(f"{kept} keeps a run of another {' and '.join(differing)} than this one: remove it to "
+                         "train this run again.")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for file in kept_files(prepared):
+        shutil.copyfile(kept / file, run_dir / file)
+    print(f"[bench_quality] restored the finished run kept in {kept}", flush=True)
+    return True
+
+
 def run_one(args, name: str, budget: dict) -> None:
     """The `run-one` step: train and score one row × seed in `--run-dir`; prints its scores."""
     from ..prepared_training import PreparedCorpus, train_run
@@ -252,6 +313,8 @@ def run_one(args, name: str, budget: dict) -> None:
     corpus = PreparedCorpus(prepared_folder(args, name))
     result = train_run(corpus, args.run_dir, recipe_of(budget, args.max_steps), json.loads(args.row_json),
                        args.seeds[0], device=args.device, threads=args.threads)
+    if args.keep_run:
+        keep_run(Path(args.run_dir), Path(args.keep_run), prepared_folder(args, name))
     print(json.dumps({split: {k: result[split][k] for k in ("bleu", "chrf", "distinct_fraction")}
                       for split in ("validation", "test")}), flush=True)
 
@@ -343,6 +406,9 @@ def report(args, name: str, budget: dict, argv) -> dict:
     from ..prepared_training import PreparedCorpus
 
     root = Path(args.root) / name
+    kept_root, trained = kept_runs_folder(args, name), recipe_of(budget, args.max_steps)
+    for kept in sorted(kept_root.glob("**/seed-*")):
+        restore_run(kept, root / kept.relative_to(kept_root), prepared_folder(args, name), trained)
     runs = collect_runs(root)
     if not runs:
         raise SystemExit(f"no finished runs under {root}: run the train step first.")
