@@ -285,14 +285,17 @@ def restore_run(kept: Path, run_dir: Path, prepared: Path, recipe, row: dict | N
     """Copy a kept run into `run_dir` when that has no finished run: the run is then finished, not trained again.
 
     The kept run must have trained this recipe (and `row`, when given) on a corpus prepared as `prepared` was (the
-    same manifest); one that did not stops the queue rather than joining a table it does not belong to. Returns
-    whether a run was restored."""
+    same manifest, wherever the corpus was read from); one that did not stops the queue rather than joining a table
+    it does not belong to. Returns whether a run was restored."""
     if (run_dir / "result.json").is_file() or not (kept / "result.json").is_file():
         return False
+
+    def manifest(path: Path) -> dict:
+        return {k: v for k, v in json.loads(path.read_text()).items() if k != "data"}
+
     trained = json.loads((kept / "run.json").read_text())
-    found = {"recipe": trained["recipe"], "prepared": json.loads((kept / "prepared.json").read_text())}
-    wanted = {"recipe": json.loads(json.dumps(asdict(recipe))),
-              "prepared": json.loads((prepared / "manifest.json").read_text())}
+    found = {"recipe": trained["recipe"], "prepared": manifest(kept / "prepared.json")}
+    wanted = {"recipe": json.loads(json.dumps(asdict(recipe))), "prepared": manifest(prepared / "manifest.json")}
     if row is not None:
         found["row"], wanted["row"] = trained["row"], row
     differing = sorted(key for key in wanted if found[key] != wanted[key])
