@@ -167,17 +167,16 @@ def test_finished_runs_are_not_trained_again(dry_run, capsys):
 
 
 def test_kept_runs_are_not_trained_again_in_a_fresh_root(dry_run, tmp_path, capsys):
-    """Every finished run is kept beside the results (`<results>.runs/<row>/seed-<seed>/`, whole or absent). A fresh
-    root (another checkout) trains only the runs not kept there, and reports the kept ones as they were; a kept run of
-    another recipe is refused, not mixed into the table."""
+    """Every finished run is kept beside the results (`<results>.runs/<row>/seed-<seed>/`, whole or absent), with the
+    corpus's tokenizer. A fresh root (another checkout) prepares the same corpus with that tokenizer, trains only the
+    runs not kept, and reports the kept ones as they were; a kept run of another recipe is refused, not mixed in."""
     root, args, report = dry_run
     kept = root / "quality.runs"
     assert sorted(p.relative_to(kept).as_posix() for p in kept.glob("*/seed-*")) == [
         "hybrid/seed-1", "rhe/seed-1", "transformer/seed-1"]
-    assert not list(kept.glob("*/.*"))  # no partial copy left behind
-    # another checkout: its own prepared corpus (the same settings), the kept runs without rhe's
+    assert not list(kept.glob("**/.*")) and (kept / "tokenizer" / "tokenizer.json").is_file()  # nothing partial
+    # another checkout: no prepared corpus, the kept runs without rhe's
     fresh, results = tmp_path / "runs", tmp_path / "quality.json"
-    shutil.copytree(root / "dry-run" / "prepared", fresh / "dry-run" / "prepared")
     shutil.copytree(kept, tmp_path / "quality.runs", ignore=shutil.ignore_patterns("rhe"))
     again = ["all", "--budget", "dry-run", "--root", str(fresh), "--data", str(DATA), "--rows", "hybrid", "rhe",
              "--seeds", "1", "--jobs", "2", "--threads", "1", "--results", str(results),
@@ -185,6 +184,10 @@ def test_kept_runs_are_not_trained_again_in_a_fresh_root(dry_run, tmp_path, caps
     capsys.readouterr()
     second = bench_quality.main(again)
     out = capsys.readouterr().out
+    assert "preparing with the tokenizer of the kept runs" in out
+    manifests = [json.loads((folder / "dry-run" / "prepared" / "manifest.json").read_text())
+                 for folder in (root, fresh)]
+    assert manifests[0]["fingerprint"] == manifests[1]["fingerprint"]  # the same prepared tensors
     assert out.count("restored the finished run") == 2 and out.count("[bench_quality] start ") == 1
     assert "start dry-run: rhe seed 1" in out
     first = {(r["name"], r["seed"]): r for r in report["runs"]}

@@ -18,6 +18,7 @@ and its label smoother drops the model's auxiliary losses (`MgsaSeq2SeqTrainer` 
 and reproducible at equal steps for every variant.
 """
 
+import hashlib
 import json
 import math
 import os
@@ -150,9 +151,26 @@ def prepare_corpus(
         "tree_column": tree_column,
         "derived_trees": derived_tree_source(processor.parser.tree_parser, processor.conversion_path)
         if processor.with_syntax else None,
+        # two preparations agree when these do: the joint tokenizer's training is not bit-reproducible
+        "fingerprint": prepared_fingerprint(output_dir, list(pairs)),
     }
     (output_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return output_dir
+
+
+def prepared_fingerprint(folder: str | Path, splits: list[str]) -> str:
+    """A hash of every tensor that training and scoring read from a prepared folder's `{split}.pt` files (token ids and
+    syntax fields), independent of how `torch.save` lays out its bytes: equal for two preparations of the same
+    tokenizer and trees."""
+    digest = hashlib.sha256()
+    for split in splits:
+        stored = torch.load(Path(folder) / f"{split}.pt", weights_only=True)
+        for key in sorted(stored):
+            for part in ("values", "lengths"):
+                tensor = stored[key][part]
+                digest.update(f"{split}/{key}/{part}/{tensor.dtype}/{tuple(tensor.shape)}".encode())
+                digest.update(tensor.numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _flatten(key: str, rows: list) -> dict[str, torch.Tensor]:

@@ -24,9 +24,10 @@ machine without spaCy or `datasets`; `prepare` runs where the package is install
 Budgets are JSON files in `configs/quality/` (`prepare` settings and the `Recipe`). Runs live in
 `<root>/<budget>/<row>/seed-<seed>/`; a finished run is reused and an interrupted one resumes from its last
 checkpoint. A finished run's record (its `run.json`, `result.json`, `log.jsonl`, test translations and the prepared
-corpus's manifest) is also kept beside the results, in `benchmarks/quality-<budget>.runs/<row>/seed-<seed>/`: a
-fresh checkout (or another machine) with that folder trains only the runs it lacks, so a table longer than one
-sitting is finished over several, and `report` reads the kept runs too. `report` writes
+corpus's manifest) is also kept beside the results, in `benchmarks/quality-<budget>.runs/<row>/seed-<seed>/`, with
+the corpus's tokenizer in `benchmarks/quality-<budget>.runs/tokenizer/`: a fresh checkout (or another machine) with
+that folder prepares the same corpus, trains only the runs it lacks, and `report` reads the kept runs too; a table
+longer than one sitting is finished over several. `report` writes
 `benchmarks/quality-<budget>.json` (one record per run under `runs`), the test hypotheses beside it, a plot of
 validation loss against steps, and the budget's table in `benchmarks/BENCHMARKS.md`.
 
@@ -145,6 +146,9 @@ def prepare(args, name: str, budget: dict) -> Path:
     if args.tree_column:
         settings["tree_column"] = args.tree_column
     folder = prepared_folder(args, name)
+    kept_tokenizer = kept_runs_folder(args, name) / "tokenizer"
+    if kept_tokenizer.is_dir() and "tokenizer" not in settings:  # the tokenizer of the kept runs' corpus
+        settings["tokenizer"] = str(kept_tokenizer)
     if (folder / "manifest.json").is_file():
         from ..processing_mgsa import derived_tree_source
 
@@ -161,6 +165,8 @@ def prepare(args, name: str, budget: dict) -> Path:
                              "name another folder with --prepared.")
         print(f"[bench_quality] prepared corpus {folder} exists", flush=True)
         return folder
+    if settings.get("tokenizer") == str(kept_tokenizer):
+        print(f"[bench_quality] preparing with the tokenizer of the kept runs, {kept_tokenizer}", flush=True)
     return prepare_corpus(args.data, folder, **settings)
 
 
@@ -270,7 +276,8 @@ def kept_files(prepared: Path) -> list[str]:
 
 def keep_run(run_dir: Path, kept: Path, prepared: Path) -> None:
     """Copy a finished run's record to `kept`, with the prepared corpus's manifest as `prepared.json`; written in a
-    folder beside it and renamed, so a kept run is whole or absent."""
+    folder beside it and renamed, so a kept run is whole or absent. The first run kept of a budget also keeps the
+    corpus's tokenizer (`<kept runs>/tokenizer`), which `prepare` reads on a checkout without the prepared corpus."""
     partial = kept.with_name(f".{kept.name}.partial")  # not a `seed-*` folder: `report` reads none
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -279,6 +286,14 @@ def keep_run(run_dir: Path, kept: Path, prepared: Path) -> None:
     shutil.copyfile(prepared / "manifest.json", partial / "prepared.json")
     shutil.rmtree(kept, ignore_errors=True)
     partial.rename(kept)
+    # the corpus's tokenizer, once per budget: `prepare` on another checkout makes the same corpus with it
+    tokenizer = kept.parent.parent / "tokenizer"
+    if not tokenizer.is_dir():
+        shutil.copytree(prepared / "tokenizer", partial)
+        try:
+            partial.rename(tokenizer)
+        except OSError:  # a run finishing beside this one kept it first
+            shutil.rmtree(partial)
 
 
 def restore_run(kept: Path, run_dir: Path, prepared: Path, recipe, row: dict | None = None) -> bool:
@@ -300,8 +315,9 @@ def restore_run(kept: Path, run_dir: Path, prepared: Path, recipe, row: dict | N
         found["row"], wanted["row"] = trained["row"], row
     differing = sorted(key for key in wanted if found[key] != wanted[key])
     if differing:
-        raise SystemExit(f"{kept} keeps a run of another {' and '.join(differing)} than this one: remove it to "
-                         "train this run again.")
+        named = {"recipe": "recipe", "row": "row", "prepared": "prepared corpus"}
+        raise SystemExit(f"{kept} keeps a run of another {' and '.join(named[key] for key in differing)} than this "
+                         "one: remove it to train this run again.")
     run_dir.mkdir(parents=True, exist_ok=True)
     for file in kept_files(prepared):
         shutil.copyfile(kept / file, run_dir / file)
