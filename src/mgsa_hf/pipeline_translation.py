@@ -100,8 +100,8 @@ def check_batching(batch_size, num_workers) -> None:
 class MgsaTranslationPipeline(Pipeline):
     """
     Translate sentences with an [`MgsaForConditionalGeneration`] or [`MgsaT5ForConditionalGeneration`] (or any seq2seq
-    model whose processor makes its inputs). A model that reads no syntax (`encoder_type="transformer"`, or a plain
-    `MarianMTModel`) is served by its tokenizer alone when its folder has no processor.
+    model whose processor makes its inputs). A model that reads no syntax (`encoder_type` "transformer" or "hybrid",
+    n-gram MG-SA, or a plain `MarianMTModel`) is served by its tokenizer alone when its folder has no processor.
 
     ```python
     import mgsa_hf
@@ -149,13 +149,15 @@ class MgsaTranslationPipeline(Pipeline):
         super().__init__(*args, **kwargs)
         if self.processor is None:  # the base class drops a processor that fails to load: say why, if it is trust
             refuse_saved_processor_code(self.model.name_or_path)
-        if self.processor is None and self.tokenizer is None or \
-                self.processor is None and getattr(self.model.config, "encoder_type", "transformer") != "transformer":
+        # a config without the property is not an MgsaConfig (a plain MarianMTModel or T5): it reads no syntax fields,
+        # and neither do the transformer, hybrid attention and n-gram MG-SA, which their tokenizer alone serves
+        reads_syntax = getattr(self.model.config, "reads_source_syntax", False)
+        if self.processor is None and (self.tokenizer is None or reads_syntax):
             # the processor or tokenizer of the model's folder did not load: say which file it lacks
             problem = missing_tokenizer_files(self.model.name_or_path)
             if problem is not None:
                 raise OSError(problem)
-        if self.processor is None and getattr(self.model.config, "encoder_type", "transformer") != "transformer":
+        if self.processor is None and reads_syntax:
             missing = missing_processor_packages(self.model.name_or_path)
             if missing is not None:
                 raise ImportError(f"The processor of {self.model.name_or_path} (tokenizer + parser) did not load: "
@@ -167,8 +169,6 @@ class MgsaTranslationPipeline(Pipeline):
             )
         if self.processor is None and self.tokenizer is None:
             raise ValueError("the translation pipeline needs the model's processor or tokenizer: pass `tokenizer=`.")
-        # a config without the property is not an MgsaConfig (a plain MarianMTModel or T5): it reads no syntax fields
-        reads_syntax = getattr(self.model.config, "reads_source_syntax", False)
         if getattr(self.processor, "with_syntax", False) and not reads_syntax:
             self.processor = copy.copy(self.processor)  # it parses nothing the model does not read
             self.processor.with_syntax = False
