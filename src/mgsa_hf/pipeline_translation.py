@@ -152,7 +152,7 @@ class MgsaTranslationPipeline(Pipeline):
         # a config without the property is not an MgsaConfig (a plain MarianMTModel or T5): it reads no syntax fields,
         # and neither do the transformer, hybrid attention and n-gram MG-SA, which their tokenizer alone serves
         reads_syntax = getattr(self.model.config, "reads_source_syntax", False)
-        if self.processor is None and (self.tokenizer is None or reads_syntax):
+        if self.processor is None and (self.tokenizer is None or reads_syntax) and self.model.name_or_path:
             # the processor or tokenizer of the model's folder did not load: say which file it lacks
             problem = missing_tokenizer_files(self.model.name_or_path)
             if problem is not None:
