@@ -187,13 +187,13 @@ def pending_runs(args, name: str, budget: dict) -> list[tuple[str, Path, list[st
         args.max_steps = common_step([Path(args.root) / name / row / f"seed-{seed}" for row in rows
                                       for seed in args.seeds])
         print(f"[bench_quality] every run finishes at step {args.max_steps}", flush=True)
-    recipe_of(budget, args.max_steps)  # validate before starting anything
+    recipe = recipe_of(budget, args.max_steps)  # validate before starting anything
     pending = []
     for row, fields in rows.items():
         for seed in args.seeds:
             run_dir = Path(args.root) / name / row / f"seed-{seed}"
-            restore_run(kept_runs_folder(args, name) / row / f"seed-{seed}", run_dir, prepared_folder(args, name),
-                        recipe_of(budget, args.max_steps), fields)
+            kept = kept_runs_folder(args, name) / row / f"seed-{seed}"
+            restore_run(kept, run_dir, prepared_folder(args, name), recipe, fields)
             if (run_dir / "result.json").is_file():
                 trained = json.loads((run_dir / "result.json").read_text()).get("row")
                 if trained != fields:
@@ -204,7 +204,7 @@ def pending_runs(args, name: str, budget: dict) -> list[tuple[str, Path, list[st
             command = [sys.executable, "-m", "mgsa_hf.benchmarking.quality", "run-one", "--budget", args.budget,
                        "--root", args.root, "--prepared", str(prepared_folder(args, name)),
                        "--row-json", json.dumps(fields), "--run-dir", str(run_dir), "--seeds", str(seed),
-                       "--keep-run", str(kept_runs_folder(args, name) / row / f"seed-{seed}")]
+                       "--keep-run", str(kept)]
             command += ["--threads", str(args.threads)] if args.threads else []
             command += ["--device", args.device] if args.device else []
             command += ["--max-steps", str(args.max_steps)] if args.max_steps else []
@@ -271,7 +271,8 @@ def kept_runs_folder(args, name: str) -> Path:
 def kept_files(prepared: Path) -> list[str]:
     """The files of a run folder that a kept run holds: what `report` reads of it (not its checkpoints)."""
     target_lang = json.loads((prepared / "manifest.json").read_text())["target_lang"]
-    return ["run.json", "result.json", "log.jsonl", f"test.hyp.{target_lang}"]
+    # `result.json` last: it marks a run folder finished, so a copy cut short leaves a run that is not
+    return ["run.json", "log.jsonl", f"test.hyp.{target_lang}", "result.json"]
 
 
 def keep_run(run_dir: Path, kept: Path, prepared: Path) -> None:
