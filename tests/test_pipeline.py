@@ -165,16 +165,21 @@ def test_every_input_kind_and_batches_translate_as_single_sentences(
     assert list(translator(iter(sources), batch_size=2)) == streamed
 
 
+@pytest.mark.parametrize("given", ["object", "folder"])
 @pytest.mark.parametrize("encoder_type, fields, reads_syntax",
                          [("hybrid", {}, False),
                           ("phrase_memory", {"phrase_partition": "ngram", "phrase_composition": "sans",
                                              "phrase_tag_supervision": False, "phrase_interaction": "none"}, False),
                           ("rhe", {}, True)])
-def test_a_model_with_a_tokenizer_and_no_processor(multi30k_processor, tiny_config, sources, encoder_type, fields,
-                                                    reads_syntax):
-    """`pipeline("translation", model=model, tokenizer=tokenizer)`: a model that reads no syntax (hybrid attention,
-    n-gram MG-SA) translates as `generate` does from the tokenizer's inputs; one that reads syntax (RHE) is refused
-    with the reason, not run without its syntax fields."""
+def test_a_model_with_a_tokenizer_and_no_processor(multi30k_processor, tiny_config, sources, tmp_path, caplog, given,
+                                                    encoder_type, fields, reads_syntax):
+    """A model with its tokenizer and no processor settings, given as objects (`pipeline("translation", model=model,
+    tokenizer=tokenizer)`) or as a folder saved with its tokenizer alone (as an opus-mt folder is).
+
+    A model that reads no syntax (hybrid attention, n-gram MG-SA) translates as `generate` does from the tokenizer's
+    inputs, and nothing is parsed. One that reads syntax (RHE): as objects, it is refused with the reason, not run
+    without its syntax fields; as a folder, the processor is built with the default settings and a warning says so
+    (`MgsaProcessor.from_pretrained`), and it translates as `generate` does from a default processor."""
     torch.manual_seed(0)
     model = MgsaForConditionalGeneration(tiny_config(multi30k_processor, encoder_type, init_std=0.3, **fields)).eval()
     # a bound of its own, as a saved model's generation config has: where it has none, Transformers 5.17's pipeline
@@ -182,12 +187,26 @@ def test_a_model_with_a_tokenizer_and_no_processor(multi30k_processor, tiny_conf
     model.generation_config.num_beams, model.generation_config.max_length = NUM_BEAMS, MAX_LENGTH
     assert model.config.reads_source_syntax == reads_syntax
     tokenizer = multi30k_processor.tokenizer
-    if reads_syntax:
+    if given == "object":
+        arguments = dict(model=model, tokenizer=tokenizer)
+    else:
+        model.save_pretrained(tmp_path)
+        tokenizer.save_pretrained(tmp_path)
+        assert not (tmp_path / "processor_config.json").exists()
+        arguments = dict(model=str(tmp_path))
+    if reads_syntax and given == "object":
         with pytest.raises(ValueError, match="reads the source syntax"):
-            pipeline("translation", model=model, tokenizer=tokenizer, device="cpu")
+            pipeline("translation", device="cpu", **arguments)
         return
-    translator = pipeline("translation", model=model, tokenizer=tokenizer, device="cpu")
-    assert translator.processor is None
+    with caplog.at_level(logging.WARNING):
+        translator = pipeline("translation", device="cpu", **arguments)
+    warned = [record.getMessage() for record in caplog.records if "processor_config.json" in record.getMessage()]
+    if reads_syntax:
+        assert translator.processor.with_syntax and len(warned) == 1 and "default settings" in warned[0]
+        expected = generated(model, MgsaProcessor(tokenizer), sources)
+        assert translator(sources, batch_size=2) == rows([texts[0] for texts in expected])
+        return
+    assert not warned and not getattr(translator.processor, "with_syntax", False)
     with torch.no_grad():
         expected = model.generate(**tokenizer(sources, return_tensors="pt", padding=True))
     texts = [text.strip() for text in tokenizer.batch_decode(expected, skip_special_tokens=True)]

@@ -101,7 +101,11 @@ class MgsaTranslationPipeline(Pipeline):
     """
     Translate sentences with an [`MgsaForConditionalGeneration`] or [`MgsaT5ForConditionalGeneration`] (or any seq2seq
     model whose processor makes its inputs). A model that reads no syntax (`encoder_type` "transformer" or "hybrid",
-    n-gram MG-SA, or a plain `MarianMTModel`) is served by its tokenizer alone when its folder has no processor.
+    n-gram MG-SA, or a plain `MarianMTModel`) is served by its tokenizer alone. A model folder saved without
+    `processor_config.json` gets the processor `MgsaProcessor.from_pretrained` builds there: one that parses nothing
+    for a model that reads no syntax; else the default settings with the model's `phrase_levels`, and a warning that
+    they need not be those it was trained with. A model object given with a tokenizer and no processor is refused
+    when it reads syntax.
 
     ```python
     import mgsa_hf
