@@ -287,20 +287,26 @@ def test_a_run_resumed_on_another_machine_lists_both_and_the_report_says_so(dry_
 
 def test_training_runs_without_spacy_or_datasets(dry_run, tmp_path):
     """The train step needs torch, transformers and sacreBLEU only: a run in a process where spaCy and `datasets`
-    cannot be imported."""
+    cannot be imported. It keeps the run of a row named by a path (`<row>/<reading>`) at
+    `<kept runs>/<row>/<reading>/seed-<seed>`, and the corpus's tokenizer once, at `<kept runs>/tokenizer`."""
     root, _, _ = dry_run
+    kept = tmp_path / "quality.runs"
     code = (
         "import sys\n"
         "import runpy\n"
         "for name in ('spacy', 'datasets'): sys.modules[name] = None\n"
         f"sys.argv = ['bench_quality.py', 'run-one', '--budget', 'dry-run', '--prepared', "
         f"{str(root / 'dry-run' / 'prepared')!r}, '--row-json', '{{\"encoder_type\": \"rhe\"}}', "
-        f"'--run-dir', {str(tmp_path / 'run')!r}, '--seeds', '2', '--threads', '1']\n"
+        f"'--run-dir', {str(tmp_path / 'run')!r}, '--seeds', '2', '--threads', '1', "
+        f"'--keep-run', {str(kept / 'rhe' / 'dea_rhe' / 'seed-2')!r}, '--kept-runs', {str(kept)!r}]\n"
         f"runpy.run_path({str(REPO / 'scripts' / 'bench_quality.py')!r}, run_name='__main__')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["encoder_type"] == "rhe" and result["steps"] == 6 and len(result["averaged_checkpoints"]) == 2
+    kept_result = kept / "rhe" / "dea_rhe" / "seed-2" / "result.json"
+    assert kept_result.read_text() == (tmp_path / "run" / "result.json").read_text()
+    assert [path.relative_to(kept).as_posix() for path in kept.rglob("tokenizer")] == ["tokenizer"]
 
 
 def test_runs_cut_short_finish_at_their_common_step(dry_run, tmp_path):

@@ -105,6 +105,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--row-json", help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
     parser.add_argument("--keep-run", help=argparse.SUPPRESS)
+    parser.add_argument("--kept-runs", help=argparse.SUPPRESS)  # the budget's kept runs, where the tokenizer goes
     return parser.parse_args(argv)
 
 
@@ -204,7 +205,7 @@ def pending_runs(args, name: str, budget: dict) -> list[tuple[str, Path, list[st
             command = [sys.executable, "-m", "mgsa_hf.benchmarking.quality", "run-one", "--budget", args.budget,
                        "--root", args.root, "--prepared", str(prepared_folder(args, name)),
                        "--row-json", json.dumps(fields), "--run-dir", str(run_dir), "--seeds", str(seed),
-                       "--keep-run", str(kept)]
+                       "--keep-run", str(kept), "--kept-runs", str(kept_runs_folder(args, name))]
             command += ["--threads", str(args.threads)] if args.threads else []
             command += ["--device", args.device] if args.device else []
             command += ["--max-steps", str(args.max_steps)] if args.max_steps else []
@@ -275,10 +276,11 @@ def kept_files(prepared: Path) -> list[str]:
     return ["run.json", "log.jsonl", f"test.hyp.{target_lang}", "result.json"]
 
 
-def keep_run(run_dir: Path, kept: Path, prepared: Path) -> None:
-    """Copy a finished run's record to `kept`, with the prepared corpus's manifest as `prepared.json`; written in a
+def keep_run(run_dir: Path, kept: Path, prepared: Path, kept_runs: Path) -> None:
+    """Copy a finished run's record to `kept` (`<kept_runs>/<row>/seed-<seed>`, where a row may be a path such as
+    `phrase_representation/max_attn_ta_parse`), with the prepared corpus's manifest as `prepared.json`; written in a
     folder beside it and renamed, so a kept run is whole or absent. The first run kept of a budget also keeps the
-    corpus's tokenizer (`<kept runs>/tokenizer`), which `prepare` reads on a checkout without the prepared corpus."""
+    corpus's tokenizer (`<kept_runs>/tokenizer`), which `prepare` reads on a checkout without the prepared corpus."""
     partial = kept.with_name(f".{kept.name}.partial")  # not a `seed-*` folder: `report` reads none
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -288,7 +290,7 @@ def keep_run(run_dir: Path, kept: Path, prepared: Path) -> None:
     shutil.rmtree(kept, ignore_errors=True)
     partial.rename(kept)
     # the corpus's tokenizer, once per budget: `prepare` on another checkout makes the same corpus with it
-    tokenizer = kept.parent.parent / "tokenizer"
+    tokenizer = kept_runs / "tokenizer"
     if not tokenizer.is_dir():
         shutil.copytree(prepared / "tokenizer", partial)
         try:
@@ -334,7 +336,7 @@ def run_one(args, name: str, budget: dict) -> None:
     result = train_run(corpus, args.run_dir, recipe_of(budget, args.max_steps), json.loads(args.row_json),
                        args.seeds[0], device=args.device, threads=args.threads)
     if args.keep_run:
-        keep_run(Path(args.run_dir), Path(args.keep_run), prepared_folder(args, name))
+        keep_run(Path(args.run_dir), Path(args.keep_run), prepared_folder(args, name), Path(args.kept_runs))
     print(json.dumps({split: {k: result[split][k] for k in ("bleu", "chrf", "distinct_fraction")}
                       for split in ("validation", "test")}), flush=True)
 
