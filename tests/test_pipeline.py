@@ -207,6 +207,8 @@ def test_a_model_with_a_tokenizer_and_no_processor(multi30k_processor, tiny_conf
         assert translator(sources, batch_size=2) == rows([texts[0] for texts in expected])
         return
     assert not warned and not getattr(translator.processor, "with_syntax", False)
+    if given == "object":
+        assert translator.processor is None  # the tokenizer alone, as given
     with torch.no_grad():
         expected = model.generate(**tokenizer(sources, return_tensors="pt", padding=True))
     texts = [text.strip() for text in tokenizer.batch_decode(expected, skip_special_tokens=True)]
