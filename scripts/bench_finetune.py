@@ -3,7 +3,7 @@
 
 What a practitioner does with an opus-mt model, on the default `mgsa-hf train` model (`runs/mgsa-multi30k`): convert
 it to every encoder type (the variant's new modules start as an identity where the variant allows,
-`mgsa_hf.conversion.load_as_mgsa`), score the converted model as it is (step 0), then fine-tune each, the plain
+`load_as_mgsa`), score the converted model as it is (step 0), then fine-tune each, the plain
 `transformer` too, for the same steps with ``recipe=finetune`` and score again (beam 4, sacreBLEU).
 
     python scripts/bench_finetune.py convert                      # the converted folders, seconds
@@ -43,7 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def convert(args) -> None:
-    from mgsa_hf.conversion import convert_checkpoint
+    from mgsa_hf.training.conversion import convert_checkpoint
 
     for encoder_type in args.types:
         report = convert_checkpoint(args.source, Path(args.root) / encoder_type / "converted", encoder_type)
@@ -71,7 +71,8 @@ def score_converted(args, encoder_type: str) -> dict:
 
 
 def finetune(args, encoder_type: str, seed: int) -> dict:
-    from mgsa_hf.training import load_train_config, train
+    from mgsa_hf.training.config import load_train_config
+    from mgsa_hf.training.run import train
 
     output_dir = Path(args.root) / encoder_type / f"seed-{seed}"
     config = load_train_config(FINETUNE_CONFIG, [
@@ -107,7 +108,7 @@ def run(args) -> None:
 def report(args) -> None:
     import subprocess
 
-    from mgsa_hf.training import run_folder
+    from mgsa_hf.training.ownership import run_folder
 
     records = [json.loads(path.read_text()) for path in sorted((Path(args.root) / "records").glob("*.json"))]
     source_results = run_folder(args.source) / "results.json"

@@ -6,7 +6,7 @@ For each encoder type, the same test 2016 sentences, in the same batches made be
 (parse included, outside the timing), are translated by every engine at each beam size, batch size and thread count;
 each engine translates a warm-up batch first. Reported per row: seconds, sentences per second, the speed-up over
 PyTorch `generate` with the same settings, sacreBLEU BLEU against the references and the share of translations
-identical to `generate`'s. ONNX folders come from `mgsa_hf.onnx_generation.export_generation_onnx` (the encoder
+identical to `generate`'s. ONNX folders come from `mgsa_hf.export.onnx_generation.export_generation_onnx` (the encoder
 graph and the decoder graphs with past key/values), read by `OrtMgsaForConditionalGeneration`.
 
 Models: trained folders (`--model TYPE=FOLDER`, e.g. `mgsa-hf train model.encoder_type=rhe output_dir=...`), or, for
@@ -71,7 +71,7 @@ def default_recipe_sizes() -> dict:
     """The model section of the packaged default recipe (`mgsa-hf train`), without its encoder type."""
     import yaml
 
-    from mgsa_hf.training_recipes import recipe_path
+    from mgsa_hf.training.catalogue import recipe_path
 
     model = dict(yaml.safe_load(recipe_path("default").read_text())["model"])
     model.pop("encoder_type", None)
@@ -104,11 +104,11 @@ def exported(args, folder: Path, encoder_type: str, engine: str) -> Path:
     """The ONNX or CTranslate2 folder of `folder` for `engine`, exported once into the work folder."""
     target = Path(args.work_dir) / f"{folder.name}-{encoder_type}-{engine}"
     if engine == "ort-int8" and not (target / "onnx_generation.json").is_file():
-        from mgsa_hf.onnx_generation import quantize_generation_onnx
+        from mgsa_hf.export.onnx_generation import quantize_generation_onnx
 
         quantize_generation_onnx(exported(args, folder, encoder_type, "ort-fp32"), target)
     if engine == "ort-fp32" and not (target / "onnx_generation.json").is_file():
-        from mgsa_hf.onnx_generation import export_generation_onnx
+        from mgsa_hf.export.onnx_generation import export_generation_onnx
 
         log(f"exporting {folder} to {target}")
         export_generation_onnx(folder, target)
@@ -140,7 +140,7 @@ def translator(args, folder: Path, encoder_type: str, engine: str, threads: int,
 
         model = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
     else:
-        from mgsa_hf.onnx_generation import OrtMgsaForConditionalGeneration
+        from mgsa_hf.export.onnx_generation import OrtMgsaForConditionalGeneration
 
         model = OrtMgsaForConditionalGeneration.from_pretrained(exported(args, folder, encoder_type, engine),
                                                                 threads=threads or None)

@@ -23,8 +23,15 @@ from mgsa_hf.constituency_conversion import (
     projective_grid,
     word_dep_tags,
 )
+from mgsa_hf.evaluation.treebank import (
+    base_label,
+    content_span,
+    content_words,
+    gold_sentences,
+    parse_file_ranges,
+    ptb_files,
+)
 from mgsa_hf.syntax_spacy import load_spacy_pipeline, word_arrays
-from mgsa_hf.treebank import base_label, content_span, content_words, gold_sentences, parse_file_ranges, ptb_files
 
 
 def parse_args():

@@ -2,7 +2,7 @@
 
 For every gold tree of the chosen files, the sentence text is rebuilt from its leaves, parsed with the processor's
 spaCy pipeline and converted to a constituency tree, by the learned conversion the package ships and by the
-hand-written rules, and the brackets are compared on characters without punctuation (see `mgsa_hf.treebank`):
+hand-written rules, and the brackets are compared on characters without punctuation (`mgsa_hf.evaluation.treebank`):
 unlabeled and labeled precision / recall / F1 over spans of two or more words, the whole sentence excluded, the
 share of gold NP / VP / PP / S / SBAR spans found, the mean tree depth, and the time per sentence of the parse and
 of each conversion. A right-branching tree over the spaCy words is scored as a baseline.
@@ -20,11 +20,18 @@ from itertools import islice
 import spacy
 
 from mgsa_hf.constituency_conversion import DependencyToConstituency, default_conversion
+from mgsa_hf.evaluation.treebank import (
+    BracketScore,
+    gold_sentences,
+    parse_file_ranges,
+    ptb_files,
+    tree_brackets,
+    tree_depth,
+)
 from mgsa_hf.syntax_rules import derive_constituency_tree
 from mgsa_hf.syntax_spacy import load_spacy_pipeline, word_arrays
 from mgsa_hf.syntax_trees import ConstituencyTree
 from mgsa_hf.tokenization_utils import read_lines
-from mgsa_hf.treebank import BracketScore, gold_sentences, parse_file_ranges, ptb_files, tree_brackets, tree_depth
 
 
 def parse_args():

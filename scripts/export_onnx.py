@@ -9,7 +9,7 @@ difference from the PyTorch logits:
     python scripts/export_onnx.py runs/mgsa-multi30k runs/mgsa-multi30k.onnx
 
 With `--generation`, OUTPUT is a folder for ONNX Runtime generation instead: the encoder graph and the decoder graphs
-with past key/values (`mgsa_hf.onnx_generation.export_generation_onnx`; `--int8` quantizes them), with the config,
+with past key/values (`export_generation_onnx`; `--int8` quantizes them), with the config,
 generation config and processor files, which `OrtMgsaForConditionalGeneration.from_pretrained(OUTPUT)` loads:
 
     python scripts/export_onnx.py runs/mgsa-multi30k runs/mgsa-multi30k-onnx --generation [--int8]
@@ -70,7 +70,7 @@ def check(model, processor, output: str) -> dict:
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.generation:
-        from mgsa_hf.onnx_generation import MANIFEST, export_generation_onnx
+        from mgsa_hf.export.onnx_generation import MANIFEST, export_generation_onnx
 
         folder = export_generation_onnx(args.model, args.output, quantize=args.int8, opset=args.opset)
         print((folder / MANIFEST).read_text())

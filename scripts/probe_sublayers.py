@@ -35,7 +35,7 @@ PROBED = ("self_attn", "encoder_attn", "phrase_combination")
 
 def probe_row(label: str, prepared: str, recipe, row: dict, seed: int, steps: int, every: int,
               threads: int | None) -> dict:
-    from mgsa_hf.prepared_training import PreparedCorpus, build_model, epoch_batches, make_optimizer, training_step
+    from mgsa_hf.training.prepared import PreparedCorpus, build_model, epoch_batches, make_optimizer, training_step
 
     if threads:
         torch.set_num_threads(threads)

@@ -41,7 +41,7 @@ class Timer:
 def main() -> None:
     from transformers import AutoModelForSeq2SeqLM
 
-    from mgsa_hf.onnx_generation import OrtMgsaForConditionalGeneration
+    from mgsa_hf.export.onnx_generation import OrtMgsaForConditionalGeneration
     from mgsa_hf.processing_mgsa import MgsaProcessor
     from mgsa_hf.tokenization_utils import read_lines
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the GPU machine has the repository only
 
-from mgsa_hf.analysis import prepared_run_head_rate  # noqa: E402
-from mgsa_hf.prepared_training import PreparedCorpus  # noqa: E402
+from mgsa_hf.evaluation.analysis import prepared_run_head_rate  # noqa: E402
+from mgsa_hf.training.prepared import PreparedCorpus  # noqa: E402
 
 
 def main(argv=None):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from mgsa_hf.benchmarking.recipes import RECIPE_CANDIDATES, render_recipe_sweep, score_checkpoints
 from mgsa_hf.tokenization_utils import read_lines
-from mgsa_hf.training import run_folder
+from mgsa_hf.training.ownership import run_folder
 
 
 def main() -> None:

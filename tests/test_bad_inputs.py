@@ -17,8 +17,9 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration, MgsaProcessor, MgsaT5Config
-from mgsa_hf.conversion import convert_checkpoint
-from mgsa_hf.training import load_train_config, train
+from mgsa_hf.training.config import load_train_config
+from mgsa_hf.training.conversion import convert_checkpoint
+from mgsa_hf.training.run import train
 
 
 ENCODER_TYPES = ["transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe"]
@@ -140,7 +141,7 @@ def test_train_cli_model_keys_are_checked_before_any_work(saved_tiny_model, tmp_
     (["--set", "rhe_layers"], "expected FIELD=JSON"),
 ])
 def test_convert_marian_arguments(saved_tiny_model, tmp_path, capsys, arguments, message):
-    from mgsa_hf.conversion import parse_convert_arguments
+    from mgsa_hf.training.conversion import parse_convert_arguments
 
     with pytest.raises(SystemExit):
         parse_convert_arguments([str(saved_tiny_model), str(tmp_path / "out"), *arguments])
@@ -344,7 +345,7 @@ def test_saved_model_folder_without_processor_config(multi30k_processor, tiny_co
 def test_lone_carriage_return_is_text_in_corpus_lines(tmp_path):
     """A lone `\\r` inside line 4 of train.en and line 21 of train.de, and `\\r\\n` line ends: lines end at `\\n`
     only, so the 30 pairs stay aligned (universal newlines made 31 lines a side, pairs 4-20 misaligned)."""
-    from mgsa_hf.data import load_parallel_corpus
+    from mgsa_hf.training.data import load_parallel_corpus
 
     english = [f"sentence {number}".encode() for number in range(1, 31)]
     german = [f"Satz {number}\r".encode() for number in range(1, 31)]  # CRLF line ends
@@ -360,7 +361,7 @@ def test_lone_carriage_return_is_text_in_corpus_lines(tmp_path):
 
 
 def test_corpus_sides_of_different_lengths(tmp_path):
-    from mgsa_hf.data import load_parallel_corpus
+    from mgsa_hf.training.data import load_parallel_corpus
 
     _write_lines(tmp_path / "train.en", [b"a", b"b", b"c"])
     _write_lines(tmp_path / "train.de", [b"a", b"b"])
@@ -391,7 +392,7 @@ def _gzip_cut_short(path):
     ids=["invalid-utf8", "gzip-cut-short", "not-gzip", "broken-jsonl-line", "jsonl-invalid-utf8"],
 )
 def test_damaged_corpus_files_name_file_and_line(tmp_path, files, match):
-    from mgsa_hf.data import load_parallel_corpus
+    from mgsa_hf.training.data import load_parallel_corpus
 
     for name, content in files.items():
         content(tmp_path / name) if callable(content) else (tmp_path / name).write_bytes(content)
@@ -764,7 +765,7 @@ TINY_TRAIN_CONFIG = REPO / "src" / "mgsa_hf" / "recipes" / "tiny.yaml"
 
 def tiny_run_config(output_dir, *overrides):
     """The tiny recipe without evaluation, a checkpoint every step."""
-    from mgsa_hf.training import load_train_config
+    from mgsa_hf.training.config import load_train_config
 
     return load_train_config(TINY_TRAIN_CONFIG, [
         f"data={REPO.parent / 'shared' / 'data' / 'multi30k'}", f"output_dir={output_dir}",
@@ -774,7 +775,7 @@ def tiny_run_config(output_dir, *overrides):
 @pytest.fixture(scope="module")
 def two_step_run(tmp_path_factory, one_thread):
     """A tiny run of 2 steps with checkpoint-1 and checkpoint-2: (results, model folder)."""
-    from mgsa_hf.training import train
+    from mgsa_hf.training.run import train
 
     folder = tmp_path_factory.mktemp("two_steps") / "model"
     results, _ = train(tiny_run_config(folder, "training.max_steps=2"))
@@ -784,7 +785,7 @@ def two_step_run(tmp_path_factory, one_thread):
 @pytest.fixture
 def copied_run(two_step_run, tmp_path):
     """A copy of the two-step run's model and run folders: (results, model folder, checkpoints folder)."""
-    from mgsa_hf.training import run_folder
+    from mgsa_hf.training.ownership import run_folder
 
     results, folder = two_step_run
     shutil.copytree(folder, tmp_path / "model")
@@ -796,7 +797,8 @@ def copied_run(two_step_run, tmp_path):
 def test_resume_true_without_a_checkpoint(tmp_path, run_folder_state):
     """`resume_from_checkpoint=true` (the CLI path) with no checkpoint to resume: an error naming the folder, before
     any work, not a run from scratch."""
-    from mgsa_hf.training import run_folder, run_train
+    from mgsa_hf.training.ownership import run_folder
+    from mgsa_hf.training.run import run_train
 
     checkpoints = run_folder(tmp_path / "model") / "checkpoints"
     if run_folder_state == "without checkpoints":
@@ -812,7 +814,7 @@ def test_resume_true_without_a_checkpoint(tmp_path, run_folder_state):
 def test_resume_from_a_torn_checkpoint(copied_run, removed):
     """A checkpoint that lacks its optimizer, schedule or random state, given as the one to resume: an error naming
     the missing file (the Trainer would go on with a fresh one)."""
-    from mgsa_hf.training import train
+    from mgsa_hf.training.run import train
 
     _, folder, checkpoints = copied_run
     (checkpoints / "checkpoint-2" / removed).unlink()
@@ -824,7 +826,7 @@ def test_resume_from_a_torn_checkpoint(copied_run, removed):
 def test_resume_true_skips_a_torn_last_checkpoint(copied_run, caplog):
     """`resume_from_checkpoint=true` with the last checkpoint torn: resumes from the newest complete one, warning
     which it skipped and why, and trains the steps after it."""
-    from mgsa_hf.training import train
+    from mgsa_hf.training.run import train
 
     _, folder, checkpoints = copied_run
     (checkpoints / "checkpoint-2" / "optimizer.pt").unlink()
@@ -837,7 +839,8 @@ def test_resume_true_skips_a_torn_last_checkpoint(copied_run, caplog):
 def test_resumed_run_reports_the_whole_runs_train_loss(two_step_run, copied_run):
     """Resumed after step 1, the run's `train_loss` (results.json) is the mean over both steps, as the uninterrupted
     run's, not the mean of the steps after the resume."""
-    from mgsa_hf.training import run_folder, train
+    from mgsa_hf.training.ownership import run_folder
+    from mgsa_hf.training.run import train
 
     uninterrupted, folder, checkpoints = copied_run
     shutil.rmtree(checkpoints / "checkpoint-2")
@@ -850,7 +853,8 @@ def test_resumed_run_reports_the_whole_runs_train_loss(two_step_run, copied_run)
 
 @pytest.mark.parametrize("value", ["-1", "1.5", "true", "all"])
 def test_bad_average_last_checkpoints(tmp_path, value):
-    from mgsa_hf.training import run_folder, train
+    from mgsa_hf.training.ownership import run_folder
+    from mgsa_hf.training.run import train
 
     with pytest.raises(ValueError, match=r"`average_last_checkpoints` must be a whole number >= 0.*got"):
         train(tiny_run_config(tmp_path / "model", "training.max_steps=1", f"average_last_checkpoints={value}"))
@@ -863,7 +867,8 @@ def test_rerun_with_another_vocab_size(copied_run):
     instead of reusing it."""
     from transformers import AutoTokenizer
 
-    from mgsa_hf.training import run_folder, train
+    from mgsa_hf.training.ownership import run_folder
+    from mgsa_hf.training.run import train
 
     _, folder, _ = copied_run
     earlier = len(AutoTokenizer.from_pretrained(run_folder(folder) / "tokenizer"))
@@ -883,7 +888,8 @@ def test_missing_local_folder_for_a_model_or_tokenizer(tmp_path, monkeypatch, ke
     (`org/name`) still goes to the Hub."""
     import transformers
 
-    from mgsa_hf.training import run_folder, train
+    from mgsa_hf.training.ownership import run_folder
+    from mgsa_hf.training.run import train
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()
@@ -903,10 +909,10 @@ def test_missing_local_folder_for_a_model_or_tokenizer(tmp_path, monkeypatch, ke
 
 @pytest.mark.parametrize("path", ["./no-such-model", "/no/such/model", "a/b/c"])
 def test_convert_marian_with_a_missing_folder(tmp_path, path):
-    from mgsa_hf.conversion import convert_command
+    from mgsa_hf.cli import main
 
     with pytest.raises(SystemExit, match=rf"marian='{re.escape(path)}': no such folder"):
-        convert_command([path, str(tmp_path / "out")])
+        main(["convert", path, str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
 
 
@@ -924,7 +930,8 @@ def test_convert_marian_with_a_missing_folder(tmp_path, path):
 def test_wrongly_typed_training_value(tmp_path, key, value, match):
     """A `training` value of the wrong type fails before any work, naming the key, as transformers' own command-line
     parser of `Seq2SeqTrainingArguments` would (not deep inside the Trainer)."""
-    from mgsa_hf.training import run_folder, train
+    from mgsa_hf.training.ownership import run_folder
+    from mgsa_hf.training.run import train
 
     with pytest.raises(ValueError, match=match):
         train(tiny_run_config(tmp_path / "model", f"training.{key}={value}"))

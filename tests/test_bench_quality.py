@@ -1,4 +1,4 @@
-"""mgsa_hf.benchmarking.quality (scripts/bench_quality.py) and mgsa_hf.prepared_training: the paired bootstrap test
+"""mgsa_hf.benchmarking.quality (scripts/bench_quality.py) and mgsa_hf.training.prepared: the paired bootstrap test
 against sacreBLEU's, the BENCHMARKS.md section update, and the whole benchmark path on real Multi30k sentences with
 the dry-run budget (prepare with spaCy → train in parallel processes → resume → average → beam search → report),
 including a run in a process where spaCy and `datasets` cannot be imported, as on a GPU machine."""
@@ -120,7 +120,7 @@ def dry_run(tmp_path_factory):
 
 
 def test_prepared_corpus_holds_every_field(dry_run):
-    from mgsa_hf.prepared_training import PreparedCorpus
+    from mgsa_hf.training.prepared import PreparedCorpus
 
     root, _, _ = dry_run
     corpus = PreparedCorpus(root / "dry-run" / "prepared")
@@ -233,7 +233,7 @@ def test_resumed_run_equals_uninterrupted(dry_run, tmp_path):
     an uninterrupted one (CPU, one thread)."""
     from safetensors.torch import load_file
 
-    from mgsa_hf.prepared_training import PreparedCorpus, train_run
+    from mgsa_hf.training.prepared import PreparedCorpus, train_run
 
     root, _, _ = dry_run
     corpus = PreparedCorpus(root / "dry-run" / "prepared")
@@ -264,7 +264,7 @@ def test_a_run_resumed_on_another_machine_lists_both_and_the_report_says_so(dry_
     trained on several machines says that its steps/s ratios mix them."""
     import copy
 
-    from mgsa_hf import prepared_training
+    from mgsa_hf.training.run import prepared as prepared_training
 
     root, _, report = dry_run
     here = prepared_training.host_description(torch.device("cpu"))
@@ -345,7 +345,7 @@ def test_prepare_reads_tree_files(tmp_path):
     import tree_plugins
 
     from mgsa_hf import MgsaProcessor
-    from mgsa_hf.prepared_training import PreparedCorpus
+    from mgsa_hf.training.prepared import PreparedCorpus
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -408,8 +408,8 @@ def test_rhe_head_rate_of_a_run_equals_the_processor_path(dry_run, tmp_path):
     clear refusal for a non-RHE run."""
 
     from mgsa_hf import MgsaProcessor
-    from mgsa_hf.analysis import load_prepared_run, prepared_run_head_rate, redundant_head_rate
-    from mgsa_hf.prepared_training import PreparedCorpus
+    from mgsa_hf.evaluation.analysis import load_prepared_run, prepared_run_head_rate, redundant_head_rate
+    from mgsa_hf.training.prepared import PreparedCorpus
 
     root, _, _ = dry_run
     prepared = root / "dry-run" / "prepared"

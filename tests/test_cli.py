@@ -17,10 +17,11 @@ from transformers import pipeline
 from mgsa_hf import MgsaConfig
 from mgsa_hf.cli import main
 from mgsa_hf.evaluation import translation_scores
-from mgsa_hf.run_ownership import run_folder
 from mgsa_hf.tokenization_utils import read_lines
-from mgsa_hf.training import TrainConfig, load_train_config, train
-from mgsa_hf.training_recipes import ACCELERATE_CONFIGS, accelerate_config_names, recipe_names, row_names
+from mgsa_hf.training.catalogue import ACCELERATE_CONFIGS, accelerate_config_names, recipe_names, row_names
+from mgsa_hf.training.config import TrainConfig, load_train_config
+from mgsa_hf.training.ownership import run_folder
+from mgsa_hf.training.run import train
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,8 +70,8 @@ def test_user_errors_in_process(tmp_path, arguments, message):
 
 
 def test_export_onnx_without_the_generation_module_is_one_line(tmp_path, monkeypatch):
-    """`mgsa_hf.onnx_generation` (or onnxruntime) missing: the error says what to install."""
-    monkeypatch.setitem(sys.modules, "mgsa_hf.onnx_generation", None)
+    """`mgsa_hf.export.onnx_generation` (or onnxruntime) missing: the error says what to install."""
+    monkeypatch.setitem(sys.modules, "mgsa_hf.export.onnx_generation", None)
     with pytest.raises(SystemExit, match=r"^mgsa-hf export: error: .*needs the ONNX generation export.*\[export\]"):
         main(["export", "onnx", str(tmp_path), str(tmp_path / "out")])
     (tmp_path / "encoder_model.onnx").write_bytes(b"")

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from datasets import Dataset
 
-import mgsa_hf.corpus_preparation as preparation
-from mgsa_hf.corpus_preparation import prepare, tokenizer_sample
-from mgsa_hf.data import load_parallel_corpus
-from mgsa_hf.trainer_mgsa import column_lengths
-from mgsa_hf.training import load_train_config
-from mgsa_hf.training_recipes import accelerate_config_path
+import mgsa_hf.training.corpus as preparation
+from mgsa_hf.training.catalogue import accelerate_config_path
+from mgsa_hf.training.config import load_train_config
+from mgsa_hf.training.corpus import prepare, tokenizer_sample
+from mgsa_hf.training.data import load_parallel_corpus
+from mgsa_hf.training.trainer import column_lengths
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -142,7 +142,7 @@ def test_two_machines_share_one_tokenizer(tmp_path):
 def test_scored_splits_are_translated_whole(tmp_path):
     """Validation and test are scored on whole sources: `max_source_length` cuts the training split alone; a source
     longer than the model's positions is cut to them, and the results and the card say how many were."""
-    from mgsa_hf.training import train
+    from mgsa_hf.training.run import train
 
     config = recipe(tmp_path, "model.encoder_type=transformer", "max_source_length=8", "max_target_length=8",
                     "model.max_position_embeddings=24", "training.max_steps=2", "training.eval_strategy=no",
@@ -169,7 +169,7 @@ def test_a_folder_of_arrow_tables_is_a_corpus(tmp_path, layout):
     column) is prepared as the same text files are; a stream is refused by name where a whole dataset is needed."""
     from datasets import DatasetDict, IterableDataset
 
-    from mgsa_hf.trainer_mgsa import MgsaSeq2SeqTrainer
+    from mgsa_hf.training.trainer import MgsaSeq2SeqTrainer
 
     text = load_parallel_corpus(DATA, "en", "de", {"train": "train", "validation": "val"})
     text = DatasetDict({split: data.select(range(24)) for split, data in text.items()})

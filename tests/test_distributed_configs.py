@@ -22,8 +22,8 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration, MgsaT5Config, MgsaT5ForConditionalGeneration
-from mgsa_hf.distributed import ddp_find_unused_parameters, fsdp_modules, model_for_main_process
-from mgsa_hf.training_recipes import ACCELERATE_CONFIGS
+from mgsa_hf.training.catalogue import ACCELERATE_CONFIGS
+from mgsa_hf.training.distributed import ddp_find_unused_parameters, fsdp_modules, model_for_main_process
 
 
 try:

@@ -241,8 +241,9 @@ def test_cli_save_stopped_at_each_write(multi30k_processor, small_processor, tin
                                         monkeypatch):
     """`mgsa-hf train`'s model folder (model, processor, card) saved over an earlier run's and killed at each write:
     the folder is the earlier run's, whole (model, processor and card), or is refused by name."""
-    from mgsa_hf.model_card import build_model_card
-    from mgsa_hf.training import _save, load_train_config
+    from mgsa_hf.training.config import load_train_config
+    from mgsa_hf.training.model_card import build_model_card
+    from mgsa_hf.training.run import _save
 
     folder = tmp_path / "model"
     config = load_train_config(REPO / "src" / "mgsa_hf" / "recipes" / "tiny.yaml", [f"output_dir={folder}"])
@@ -332,8 +333,8 @@ def test_run_tokenizer_killed_before_its_record(train_split, tmp_path, monkeypat
     trains the vocabulary again (it kept the smaller one without a word)."""
     import json
 
-    from mgsa_hf.corpus_preparation import load_or_train_tokenizer as _load_or_train_tokenizer
-    from mgsa_hf.training import run_folder
+    from mgsa_hf.training.corpus import load_or_train_tokenizer as _load_or_train_tokenizer
+    from mgsa_hf.training.ownership import run_folder
 
     output_dir = tmp_path / "model"
     real_write_text = Path.write_text
@@ -356,8 +357,8 @@ def test_run_tokenizer_killed_before_its_record(train_split, tmp_path, monkeypat
 def test_run_tokenizer_stopped_at_each_write(train_split, tmp_path, monkeypatch):
     """The run's tokenizer trained again (another `vocab_size`) and killed at each write: the next run loads the
     earlier tokenizer when its settings are asked for, or trains the one asked for; never a half-written folder."""
-    from mgsa_hf.corpus_preparation import load_or_train_tokenizer as _load_or_train_tokenizer
-    from mgsa_hf.training import run_folder
+    from mgsa_hf.training.corpus import load_or_train_tokenizer as _load_or_train_tokenizer
+    from mgsa_hf.training.ownership import run_folder
 
     output_dir = tmp_path / "model"
     folder = run_folder(output_dir) / "tokenizer"
@@ -380,8 +381,8 @@ def test_half_written_run_tokenizer_is_trained_again(train_split, tmp_path, capl
     """A tokenizer folder cut short (a run killed while saving it, before saves were swapped in whole) is trained again
     with a warning naming it; it blocked every later run with "You need to have sentencepiece or tiktoken
     installed"."""
-    from mgsa_hf.corpus_preparation import load_or_train_tokenizer as _load_or_train_tokenizer
-    from mgsa_hf.training import run_folder
+    from mgsa_hf.training.corpus import load_or_train_tokenizer as _load_or_train_tokenizer
+    from mgsa_hf.training.ownership import run_folder
 
     output_dir = tmp_path / "model"
     folder = run_folder(output_dir) / "tokenizer"
@@ -426,7 +427,7 @@ def trainer(multi30k_processor, tiny_config, tmp_path):
     from transformers import Seq2SeqTrainingArguments
 
     from mgsa_hf import MgsaDataCollator
-    from mgsa_hf.trainer_mgsa import MgsaSeq2SeqTrainer
+    from mgsa_hf.training.trainer import MgsaSeq2SeqTrainer
 
     model = MgsaForConditionalGeneration(tiny_config(multi30k_processor, "transformer", encoder_layers=1))
     arguments = Seq2SeqTrainingArguments(output_dir=str(tmp_path / "checkpoints"), report_to=[], use_cpu=True,

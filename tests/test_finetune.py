@@ -10,8 +10,10 @@ import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
 from mgsa_hf import MgsaForConditionalGeneration, MgsaT5ForConditionalGeneration
-from mgsa_hf.conversion import load_as_mgsa
-from mgsa_hf.training import load_train_config, run_folder, train
+from mgsa_hf.training.config import load_train_config
+from mgsa_hf.training.conversion import load_as_mgsa
+from mgsa_hf.training.ownership import run_folder
+from mgsa_hf.training.run import train
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -182,7 +184,7 @@ def test_converter_keeps_the_processor_settings_and_parses_only_for_syntax(tmp_p
     """The converted folder's processor has the source processor's settings, and parses with spaCy only for encoder
     types whose logits read syntax."""
     from mgsa_hf import MgsaProcessor
-    from mgsa_hf.conversion import convert_checkpoint
+    from mgsa_hf.training.conversion import convert_checkpoint
 
     source = tmp_path / "source"
     MgsaForConditionalGeneration.from_pretrained(source_folder).save_pretrained(source)

@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_sizes
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
-from mgsa_hf.analysis import (
+from mgsa_hf.evaluation.analysis import (
     UNIVERSAL_TAGS,
     GateStatistics,
     hybrid_gate_statistics,
@@ -380,7 +380,7 @@ def test_a_hybrid_model_trains_and_serves_without_spacy(tmp_path):
     script = f"""
 import sys
 from transformers import pipeline
-from mgsa_hf.training import load_train_config, train
+from mgsa_hf.training.run import load_train_config, train
 config = load_train_config({str(repo / "src" / "mgsa_hf" / "recipes" / "tiny.yaml")!r}, [
     "data={repo.parent / "shared" / "data" / "multi30k"}", "output_dir={tmp_path / "model"}",
     "model.encoder_type=hybrid", "training.max_steps=2", "training.eval_strategy=no", "training.save_strategy=no"])

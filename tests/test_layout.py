@@ -1,7 +1,9 @@
-"""The package's layout: the model's own modules (what `save_pretrained` copies beside a model, processor and pipeline
-for `trust_remote_code`) import none of the tool modules (training, benchmarks, command line, export), and no module
-is over 750 lines."""
+"""The package's layout: the model package is the flat top of `src/mgsa_hf` (what `save_pretrained` copies beside a
+model, processor and pipeline for `trust_remote_code`, and nothing else); the tools (training, evaluation, export, the
+command line, benchmarks) are subpackages that import it and that it never imports; no import cycle; no module is over
+750 lines."""
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -14,9 +16,15 @@ PACKAGE = Path(mgsa_hf.__file__).parent
 # the modules a saved folder's config, processor config and custom pipeline name (`auto_map`, `custom_pipelines`)
 ENTRY_MODULES = ("configuration_mgsa", "modeling_mgsa", "modeling_mgsa_t5", "processing_mgsa", "pipeline_translation")
 # what trains, prepares corpora, measures, exports or runs a command line: never part of a saved folder's code
-TOOL_MODULES = {"analysis", "cli", "conversion", "corpus_preparation", "data", "distributed", "evaluation", "export",
-                "model_card", "prepared_training", "run_ownership", "trainer_mgsa", "training", "treebank"}
-TOOL_PREFIXES = ("export_", "onnx", "benchmarking", "training_", "cli_")
+TOOL_PACKAGES = {"training", "evaluation", "export", "cli", "benchmarking"}
+REPO = PACKAGE.parents[1]
+
+
+def load_import_graph():
+    spec = importlib.util.spec_from_file_location("import_graph", REPO / "scripts" / "import_graph.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def model_closure() -> set[Path]:
@@ -29,16 +37,42 @@ def model_closure() -> set[Path]:
     return {path.resolve() for path in files}
 
 
-def test_the_model_modules_import_no_tool_module():
+def test_the_top_of_the_package_is_the_model_package():
+    """Remote code is one flat folder: the entry modules' relative imports reach every top-level module (but the
+    package's `__init__`), and nothing else; every other module is in a tool subpackage."""
     closure = model_closure()
-    names = {path.stem for path in closure}
-    assert {"modeling_common", "modeling_attention", "variants", "syntax_fields"} <= names  # the closure is real
+    assert {"modeling_common", "modeling_attention", "variants", "syntax_fields"} <= {path.stem for path in closure}
     assert all(path.parent == PACKAGE.resolve() for path in closure), "remote code is one flat folder"
-    tools = sorted(name for name in names if name in TOOL_MODULES or name.startswith(TOOL_PREFIXES))
-    assert not tools, f"the model's own modules import tool modules: {tools}"
-    # every tool module exists (a renamed one would make this test pass vacuously)
-    assert all((PACKAGE / f"{name}.py").is_file() for name in TOOL_MODULES)
-    assert (PACKAGE / "benchmarking" / "__init__.py").is_file()
+    top = {path.resolve() for path in PACKAGE.glob("*.py") if path.name != "__init__.py"}
+    assert top == closure, f"top-level modules no saved folder copies: {sorted(p.name for p in top - closure)}"
+    folders = {path.name for path in PACKAGE.iterdir() if path.is_dir() and path.name != "__pycache__"}
+    assert folders == TOOL_PACKAGES | {"rows"}, folders  # rows/: the papers' configurations, data
+    assert all((PACKAGE / name / "__init__.py").is_file() for name in TOOL_PACKAGES)
+
+
+def test_no_import_cycle_and_the_model_imports_no_tool():
+    """Read from every import statement, those inside functions included (a cycle there still ties two modules
+    together): no cycle, and no edge from the model package into a tool subpackage."""
+    graph_module = load_import_graph()
+    graph = graph_module.import_graph()
+    assert len(graph) > 50 and graph["mgsa_hf.training.run"] >= {"mgsa_hf.training.config", "mgsa_hf.training.corpus"}
+    assert graph_module.cycles(graph) == []
+    assert graph_module.model_to_tool_edges(graph) == []
+
+
+def test_the_cycle_finder_finds_cycles(tmp_path):
+    """The check above can fail: a cycle through an import inside a function, and a model module importing a tool."""
+    graph_module = load_import_graph()
+    package = tmp_path / "mgsa_hf"
+    (package / "training").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "modeling_x.py").write_text("def f():\n    from .training import run\n")
+    (package / "training" / "__init__.py").write_text("")
+    (package / "training" / "run.py").write_text("from . import config\n")
+    (package / "training" / "config.py").write_text("def g():\n    from .run import h\n")
+    graph = graph_module.import_graph(package)
+    assert graph_module.cycles(graph) == [["mgsa_hf.training.config", "mgsa_hf.training.run"]]
+    assert ("mgsa_hf.modeling_x", "mgsa_hf.training.run") in graph_module.model_to_tool_edges(graph)
 
 
 def test_the_model_code_needs_only_torch_and_transformers():
@@ -50,11 +84,6 @@ def test_the_model_code_needs_only_torch_and_transformers():
     for path in model_closure():
         packages |= set(get_imports(str(path))) - set(sys.stdlib_module_names)
     assert packages == {"torch", "transformers", "huggingface_hub", "tokenizers", "numpy"}
-
-
-def test_the_benchmarks_are_a_subpackage():
-    assert not list(PACKAGE.glob("benchmarking_*.py"))
-    assert {path.stem for path in (PACKAGE / "benchmarking").glob("*.py")} >= {"rows", "speed", "quality"}
 
 
 def test_no_module_is_over_750_lines():

@@ -138,7 +138,7 @@ def test_the_benchmark_loop_trains_the_tag_loss_without_the_drop_warning(multi30
     loss is the label-smoothed translation loss plus λ · tag loss per target token, and the model does not warn that
     the tag loss is left out."""
     from mgsa_hf.modeling_loss import translation_loss
-    from mgsa_hf.prepared_training import Recipe, make_optimizer, training_step
+    from mgsa_hf.training.prepared import Recipe, make_optimizer, training_step
 
     transformers_logging.warning_once.cache_clear()
     model = tag_supervised_model("marian", multi30k_processor, tiny_config, tiny_t5_config, phrase_tag_loss_weight=2.0)

@@ -22,7 +22,9 @@ from mgsa_hf import (
 )
 from mgsa_hf.evaluation import decode_token_ids
 from mgsa_hf.tokenization_utils import read_lines
-from mgsa_hf.training import load_train_config, run_folder, train
+from mgsa_hf.training.config import load_train_config
+from mgsa_hf.training.ownership import run_folder
+from mgsa_hf.training.run import train
 
 
 REPO = Path(__file__).resolve().parents[1]

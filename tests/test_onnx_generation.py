@@ -1,4 +1,4 @@
-"""ONNX Runtime generation (`mgsa_hf.onnx_generation`): for every encoder type on both backbones, the exported
+"""ONNX Runtime generation (`mgsa_hf.export.onnx_generation`): for every encoder type on both backbones, the exported
 encoder and decoder graphs with their KV cache give PyTorch `generate`'s tokens (greedy, beam 4,
 `num_return_sequences=2`) on real test 2016 sentences through the real processor, and the translation pipeline gives
 the same strings; int8 graphs translate; bad folders and inputs get clear errors."""
@@ -22,7 +22,7 @@ from mgsa_hf.tokenization_utils import read_lines
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from mgsa_hf.onnx_generation import (  # noqa: E402
+from mgsa_hf.export.onnx_generation import (  # noqa: E402
     OrtMgsaForConditionalGeneration,
     export_generation_onnx,
     quantize_generation_onnx,

@@ -13,8 +13,8 @@ from mgsa_hf import (
     MgsaForConditionalGeneration,
     MgsaT5ForConditionalGeneration,
     phrase_recurrence,
-    variant_phrase_memory,
 )
+from mgsa_hf import phrase_partition as phrase_partition_module
 from mgsa_hf.modeling_syntax_inputs import MgsaSyntaxInputs
 from mgsa_hf.on_lstm import OnLstm
 from mgsa_hf.phrase_recurrence import interaction_packed, interaction_padded, lstm_padded
@@ -134,7 +134,7 @@ def test_padded_lstm_composition_equals_packed(partition_type, multi30k_processo
     torch.testing.assert_close(actual, expected, atol=1e-6, rtol=0)
     assert (actual[~partition.phrase_mask] == 0).all() and (actual[partition.phrase_mask] != 0).any(-1).all()
     # the export's token order (ONNX has no stable sort) is the stable sort's
-    monkeypatch.setattr(variant_phrase_memory, "is_exporting", lambda: True)
+    monkeypatch.setattr(phrase_partition_module, "is_exporting", lambda: True)
     assert torch.equal(phrase_partition(config, syntax).token_order, partition.token_order)
 
 
@@ -160,7 +160,7 @@ def exported(request, multi30k_processor, tiny_config, tiny_t5_config, tmp_path_
     folder)`."""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    from mgsa_hf.onnx_generation import OrtMgsaForConditionalGeneration, export_generation_onnx
+    from mgsa_hf.export.onnx_generation import OrtMgsaForConditionalGeneration, export_generation_onnx
 
     backbone, fields = MODELS[request.param]
     torch.manual_seed(0)

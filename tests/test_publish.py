@@ -18,10 +18,12 @@ from transformers import AutoModelForSeq2SeqLM, AutoProcessor, GenerationConfig
 
 from mgsa_hf import MgsaConfig
 from mgsa_hf.evaluation import decode_token_ids
-from mgsa_hf.model_card import CardDataset, build_model_card, card_dataset, card_repo_id
 from mgsa_hf.modeling_common import card_for_repository
 from mgsa_hf.tokenization_utils import read_lines
-from mgsa_hf.training import load_train_config, run_folder, train
+from mgsa_hf.training.config import load_train_config
+from mgsa_hf.training.model_card import CardDataset, build_model_card, card_dataset, card_repo_id
+from mgsa_hf.training.ownership import run_folder
+from mgsa_hf.training.run import train
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from huggingface_hub.errors import StrictDataclassError
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
-from mgsa_hf.analysis import redundant_head_rate
+from mgsa_hf.evaluation.analysis import redundant_head_rate
 from mgsa_hf.modeling_attention import MgsaAttention
 from mgsa_hf.modeling_syntax_inputs import MgsaSyntaxInputs
 from mgsa_hf.syntax_fields import SOURCE_SYNTAX_PAD_VALUES

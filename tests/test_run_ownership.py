@@ -17,7 +17,9 @@ import psutil
 import pytest
 
 from mgsa_hf import MgsaProcessor, syntax_parser
-from mgsa_hf.training import load_train_config, run_folder, train
+from mgsa_hf.training.config import load_train_config
+from mgsa_hf.training.ownership import run_folder
+from mgsa_hf.training.run import train
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,7 +103,7 @@ def test_a_run_folder_in_use_refuses_a_second_run(tmp_path):
         assert f"process {holder.pid} on {socket.gethostname()}" in str(caught.value)
     finally:
         holder.communicate("", timeout=60)
-    from mgsa_hf.run_ownership import own_run_folders
+    from mgsa_hf.training.ownership import own_run_folders
 
     with own_run_folders(tmp_path) as claim:
         assert claim.checkpoints(run_folder(tmp_path) / "checkpoints") == []

@@ -13,8 +13,8 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, T5Config, T5ForConditionalGeneration, pipeline
 
 from mgsa_hf import MgsaT5Config, MgsaT5ForConditionalGeneration
-from mgsa_hf.conversion import load_as_mgsa
-from mgsa_hf.training import run_folder
+from mgsa_hf.training.conversion import load_as_mgsa
+from mgsa_hf.training.ownership import run_folder
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import torch
 from transformers import DataCollatorForSeq2Seq, DataCollatorWithPadding, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from mgsa_hf import MgsaDataCollator, MgsaForConditionalGeneration, MgsaSeq2SeqTrainer
-from mgsa_hf.trainer_mgsa import TokenBatchSampler
+from mgsa_hf.training.trainer import TokenBatchSampler
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

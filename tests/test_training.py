@@ -14,8 +14,10 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoModelForSeq2SeqLM, AutoProcessor, pipeline
 
 from mgsa_hf import MgsaForConditionalGeneration, MgsaProcessor
-from mgsa_hf.training import TrainConfig, load_train_config, run_folder, train
-from mgsa_hf.training_recipes import accelerate_config_path
+from mgsa_hf.training.catalogue import accelerate_config_path
+from mgsa_hf.training.config import TrainConfig, load_train_config
+from mgsa_hf.training.ownership import run_folder
+from mgsa_hf.training.run import train
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,7 +143,7 @@ def test_runs_with_one_seed_repeat_and_cpu_memory_reuse_is_asked_for(tmp_path, o
     one tokenizer end with the same weights, and another seed gives others (a tokenizer trained anew can differ in a
     few ids: `tokenizers`' unigram trainer sums in hash-map order). `reuse_cpu_memory` calls
     `reuse_freed_cpu_memory` once, before training on CPU (what it does is tested below, in a process of its own)."""
-    from mgsa_hf import training
+    from mgsa_hf.training.run import run as training
 
     calls = []
     monkeypatch.setattr(training, "reuse_freed_cpu_memory", lambda: calls.append("reuse") or True)
@@ -165,7 +167,7 @@ def test_a_model_that_ignores_its_source_is_reported(tmp_path, one_thread, capsy
     source gets no warning."""
     import argparse
 
-    from mgsa_hf.training import COLLAPSED_FRACTION, run_train
+    from mgsa_hf.training.run import COLLAPSED_FRACTION, run_train
 
     def run(name, *overrides):
         capsys.readouterr()
@@ -193,7 +195,7 @@ def test_reused_cpu_memory_is_not_faulted_in_again():
     (glibc maps blocks that large alone and unmaps them when freed)."""
     code = (
         "import json, resource, sys, torch\n"
-        "from mgsa_hf.training import reuse_freed_cpu_memory\n"
+        "from mgsa_hf.training.run import reuse_freed_cpu_memory\n"
         "applied = reuse_freed_cpu_memory() if sys.argv[1] == 'reuse' else None\n"
         "torch.ones(16 * 2**20)\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
@@ -223,7 +225,7 @@ def test_resume_from_checkpoint_equals_an_uninterrupted_run(tmp_path, one_thread
     order."""
     import argparse
 
-    from mgsa_hf.training import run_train
+    from mgsa_hf.training.run import run_train
 
     _, model = train(tiny_config(tmp_path, "training.max_steps=4", *batching))
     uninterrupted = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
@@ -257,7 +259,7 @@ def test_a_collapsed_encoder_restarts_with_the_next_seed(tmp_path, one_thread, c
     with a limit no encoder reaches (2.0); at 0 no run restarts."""
     import argparse
 
-    from mgsa_hf.training import run_train
+    from mgsa_hf.training.run import run_train
 
     results = run_train(argparse.Namespace(config=str(TINY), overrides=[
         f"data={DATA}", f"output_dir={tmp_path / 'forced'}", "training.max_steps=4", "training.eval_strategy=no",
@@ -390,7 +392,7 @@ def test_corpus_files_through_datasets_loaders(tmp_path):
     language fields is named."""
     import gzip
 
-    from mgsa_hf.data import load_parallel_corpus
+    from mgsa_hf.training.data import load_parallel_corpus
 
     folder = tmp_path / "corpus"
     folder.mkdir()
@@ -422,14 +424,14 @@ def test_multi30k_from_the_hub_as_the_readme_says(tmp_path, monkeypatch):
 
     import datasets
 
-    import mgsa_hf.data
-    from mgsa_hf.data import load_parallel_corpus
+    import mgsa_hf.training.data
     from mgsa_hf.tokenization_utils import read_lines
+    from mgsa_hf.training.data import load_parallel_corpus
 
     (command,) = [line for line in (REPO / "docs" / "getting-started.md").read_text().splitlines()
                   if line.startswith("mgsa-hf train data=bentrevett/multi30k")]
     overrides = shlex.split(command.split("#")[0])[2:]
-    real_load_dataset, requested = mgsa_hf.data.load_dataset, []
+    real_load_dataset, requested = mgsa_hf.training.data.load_dataset, []
 
     def load_dataset(path, *args, **kwargs):
         if path != "bentrevett/multi30k":
@@ -441,7 +443,7 @@ def test_multi30k_from_the_hub_as_the_readme_says(tmp_path, monkeypatch):
                                                for lang in ("en", "de")})
             for split, name in files.items()})
 
-    monkeypatch.setattr(mgsa_hf.data, "load_dataset", load_dataset)
+    monkeypatch.setattr(mgsa_hf.training.data, "load_dataset", load_dataset)
     config = load_train_config(TINY, [*overrides, f"output_dir={tmp_path}", "training.max_steps=1"])
     corpus = load_parallel_corpus(config.data, "en", "de", config.splits)
     assert corpus["test"]["translation"][0] == {"en": next(read_lines(DATA / "test_2016_flickr.en.gz", 1)),
@@ -536,7 +538,7 @@ def test_training_reads_tree_files(tmp_path):
     on their lines (as `processor(text, trees=tree)` makes them) and from the derived trees on empty lines."""
     from transformers import TrainerCallback
 
-    from mgsa_hf.training import _training_arguments, prepare
+    from mgsa_hf.training.run import _training_arguments, prepare
 
     sources = multi30k_slice(tmp_path / "corpus", {"train": 32, "val": 8, "test_2016_flickr": 8})
     trees = {"train": write_tree_file(tmp_path / "train.ptb", "train", 32),
@@ -599,7 +601,7 @@ def test_bad_tree_files_fail_before_training(tmp_path):
 
 def test_jsonl_tree_column(tmp_path):
     """`tree_column` names a field of JSONL records: its trees (null or "" for none) come with the corpus, checked."""
-    from mgsa_hf.data import TREE_COLUMN, load_parallel_corpus
+    from mgsa_hf.training.data import TREE_COLUMN, load_parallel_corpus
 
     records = [{"en": "Two men are at the stove preparing food.", "de": "Zwei Männer kochen.",
                 "tree": GOLD_TREES[("train", 4)]},

@@ -11,11 +11,7 @@ from pathlib import Path
 import pytest
 
 from mgsa_hf.constituency_conversion import DependencyToConstituency, default_conversion
-from mgsa_hf.syntax_parser import SyntaxParser
-from mgsa_hf.syntax_rules import derive_constituency_tree
-from mgsa_hf.syntax_spacy import word_arrays
-from mgsa_hf.syntax_trees import match_words, parse_ptb
-from mgsa_hf.treebank import (
+from mgsa_hf.evaluation.treebank import (
     BracketScore,
     gold_sentences,
     ptb_files,
@@ -23,6 +19,10 @@ from mgsa_hf.treebank import (
     sentence_text,
     tree_brackets,
 )
+from mgsa_hf.syntax_parser import SyntaxParser
+from mgsa_hf.syntax_rules import derive_constituency_tree
+from mgsa_hf.syntax_spacy import word_arrays
+from mgsa_hf.syntax_trees import match_words, parse_ptb
 
 
 ROOT = Path(__file__).resolve().parents[1]

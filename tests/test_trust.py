@@ -17,10 +17,10 @@ import torch
 from transformers import AutoProcessor, pipeline
 
 from mgsa_hf import MgsaForConditionalGeneration, MgsaProcessor
-from mgsa_hf.conversion import convert_checkpoint
-from mgsa_hf.prepared_training import load_run_state
 from mgsa_hf.syntax_spacy import UntrustedCodeError
-from mgsa_hf.training import _check_run_settings, load_train_config
+from mgsa_hf.training.config import _check_run_settings, load_train_config
+from mgsa_hf.training.conversion import convert_checkpoint
+from mgsa_hf.training.prepared import load_run_state
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

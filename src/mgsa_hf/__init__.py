@@ -34,7 +34,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # the Trainer (and with it accelerate) is imported only when asked for
     if name == "MgsaSeq2SeqTrainer":
-        from .trainer_mgsa import MgsaSeq2SeqTrainer
+        from .training.trainer import MgsaSeq2SeqTrainer
 
         return MgsaSeq2SeqTrainer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

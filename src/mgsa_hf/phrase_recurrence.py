@@ -9,19 +9,12 @@ sequence (Eq. 11), in two equivalent layouts.
 """
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
-
-if TYPE_CHECKING:
-    from .variant_phrase_memory import PhrasePartition
-
-
-# `torch.export` is tracing (torch >= 2.7; before, any trace takes the exportable form, which computes the same)
-is_exporting = getattr(torch.compiler, "is_exporting", torch.compiler.is_compiling)
+from .phrase_partition import PhrasePartition, is_exporting
 
 
 def packing_index(lengths: torch.LongTensor, num_steps: int) -> tuple[torch.LongTensor, torch.LongTensor]:
@@ -163,7 +156,7 @@ class LstmComposition(nn.Module):
         self.lstm = nn.LSTM(config.d_model, self.output_dim, batch_first=True)
 
     @torch.compiler.disable
-    def forward(self, hidden_states: torch.Tensor, partition: "PhrasePartition") -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
         """Under `torch.compile` this runs eagerly, as the interaction's recurrence does (its number of steps is the
         longest phrase's length); under `torch.export` it runs [`last_states_padded`]."""
         batch_size, num_granularities, length = partition.phrase_ids.shape

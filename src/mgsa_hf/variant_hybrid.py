@@ -1,6 +1,7 @@
 """The hybrid variant (`encoder_type="hybrid"`): local/global self-attention with a learned gate, from "Leveraging
 Local and Global Patterns for Self-Attention Networks" (Xu et al., ACL 2019). Its configuration fields, its
-self-attention and its [`Variant`] (`HYBRID`); the gate analysis of its Figures 3 and 4 is in `analysis.py`."""
+self-attention and its [`Variant`] (`HYBRID`); the gate analysis of its Figures 3 and 4 is in
+`mgsa_hf.evaluation.analysis`."""
 
 from dataclasses import dataclass
 from typing import Literal

@@ -1,7 +1,7 @@
 """The RHE variant (`encoder_type="rhe"`): redundant-head enlivening, from "Enlivening Redundant Heads in Multi-head
 Self-attention for Machine Translation" (Zhang et al., EMNLP 2021). Its configuration fields, the dependency- and
 local-phrase-enhanced attentions (DEA, LPEA) with the per-sentence identification of redundant heads, and its
-[`Variant`] (`RHE`); the redundant-head rate over a data set is in `analysis.py`."""
+[`Variant`] (`RHE`); the redundant-head rate over a data set is in `mgsa_hf.evaluation.analysis`."""
 
 from dataclasses import dataclass
 from typing import Literal

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from accelerate import PartialState
 
-from mgsa_hf.training import load_train_config, train
+from mgsa_hf.training.config import load_train_config
+from mgsa_hf.training.run import train
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Train with `mgsa_hf.training` under `accelerate launch` and write what this process saw: its rank, the run's
+"""Train with `mgsa_hf.training.run` under `accelerate launch` and write what this process saw: its rank, the run's
 steps, a digest of the vocabulary it trained with, and whether it prepared the corpus and tokenizer itself."""
 
 import hashlib
@@ -8,8 +8,9 @@ from pathlib import Path
 
 from accelerate import PartialState
 
-import mgsa_hf.corpus_preparation as preparation
-from mgsa_hf.training import load_train_config, train
+import mgsa_hf.training.corpus as preparation
+from mgsa_hf.training.config import load_train_config
+from mgsa_hf.training.run import train
 
 
 def main() -> None:

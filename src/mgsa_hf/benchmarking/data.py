@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..tokenization_utils import read_lines
-from ..training_recipes import accelerate_config_path
+from ..training.catalogue import accelerate_config_path
 
 
 def make_corpus(multi30k: Path, folder: Path, pairs: int) -> Path:
@@ -84,7 +84,8 @@ def _first_step(records: Path, overrides: list[str]) -> None:
     from accelerate import PartialState
     from transformers import TrainerCallback
 
-    from ..training import load_train_config, train
+    from ..training.config import load_train_config
+    from ..training.run import train
 
     started = time.perf_counter()
 

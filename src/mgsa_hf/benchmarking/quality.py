@@ -6,7 +6,7 @@ recipe for every row (only the variant's own config fields differ), equal steps,
 last checkpoints, beam search, sacreBLEU BLEU and chrF on validation and test 2016, the number of distinct test
 outputs, and of each row against `transformer` on test 2016 a t-test over seeds (`evaluation.seed_level_test`: the
 null is "the same recipe, another seed") with the paired bootstrap's test-set interval beside it. Training is
-`mgsa_hf.prepared_training`: it needs only torch, transformers and sacreBLEU, so the `train` step runs on a GPU
+`mgsa_hf.training.prepared`: it needs only torch, transformers and sacreBLEU, so the `train` step runs on a GPU
 machine without spaCy or `datasets`; `prepare` runs where the package is installed.
 
     # the CPU table: 3 seeds of the five defaults and each paper's best row at two learning rates, two runs at a
@@ -53,17 +53,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli import positive_int
 from ..evaluation import mean_std, paired_bootstrap, seed_level_test
+from ..training.config import positive_int
 from .quality_report import (  # noqa: F401  (the report's functions, read as this module's by the tests)
     PAPER_RESULTS,
-    SECTION,
     SELECTION_METRICS,
     SIGNIFICANCE,
     plot_curves,
     render_budget,
-    render_section,
-    replace_section,
     update_markdown,
 )
 from .rows import BASELINE, REPOSITORY, job_gpus, least_busy_gpu, package_environment, resolve_rows
@@ -120,7 +117,7 @@ def load_budget(spec: str) -> tuple[str, dict]:
 
 def recipe_of(budget: dict, max_steps: int | None):
     """The budget's training `Recipe`, with `--max-steps` when given (a selection budget has none)."""
-    from ..prepared_training import Recipe
+    from ..training.prepared import Recipe
 
     if "select" in budget:
         raise SystemExit(f"a selection budget has no recipe of its own: name one of {budget['select']['from']}.")
@@ -139,7 +136,7 @@ def recipe_of(budget: dict, max_steps: int | None):
 def prepare(args, name: str, budget: dict) -> Path:
     """The prepared corpus of the budget (`prepare_corpus` with its `prepare` settings and the tree options); an
     existing one is reused when it was prepared with the same trees (given ones, and what derived the others)."""
-    from ..prepared_training import prepare_corpus
+    from ..training.prepared import prepare_corpus
 
     settings = dict(budget.get("prepare", {}))
     trees = {split: getattr(args, f"{split}_trees") for split in ("train", "validation", "test")}
@@ -247,7 +244,7 @@ def run_pending(args, pending: list[tuple[str, Path, list[str]]]) -> None:
 
 def common_step(run_dirs: list[Path]) -> int:
     """The last checkpoint step that every run has reached (its checkpoint still on disk)."""
-    from ..prepared_training import checkpoint_steps
+    from ..training.prepared import checkpoint_steps
 
     reached = []
     for run_dir in run_dirs:
@@ -330,7 +327,7 @@ def restore_run(kept: Path, run_dir: Path, prepared: Path, recipe, row: dict | N
 
 def run_one(args, name: str, budget: dict) -> None:
     """The `run-one` step: train and score one row × seed in `--run-dir`; prints its scores."""
-    from ..prepared_training import PreparedCorpus, train_run
+    from ..training.prepared import PreparedCorpus, train_run
 
     corpus = PreparedCorpus(prepared_folder(args, name))
     result = train_run(corpus, args.run_dir, recipe_of(budget, args.max_steps), json.loads(args.row_json),
@@ -425,7 +422,7 @@ def git_commit() -> str | None:
 
 def report(args, name: str, budget: dict, argv) -> dict:
     """The `report` step of a budget: its finished runs summarized and tested, written as results JSON and markdown."""
-    from ..prepared_training import PreparedCorpus
+    from ..training.prepared import PreparedCorpus
 
     root = Path(args.root) / name
     kept_root, trained = kept_runs_folder(args, name), recipe_of(budget, args.max_steps)
@@ -622,9 +619,9 @@ def report_selection(args, name: str, budget: dict, argv) -> dict:
     settings = recipe_differences(budgets)
     for row in selection.values():
         row["recipe"] = settings[row["chosen"]]
-    from ..data import find_split_file
-    from ..prepared_training import SPLITS
     from ..tokenization_utils import read_lines
+    from ..training.data import find_split_file
+    from ..training.prepared import SPLITS
 
     # the references the budgets' prepared corpus kept: the first `max_samples` of the split, or all of it
     max_samples = budgets[sources[0]].get("prepare", {}).get("max_samples")

@@ -13,7 +13,8 @@ from statistics import median
 from ..evaluation import translation_scores
 from ..modeling_mgsa import MgsaForConditionalGeneration
 from ..tokenization_utils import read_lines
-from ..training import COLLAPSED_FRACTION, run_folder
+from ..training.ownership import run_folder
+from ..training.run import COLLAPSED_FRACTION
 
 
 # ---------------------------------------------------------------------------------------------- the collapse probe
@@ -45,7 +46,7 @@ def spread_of(model_folder: Path, sources: list[str], targets: list[str]) -> flo
     """[`encoder_token_spread`] of a saved model over the tokens of `sources`."""
     from transformers import AutoTokenizer
 
-    from mgsa_hf.evaluation import encoder_token_spread
+    from ..evaluation import encoder_token_spread
 
     with LOADING:
         tokenizer = AutoTokenizer.from_pretrained(model_folder)
@@ -113,7 +114,7 @@ def batch_statistics(tokenizer_folder: str, data: str, seed: int = 1) -> dict:
     from transformers import AutoTokenizer
     from transformers.trainer_pt_utils import get_length_grouped_indices
 
-    from ..trainer_mgsa import TokenBatchSampler
+    from ..training.trainer import TokenBatchSampler
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
     sources = list(read_lines(Path(data) / "train.en.gz"))

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from ..configuration_mgsa import ENCODER_TYPES
-from ..training_recipes import ROWS
+from ..training.catalogue import ROWS
 
 
 # the source checkout (`src/mgsa_hf/benchmarking/` → the repository), whose `benchmarks/` the benchmarks use

@@ -177,7 +177,7 @@ def add_batch_arguments(parser: argparse.ArgumentParser, tokens: int) -> None:
 
 def build_model(vocab: dict, backbone: str, size: str, fields: dict, device, dtype=torch.float32):
     """A fresh model of the family and size; `vocab` holds `vocab_size`, `pad_token_id` and `eos_token_id`."""
-    from ..conversion import BACKBONES
+    from ..training.conversion import BACKBONES
 
     config_class, model_class = BACKBONES[backbone]
     extra = dict(max_position_embeddings=512, dropout=0.1) if backbone == "marian" else dict(dropout_rate=0.1)

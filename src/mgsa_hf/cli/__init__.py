@@ -13,10 +13,7 @@ import tempfile
 
 from huggingface_hub.errors import StrictDataclassError
 
-from . import cli_commands
-from .corpus_preparation import add_prepare_arguments, run_prepare
-from .training import TrainConfig, add_train_arguments, run_train
-from .training_recipes import (
+from ..training.catalogue import (
     ACCELERATE_CONFIGS,
     FINETUNE_RECIPE,
     accelerate_config_names,
@@ -24,17 +21,10 @@ from .training_recipes import (
     recipe_names,
     row_names,
 )
-
-
-def positive_int(text: str) -> int:
-    """argparse type of a count of at least 1 (the scripts' batch sizes, beams, lengths, jobs and threads)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
-    return value
+from ..training.config import TrainConfig, add_train_arguments
+from ..training.corpus import add_prepare_arguments, run_prepare
+from ..training.run import run_train
+from . import commands as cli_commands
 
 
 DEMO_PAIRS = [
@@ -52,8 +42,8 @@ def demo(args: argparse.Namespace) -> None:
 
     import torch
 
-    from . import MgsaConfig, MgsaForConditionalGeneration, MgsaProcessor
-    from .tokenization_utils import train_joint_tokenizer
+    from .. import MgsaConfig, MgsaForConditionalGeneration, MgsaProcessor
+    from ..tokenization_utils import train_joint_tokenizer
 
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
@@ -191,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = command("evaluate", cli_commands.run_evaluate, "score a saved folder on a corpus split (BLEU, chrF)",
                        cli_commands.EVALUATE_DESCRIPTION)
     cli_commands.add_evaluate_arguments(evaluate)
-    from .conversion import CONVERT_DESCRIPTION
+    from ..training.conversion import CONVERT_DESCRIPTION
 
     convert = command("convert", cli_commands.run_convert, "upgrade a Marian or T5 folder with an encoder variant",
                       CONVERT_DESCRIPTION)
@@ -232,6 +222,3 @@ def main(argv=None) -> None:
             raise
         raise SystemExit(f"mgsa-hf {args.command}: error: {one_line(error)}") from None
 
-
-if __name__ == "__main__":
-    sys.exit(main())

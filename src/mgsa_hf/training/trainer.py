@@ -40,12 +40,12 @@ from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
 from transformers.trainer_pt_utils import LabelSmoother
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .atomic_saves import disk_full_error, is_disk_full
-from .evaluation import encoder_token_spread
-from .modeling_loss import caller_adds_tag_loss, with_tag_loss
-from .prepared_training import token_batches
-from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
-from .target_tokens import at_least_one, target_token_count
+from ..atomic_saves import disk_full_error, is_disk_full
+from ..evaluation import encoder_token_spread
+from ..modeling_loss import caller_adds_tag_loss, with_tag_loss
+from ..syntax_fields import SOURCE_SYNTAX_PAD_VALUES
+from ..target_tokens import at_least_one, target_token_count
+from .prepared import token_batches
 
 
 logger = logging.getLogger(__name__)

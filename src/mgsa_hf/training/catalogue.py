@@ -3,21 +3,22 @@
 `accelerate launch --config_file "$(mgsa-hf accelerate-config multi_gpu_ddp)" -m mgsa_hf.cli train` work from an
 installed wheel.
 
-A recipe is a YAML file of [`~mgsa_hf.training.TrainConfig`] keys in `recipes/` (`default` is what `mgsa-hf train`
+A recipe is a YAML file of [`~mgsa_hf.training.TrainConfig`] keys in `recipes/` here (`default` is what `mgsa-hf train`
 runs without one); a row is a JSON file of `MgsaConfig` fields of one encoder type in `rows/<encoder_type>/`, named
 `<encoder_type>/<file stem>` (the papers' table rows; `rows/<encoder_type>/README.md` maps each to its table). A path
 to a file works wherever a name does. A launcher config is a YAML file of `accelerate launch` in
-`accelerate_configs/` (`accelerate_configs/README.md` says what each is for and what to set).
+`training/accelerate_configs/` (its `README.md` says what each is for and what to set).
 """
 
 import json
 from pathlib import Path
 
 
-PACKAGE = Path(__file__).resolve().parent
-RECIPES = PACKAGE / "recipes"
+TRAINING = Path(__file__).resolve().parent
+PACKAGE = TRAINING.parent
+RECIPES = TRAINING / "recipes"
 ROWS = PACKAGE / "rows"
-ACCELERATE_CONFIGS = PACKAGE / "accelerate_configs"
+ACCELERATE_CONFIGS = TRAINING / "accelerate_configs"
 DEFAULT_RECIPE = "default"
 FINETUNE_RECIPE = "finetune"
 
@@ -74,7 +75,7 @@ def recipe_path(name_or_path: str | Path) -> Path:
 def row_fields(name_or_path: str) -> dict:
     """The model fields of a row: `<encoder_type>/<file stem>` (a packaged row), an encoder type alone (its default,
     `{"encoder_type": name}`), or the path of a JSON file of fields."""
-    from .configuration_mgsa import ENCODER_TYPES
+    from ..configuration_mgsa import ENCODER_TYPES
 
     if name_or_path in ENCODER_TYPES:
         return {"encoder_type": name_or_path}

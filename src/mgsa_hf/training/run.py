@@ -13,199 +13,30 @@ trained tokenizer, `results.json`, the translations it scored) goes to the run f
 ([`run_folder`]).
 """
 
-import dataclasses
 import json
 import logging
-import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
-from .run_ownership import own_run_folders, run_folder
-from .training_recipes import DEFAULT_RECIPE, FINETUNE_RECIPE, RECIPES, expand_rows, override_key, recipe_path
+from .config import (
+    TrainConfig,
+    _backbone_classes,
+    _check_init_from,
+    _check_run_settings,
+    _model_config_fields,
+    _typed_training_values,
+    load_train_config,
+    source_position_limit,
+    validate_model_section,
+)
+from .ownership import own_run_folders, run_folder
 
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CONFIG = RECIPES / f"{DEFAULT_RECIPE}.yaml"
+
 # below this fraction of distinct translations a trained model is reported as not reading its source
 COLLAPSED_FRACTION = 0.5
-
-
-@dataclass
-class TrainConfig:
-    """
-    Everything one training run needs. Unknown keys are errors; `model`, `processor` and `training` hold the fields of
-    the backbone's configuration (`MgsaConfig` for `backbone: marian`, `MgsaT5Config` for `backbone: t5`),
-    `MgsaProcessor` and `Seq2SeqTrainingArguments` and are checked against them before any work starts.
-
-    Trees of the source sentences replace the processor's own (MG-SA's phrases and tags, PR's parse phrases and RHE's
-    local phrases then come from them): `trees` maps a split (`train`, `validation`, `test`) to a file of PTB
-    bracketed trees, one line per source sentence of that split as the corpus holds it (before
-    `max_*_samples`), an empty line where the processor's own tree is used; or `tree_column` names the field of the
-    JSONL records (or the column of the Hub dataset) that holds them. A plug-in parser for every sentence is a
-    `processor` setting instead (`processor: {tree_parser: "package.module:function"}`).
-
-    The model is initialised after seeding with `training.seed` (as the Trainer seeds the data order and dropout), so
-    a run with a given `tokenizer` repeats the same numbers on the same machine and thread count; a joint vocabulary
-    trained anew can differ from run to run in a few dozen ids (`tokenizers`' unigram trainer sums its scores in
-    hash-map order), so two runs that each train one differ a little. `reuse_cpu_memory` (training on CPU, Linux
-    with glibc): freed memory stays in the process for the next step's tensors instead of being handed back to the
-    system and faulted in again ([`reuse_freed_cpu_memory`]); it holds the run's peak memory for the rest of the
-    process. `max_tokens_per_batch`: training batches of at most that many padded tokens per side and process, in
-    random order ([`TokenBatchSampler`]), instead of `training.per_device_train_batch_size` sentences.
-
-    `init_from`: an MGSA, Marian or T5 folder to fine-tune. The model keeps that checkpoint's configuration, and only
-    the `model` keys set explicitly change it: `model.key=value` overrides, and the `model` section of a config file
-    that itself names `init_from` (the `finetune` recipe, which `init_from` without a recipe picks); the `model`
-    section of a recipe written to train from scratch (`recipe=tiny`) does not apply over a checkpoint given as an
-    override. The checkpoint's tokenizer (unless `tokenizer` names another) and its saved processor settings (under
-    the `processor` section's) come with it; saved settings that name code (a `tree_parser` import path,
-    `parser_code`) only with `trust_remote_code: true`. `init_new_modules`: how modules the checkpoint lacks (a
-    variant added by `model.encoder_type=...`) start: `"identity"` (the model computes what the checkpoint
-    computed, as far as the variant allows, see [`~modeling_upgrade.init_new_modules_as_identity`]) or `"random"`.
-
-    `resume_from_checkpoint`: true (the newest complete checkpoint in the run folder's `checkpoints/`; an error when
-    there is none) or a checkpoint folder, which must hold what resuming reads ([`MgsaSeq2SeqTrainer.train`]).
-    `average_last_checkpoints`: N >= 0, the last N of the run's own checkpoints averaged when that scores at least as
-    well (0: none). A run holds its folders' lock (`run.lock` in the run folder) to its end, and starts only where no
-    other run left a model or run files, unless it resumes that run or `overwrite_output_dir: true` (transformers 5
-    has no such training argument) removes them first ([`own_run_folders`]).
-
-    `collapse_check_step`: at this step the spread of the encoder's output states over the tokens of 100 validation
-    sentences is measured ([`EncoderCollapseCallback`]); under `collapse_min_spread` the run has become a target-side
-    language model whose encoder sends every token out as one vector, and it starts again from a new initialisation
-    with the next seed, at most `collapse_restarts` times (the last attempt is not checked). None: no check.
-
-    The corpus is prepared once, on disk ([`~mgsa_hf.corpus_preparation`]): its splits, then their tokens and syntax
-    fields, in folders under `prepared_dir` (default: the run folder's `prepared/`) named by what decides their
-    content, which every process, resumed run and later launch loads memory-mapped; `num_proc` worker processes
-    parse it (default: one); the joint vocabulary is trained on at most `tokenizer_max_sentences` pairs, drawn
-    evenly from the training split (null: all).
-    """
-
-    data: str = "../shared/data/multi30k"
-    source_lang: str = "en"
-    target_lang: str = "de"
-    splits: dict = field(default_factory=lambda: {"train": "train", "validation": "val", "test": "test_2016_flickr"})
-    hub_config: str | None = None
-    trees: dict = field(default_factory=dict)
-    tree_column: str | None = None
-    max_train_samples: int | None = None
-    max_eval_samples: int | None = None
-    max_test_samples: int | None = None
-    tokenizer: str | None = None
-    vocab_size: int = 8000
-    init_from: str | None = None
-    init_new_modules: str = "identity"
-    trust_remote_code: bool = False
-    backbone: str = "marian"
-    model: dict = field(default_factory=dict)
-    processor: dict = field(default_factory=dict)
-    training: dict = field(default_factory=dict)
-    max_source_length: int = 128
-    max_target_length: int = 128
-    average_last_checkpoints: int = 0
-    resume_from_checkpoint: str | bool | None = None
-    overwrite_output_dir: bool = False
-    output_dir: str = "runs/mgsa-multi30k"
-    examples: list = field(default_factory=list)
-    reuse_cpu_memory: bool = True
-    max_tokens_per_batch: int | None = None
-    collapse_check_step: int | None = None
-    collapse_min_spread: float = 0.5
-    collapse_restarts: int = 2
-    prepared_dir: str | None = None
-    num_proc: int | None = None
-    tokenizer_max_sentences: int | None = 1_000_000
-
-
-class _Yaml12Loader(yaml.SafeLoader):
-    """YAML with the 1.2 core schema's booleans and floats: only true/false are booleans, and `1e-3` is a float.
-    PyYAML follows YAML 1.1, where `no`, `off`, `y` are booleans too, which turns `training.eval_strategy=no` into
-    False (OmegaConf resolves them the same way), and where a float needs a dot."""
-
-
-_Yaml12Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-for _first in "tTfF":
-    _Yaml12Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), [_first]
-    )
-_Yaml12Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
-    list("-+.0123456789"),
-)
-
-
-def _load_yaml(text: str):
-    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 (a SafeLoader subclass)
-
-
-def _parse_value(text: str):
-    try:
-        return _load_yaml(text)
-    except yaml.YAMLError:
-        return text
-
-
-def _apply_override(raw: dict, override: str) -> None:
-    key, sep, value = override.partition("=")
-    if not sep:
-        raise ValueError(f"override {override!r} must look like key=value or section.key=value.")
-    *sections, name = key.strip().split(".")
-    target = raw
-    for section in sections:
-        target = target.setdefault(section, {})
-        if not isinstance(target, dict):
-            raise ValueError(f"override {override!r}: {section!r} is not a section.")
-    target[name] = _parse_value(value)
-
-
-def load_train_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
-    """Read a YAML/JSON training config and apply `key=value` overrides.
-
-    `path` is a file or a packaged recipe's name (`finetune`); None: the recipe an override `recipe=NAME` names, else
-    `finetune` when an override sets `init_from` (a checkpoint is fine-tuned with the fine-tuning recipe, never with
-    the from-scratch recipe's learning rate and warm-up), else `default`. An override `model=<encoder_type>/<row>`
-    sets the model fields of a packaged row (or of a JSON file), which later `model.*` overrides change.
-    """
-    overrides = list(overrides)
-    named = [override.partition("=")[2].strip() for override in overrides if override_key(override) == "recipe"]
-    overrides = expand_rows([override for override in overrides if override_key(override) != "recipe"])
-    if named and (path is not None or len(named) > 1):
-        raise ValueError(f"name one recipe: {path or named[0]!r} and recipe={named[-1]!r} were both given.")
-    if named:
-        path = named[0]
-    elif path is None:
-        path = FINETUNE_RECIPE if any(override_key(o) == "init_from" for o in overrides) else DEFAULT_RECIPE
-        if path == FINETUNE_RECIPE:
-            logger.info("init_from without a recipe: the %s recipe (%s)", FINETUNE_RECIPE, RECIPES)
-    path = recipe_path(path)
-    raw = _load_yaml(path.read_text()) or {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"training config {path} must be a mapping of keys to values.")
-    # a file that does not name `init_from` describes a model to train from scratch: with `init_from` given as an
-    # override, the checkpoint's own configuration stands and only the model keys given as overrides change it
-    recipe_for_scratch = not raw.get("init_from")
-    for override in overrides:
-        _apply_override(raw, override)
-    if raw.get("init_from") and recipe_for_scratch and isinstance(raw.get("model"), dict):
-        explicit = {override.partition("=")[0].strip() for override in overrides}
-        dropped = sorted(key for key in raw["model"] if f"model.{key}" not in explicit)
-        if dropped:
-            logger.info("init_from=%s keeps its own configuration: the model keys %s of %s do not apply.",
-                        raw["init_from"], dropped, path)
-        raw["model"] = {key: value for key, value in raw["model"].items() if f"model.{key}" in explicit}
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"unknown training config key(s) {unknown} in {path}; allowed: {sorted(known)}.")
-    return TrainConfig(**raw)
 
 
 def _accelerator_available() -> bool:
@@ -257,80 +88,6 @@ def _join_cpu_processes(timeout_seconds: int) -> None:
         dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_seconds))
 
 
-def _typed_training_values(section: dict) -> dict:
-    """
-    The `training` section's values read as `Seq2SeqTrainingArguments`' own command-line parser reads them
-    (`HfArgumentParser`: each field's type and choices), so that `max_steps: abc` fails here, naming the key, and not
-    deep inside the Trainer (which takes any value and compares it later). Strings are converted as that parser
-    converts them (`"7"` → 7, `"yes"` → True); fields of other types (text, lists, mappings) pass as they are.
-    """
-    from argparse import ArgumentTypeError
-
-    from transformers import HfArgumentParser, Seq2SeqTrainingArguments
-    from transformers.hf_argparser import string_to_bool
-
-    # a boolean field has a second action, `--no_<field>`, without a type
-    actions = {action.dest: action for action in HfArgumentParser(Seq2SeqTrainingArguments)._actions
-               if action.type is not None}
-    kinds = {int: "a whole number", float: "a number", string_to_bool: "true or false"}
-    typed = {}
-    for key, value in section.items():
-        action = actions.get(key)
-        typed[key] = value
-        if action is None or value is None:
-            continue
-        if action.type in kinds:
-            if isinstance(value, str):
-                try:
-                    typed[key] = action.type(value.strip())
-                    fits = True
-                except (ValueError, ArgumentTypeError):
-                    fits = False
-            elif action.type is string_to_bool:
-                fits = isinstance(value, bool)
-            else:
-                fits = isinstance(value, int if action.type is int else (int, float)) and not isinstance(value, bool)
-            if not fits:
-                raise ValueError(f"`training.{key}` must be {kinds[action.type]} (Seq2SeqTrainingArguments.{key}), "
-                                 f"got {value!r}.")
-        elif action.choices and getattr(value, "value", value) not in action.choices:
-            raise ValueError(f"`training.{key}` must be one of {list(action.choices)} "
-                             f"(Seq2SeqTrainingArguments.{key}), got {value!r}.")
-    return typed
-
-
-def _check_run_settings(config: TrainConfig) -> None:
-    """The settings that would otherwise fail deep inside a library, or do the wrong thing without a word, checked
-    before any work: the `tokenizer` and `init_from` folders, `average_last_checkpoints`, `resume_from_checkpoint`."""
-    from .conversion import check_folder_or_hub_id, saved_processor_settings
-    from .trainer_mgsa import checkpoint_folders
-
-    for key in ("tokenizer", "init_from"):
-        value = getattr(config, key)
-        if value is not None and not isinstance(value, str):
-            raise ValueError(f"`{key}` must be a folder or a Hub id, got {value!r}.")
-        if value:
-            check_folder_or_hub_id(value, key)
-    if not isinstance(config.trust_remote_code, bool):
-        raise ValueError(f"`trust_remote_code` must be true or false, got {config.trust_remote_code!r}.")
-    saved_processor_settings(config.init_from, config.processor, config.trust_remote_code, "trust_remote_code=true")
-    average = config.average_last_checkpoints
-    if isinstance(average, bool) or not isinstance(average, int) or average < 0:
-        raise ValueError(f"`average_last_checkpoints` must be a whole number >= 0 (the last N checkpoints; 0: no "
-                         f"averaging), got {average!r}.")
-    resume = config.resume_from_checkpoint
-    if resume is True:
-        folder = run_folder(config.output_dir) / "checkpoints"
-        if not checkpoint_folders(folder):
-            raise FileNotFoundError(f"resume_from_checkpoint=true: there is no checkpoint (checkpoint-<step> folder) "
-                                    f"in {folder} to resume from; leave it out to start the run.")
-    elif isinstance(resume, str) and resume:
-        if not Path(resume).is_dir():
-            raise FileNotFoundError(f"resume_from_checkpoint={resume!r}: no such checkpoint folder.")
-    elif resume not in (None, False):
-        raise ValueError(f"`resume_from_checkpoint` must be true, false or a checkpoint folder, got {resume!r}.")
-
-
 def reuse_freed_cpu_memory() -> bool:
     """
     Make glibc's allocator keep what the process frees, for the process's lifetime: every allocation comes from its
@@ -358,87 +115,6 @@ def reuse_freed_cpu_memory() -> bool:
     return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
 
 
-def _backbone_classes(config: TrainConfig):
-    """The (configuration, model) classes of `config.backbone`."""
-    from .conversion import BACKBONES
-
-    if config.backbone not in BACKBONES:
-        raise ValueError(f"`backbone` must be one of {sorted(BACKBONES)}, got {config.backbone!r}.")
-    return BACKBONES[config.backbone]
-
-
-def _model_config_fields(config: TrainConfig, tokenizer) -> dict:
-    """Model configuration fields: the config's `model` section plus the tokenizer's vocabulary and special tokens."""
-    fields = {
-        "vocab_size": len(tokenizer),
-        "pad_token_id": tokenizer.pad_token_id,
-        "decoder_start_token_id": tokenizer.pad_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "forced_eos_token_id": tokenizer.eos_token_id,
-    }
-    if config.backbone == "marian":  # T5's positions are relative
-        fields["max_position_embeddings"] = max(config.max_source_length, config.max_target_length, 256)
-    return {**fields, **config.model}
-
-
-def source_position_limit(config: TrainConfig) -> int | None:
-    """The most source tokens the model to train reads: a Marian backbone's `max_position_embeddings` (the recipe's,
-    or `init_from`'s); None for T5, whose positions are relative."""
-    from .conversion import checkpoint_backbone
-
-    if config.init_from:
-        if checkpoint_backbone(config.init_from) == "t5":
-            return None
-        return config.model.get("max_position_embeddings", _init_from_config(config).get("max_position_embeddings"))
-    if config.backbone != "marian":
-        return None
-    return config.model.get("max_position_embeddings",
-                            max(config.max_source_length, config.max_target_length, 256))
-
-
-def _init_from_config(config: TrainConfig) -> dict:
-    """The `config.json` of `init_from` (a folder or Hub id), or an error saying it has none."""
-    from transformers import PretrainedConfig
-
-    try:
-        return PretrainedConfig.get_config_dict(config.init_from)[0]
-    except OSError as error:
-        raise ValueError(f"init_from={config.init_from!r} is not a model folder (or Hub id) with a config.json: "
-                         f"{error}") from None
-
-
-def _check_init_from(config: TrainConfig, tokenizer) -> None:
-    """`init_from` must be a folder (or Hub id) with a config, and the tokenizer must fit its embeddings."""
-    checkpoint = _init_from_config(config)
-    vocab_size = config.model.get("vocab_size", checkpoint.get("vocab_size"))
-    if vocab_size is not None and len(tokenizer) > vocab_size:
-        raise ValueError(
-            f"the tokenizer has {len(tokenizer)} tokens but init_from={config.init_from!r} embeds {vocab_size}: "
-            "fine-tune with the checkpoint's own tokenizer (leave `tokenizer` unset, it is loaded from init_from) or "
-            "one that fits it."
-        )
-
-
-def validate_model_section(config: TrainConfig) -> None:
-    """
-    Check the `model` section before any work, as the configuration class checks itself: names that are no field
-    (with the nearest field), types, ranges and the relations between fields (layer indices within the encoder,
-    heads that add up). With `init_from`, the checkpoint's configuration with the section's keys over it is checked,
-    the configuration the run will train.
-    """
-    from .conversion import BACKBONES, checkpoint_backbone
-
-    if not config.init_from:
-        config_class = _backbone_classes(config)[0]
-        config_class.reject_unknown_fields(config.model)
-        config_class(**config.model)
-        return
-    _init_from_config(config)  # a clear error where there is none
-    config_class = BACKBONES[checkpoint_backbone(config.init_from)][0]
-    config_class.reject_unknown_fields(config.model)
-    config_class.from_pretrained(config.init_from, **config.model)
-
-
 def build_model(config: TrainConfig, tokenizer):
     """A new model from the `model` section, or `init_from` (an MGSA, Marian or T5 folder) with its fields
     overridden."""
@@ -459,23 +135,12 @@ def _references(dataset, lang: str) -> list[str]:
     return [pair[lang] for pair in dataset["translation"]]
 
 
-def _reads_source_syntax(config: TrainConfig) -> bool:
-    """Whether the model to train reads any of the processor's syntax fields (see `MgsaConfig.reads_source_syntax`:
-    not the transformer, hybrid attention or n-gram MG-SA)."""
-    from .conversion import BACKBONES, checkpoint_backbone
-
-    if not config.init_from:
-        return _backbone_classes(config)[0](**config.model).reads_source_syntax
-    config_class = BACKBONES[checkpoint_backbone(config.init_from)][0]
-    return config_class.from_pretrained(config.init_from, **config.model).reads_source_syntax
-
-
 def prepare(config: TrainConfig, training_args=None):
     """Corpus, processor and processed splits, prepared once on disk by the main process of the run (the others
-    wait for them) and loaded memory-mapped: see [`~mgsa_hf.corpus_preparation`]."""
+    wait for them) and loaded memory-mapped: see [`~mgsa_hf.training.corpus`]."""
     from accelerate import PartialState
 
-    from .corpus_preparation import prepare as prepare_once
+    from .corpus import prepare as prepare_once
 
     return prepare_once(config, is_main=PartialState().is_main_process)
 
@@ -495,7 +160,7 @@ def _score_split(trainer, processed, corpus, split: str, config: TrainConfig, to
     the training split only), but for those longer than the model's positions: their number is `cut_sources`."""
     import torch
 
-    from .evaluation import decode_token_ids, translation_scores
+    from ..evaluation import decode_token_ids, translation_scores
 
     model, args = trainer.model.eval(), trainer.args
     targets = [column for column in ("labels", "decoder_attention_mask") if column in processed[split].column_names]
@@ -517,7 +182,7 @@ def _score_split(trainer, processed, corpus, split: str, config: TrainConfig, to
 def _maybe_average(trainer, config: TrainConfig, processed, corpus, tokenizer, claim) -> dict | None:
     """Average the run's last N checkpoints ([`RunClaim.checkpoints`]); keep the average when it scores at least as
     well as the selected model."""
-    from .evaluation import average_checkpoints, load_checkpoint_state
+    from ..evaluation import average_checkpoints, load_checkpoint_state
 
     checkpoints = claim.checkpoints(trainer.args.output_dir)[-config.average_last_checkpoints :]
     if len(checkpoints) < 2:
@@ -536,7 +201,7 @@ def _maybe_average(trainer, config: TrainConfig, processed, corpus, tokenizer, c
 def _collapse_guard(config: TrainConfig, processed, collator):
     """The [`EncoderCollapseCallback`] of `config` (None without `collapse_check_step` or a validation split): its
     sentences are the first 100 of validation, as the model reads them."""
-    from .trainer_mgsa import EncoderCollapseCallback
+    from .trainer import EncoderCollapseCallback
 
     if not config.collapse_check_step or "validation" not in processed:
         return None
@@ -567,11 +232,11 @@ def _train(config: TrainConfig, training_args, callbacks, claim):
 
     from transformers import set_seed
 
-    from .data_collator import MgsaDataCollator
+    from ..data_collator import MgsaDataCollator
+    from ..evaluation import build_compute_metrics
     from .distributed import ddp_find_unused_parameters, model_for_main_process
-    from .evaluation import build_compute_metrics
     from .model_card import build_model_card
-    from .trainer_mgsa import MgsaSeq2SeqTrainer
+    from .trainer import MgsaSeq2SeqTrainer
 
     if config.reuse_cpu_memory and training_args.use_cpu:
         reuse_freed_cpu_memory()
@@ -631,7 +296,7 @@ def _train(config: TrainConfig, training_args, callbacks, claim):
 def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores: list[dict], build_model_card):
     """Write the model folder (model, processor, card: swapped in whole; uploaded when `training.push_to_hub`), then
     the run's files in the run folder: the splits' translations (`<split>.hyp.<target_lang>`) and `results.json`."""
-    from .atomic_saves import MODEL_FILES, PROCESSOR_FILES, staged_folder
+    from ..atomic_saves import MODEL_FILES, PROCESSOR_FILES, staged_folder
     from .model_card import card_dataset, card_repo_id, describe_tree_source
 
     output_dir = Path(config.output_dir)
@@ -692,15 +357,6 @@ def translate_examples(output_dir: str | Path, sentences: list[str], **generate_
 
     translator = pipeline("translation", model=str(output_dir), device="cpu")
     return [row["translation_text"] for row in translator(list(sentences), **generate_kwargs)]
-
-
-def add_train_arguments(parser) -> None:
-    """The arguments of `mgsa-hf train` and `finetune`: a recipe or config file and `KEY=VALUE` overrides."""
-    parser.add_argument("config", nargs="?", default=None,
-                        help="a packaged recipe's name or a YAML/JSON training config file (default: recipe=default, "
-                             "or recipe=finetune when init_from= is given)")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="overrides such as model.encoder_type=rhe training.max_steps=2000 output_dir=runs/rhe")
 
 
 def run_train(args) -> dict:

@@ -43,9 +43,9 @@ from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.processing_utils import ProcessorMixin
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from .export import check_onnx_exportable, onnx_syntax_fields
-from .input_checks import check_token_ids
-from .modeling_common import OUTPUT_CACHE_FIELD, MgsaEncoderOutput
+from ..input_checks import check_token_ids
+from ..modeling_common import OUTPUT_CACHE_FIELD, MgsaEncoderOutput
+from . import check_onnx_exportable, onnx_syntax_fields
 
 
 MANIFEST = "onnx_generation.json"
@@ -171,7 +171,7 @@ def _load_model_and_processor(model_or_folder, processor):
     if processor is None:
         from transformers import AutoTokenizer
 
-        from .processing_mgsa import MgsaProcessor
+        from ..processing_mgsa import MgsaProcessor
 
         try:
             processor = MgsaProcessor.from_pretrained(folder)

@@ -143,7 +143,7 @@ def wait_for(folder: Path, what: str, poll_seconds: float = POLL_SECONDS,
 
 def _text_pairs(source_file: str, target_file: str, src_lang: str, tgt_lang: str, limit: int | None):
     """Rows `{"translation": {src: ..., tgt: ...}}` of two aligned text files, read line by line."""
-    from .tokenization_utils import read_lines
+    from ..tokenization_utils import read_lines
 
     pairs = zip_longest(read_lines(source_file), read_lines(target_file))
     number = 0
@@ -263,7 +263,7 @@ def processed_parts(config, corpus_key: str, processor, limit: int | None) -> di
 
 def prepared_dir(config) -> Path:
     """Where the recipe's prepared folders go: `prepared_dir`, else the run folder's `prepared/`."""
-    from .training import run_folder
+    from .ownership import run_folder
 
     return Path(config.prepared_dir) if config.prepared_dir else run_folder(config.output_dir) / "prepared"
 
@@ -291,9 +291,9 @@ def load_or_train_tokenizer(config, train_split, is_main: bool = True):
 
     from transformers import AutoTokenizer
 
-    from .atomic_saves import staged_folder
-    from .tokenization_utils import train_joint_tokenizer
-    from .training import run_folder
+    from ..atomic_saves import staged_folder
+    from ..tokenization_utils import train_joint_tokenizer
+    from .ownership import run_folder
 
     if config.tokenizer or config.init_from:  # a fine-tuned checkpoint comes with its tokenizer
         source = config.tokenizer or config.init_from
@@ -379,10 +379,10 @@ def prepare(config, is_main: bool = True, num_proc: int | None = None):
     """
     from datasets import load_from_disk
 
+    from ..processing_mgsa import MgsaProcessor
+    from .config import _reads_source_syntax, source_position_limit
     from .conversion import saved_processor_settings
     from .data import TREE_COLUMN
-    from .processing_mgsa import MgsaProcessor
-    from .training import _reads_source_syntax, source_position_limit
 
     if config.trees is not None and not isinstance(config.trees, dict):
         raise ValueError(f"`trees` maps a split to a file of PTB trees, e.g. {{train: train.trees}}, got "
@@ -411,7 +411,7 @@ def prepare(config, is_main: bool = True, num_proc: int | None = None):
 def run_prepare(args) -> dict:
     """Entry point of `mgsa-hf prepare`: prepare a recipe's corpus, tokenizer and processed splits in this one
     process, with `--num-proc` workers, before `mgsa-hf train` (or `accelerate launch`) with the same recipe."""
-    from .training import _check_run_settings, load_train_config, validate_model_section
+    from .config import _check_run_settings, load_train_config, validate_model_section
 
     config_path, overrides = args.config, list(args.overrides)
     if config_path is not None and "=" in config_path and not Path(config_path).exists():
@@ -431,8 +431,7 @@ def run_prepare(args) -> dict:
 
 def add_prepare_arguments(parser) -> None:
     """The command line of `mgsa-hf prepare`: the recipe as for `mgsa-hf train`, and `--num-proc`."""
-    from .cli import positive_int
-    from .training import add_train_arguments
+    from .config import add_train_arguments, positive_int
 
     add_train_arguments(parser)
     parser.add_argument("--num-proc", type=positive_int, default=None,

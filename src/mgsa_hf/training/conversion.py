@@ -3,15 +3,14 @@
 import argparse
 import inspect
 import json
-import sys
 from pathlib import Path
 
 from transformers import PretrainedConfig
 
-from .configuration_mgsa import ENCODER_TYPES, MgsaConfig, MgsaT5Config
-from .modeling_mgsa import MgsaForConditionalGeneration
-from .modeling_mgsa_t5 import MgsaT5ForConditionalGeneration
-from .modeling_upgrade import new_module_names
+from ..configuration_mgsa import ENCODER_TYPES, MgsaConfig, MgsaT5Config
+from ..modeling_mgsa import MgsaForConditionalGeneration
+from ..modeling_mgsa_t5 import MgsaT5ForConditionalGeneration
+from ..modeling_upgrade import new_module_names
 
 
 # backbone -> (configuration, model) classes; a checkpoint's model_type (its own or ours) picks the backbone
@@ -110,8 +109,8 @@ def saved_processor_settings(folder: str | None, given: dict | None = None, trus
         [`~mgsa_hf.syntax_spacy.UntrustedCodeError`] when a setting names code (a `tree_parser` import path,
         `parser_code`) that `given` (the caller's own settings) does not replace, unless `trust_remote_code`.
     """
-    from .processing_mgsa import MgsaProcessor
-    from .syntax_spacy import refuse_saved_code
+    from ..processing_mgsa import MgsaProcessor
+    from ..syntax_spacy import refuse_saved_code
 
     path = Path(folder) / "processor_config.json" if folder else None
     if path is None or not path.is_file():
@@ -131,7 +130,7 @@ def convert_checkpoint(path: str, output_dir: str, encoder_type: str | None = No
     ([`saved_processor_settings`])."""
     from transformers import AutoTokenizer
 
-    from .processing_mgsa import MgsaProcessor
+    from ..processing_mgsa import MgsaProcessor
 
     saved = saved_processor_settings(path, trust_remote_code=trust_remote_code,
                                      option="trust_remote_code=True` (`--trust-remote-code`")
@@ -159,7 +158,7 @@ def convert_checkpoint(path: str, output_dir: str, encoder_type: str | None = No
 CONVERT_DESCRIPTION = """Write an MGSA model folder from a Marian (opus-mt style) or T5 folder or Hub id.
 
 Every Marian (T5) weight is kept; the chosen encoder variant's new modules start so that the model computes what the
-source computed, as far as the variant allows (`--new-modules-init identity`, see `mgsa_hf.conversion`), or with the
+source computed, as far as the variant allows (`--new-modules-init identity`, see this module), or with the
 variant's own initialisation (`random`). The tokenizer (and the MGSA processor, when a parser is available) are saved
 beside the model so the folder is ready for fine-tuning:
 
@@ -211,9 +210,3 @@ def parse_convert_arguments(argv=None) -> argparse.Namespace:
         parser.error(str(error))
     return args
 
-
-def convert_command(argv=None) -> None:
-    """`mgsa-hf convert`: convert, and print the report."""
-    from .cli import main
-
-    main(["convert", *(sys.argv[1:] if argv is None else argv)])

@@ -9,7 +9,7 @@ import sacrebleu
 import torch
 from safetensors.torch import load_file
 
-from .weights_checksums import verify_weights_checksums
+from ..weights_checksums import verify_weights_checksums
 
 
 BOOTSTRAP_SAMPLES = 1000

@@ -306,7 +306,7 @@ def export_ctranslate2(
     from transformers import AutoConfig, AutoTokenizer
 
     ctranslate2 = _require_ctranslate2()
-    from .modeling_mgsa import MgsaForConditionalGeneration
+    from ..modeling_mgsa import MgsaForConditionalGeneration
 
     config = AutoConfig.from_pretrained(model_path)
     if getattr(config, "model_type", None) != "mgsa":

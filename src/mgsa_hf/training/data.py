@@ -12,7 +12,7 @@ from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_dataset
 
-from .tokenization_utils import read_lines
+from ..tokenization_utils import read_lines
 
 
 # the column of the source sentences' PTB trees in the loaded corpus
@@ -258,7 +258,7 @@ def read_tree_file(path: str | Path, sources: list[str], split: str = "train") -
 def _check_trees(trees: list[str | None], sources: list[str], where: str) -> None:
     """Reads every tree and matches its leaves to its sentence; a `ValueError` names `where` and the 1-based number
     of the first bad one."""
-    from .syntax_trees import TreeError, read_tree
+    from ..syntax_trees import TreeError, read_tree
 
     for number, (tree, text) in enumerate(zip(trees, sources, strict=True), 1):
         if tree is not None:

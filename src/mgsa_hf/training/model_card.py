@@ -8,8 +8,8 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .modeling_common import PLACEHOLDER_NOTE, REPO_ID_PLACEHOLDER
-from .syntax_spacy import DEFAULT_PARSERS
+from ..modeling_common import PLACEHOLDER_NOTE, REPO_ID_PLACEHOLDER
+from ..syntax_spacy import DEFAULT_PARSERS
 
 
 TEMPLATE = Path(__file__).with_name("model_card_template.md")

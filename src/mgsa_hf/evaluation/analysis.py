@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .evaluation import average_checkpoints
-from .modeling_syntax_inputs import SYNTAX_INPUT_NAMES
-from .prepared_training import Recipe, build_model, scored_checkpoints
+from ..modeling_syntax_inputs import SYNTAX_INPUT_NAMES
+from ..training.prepared import Recipe, build_model, scored_checkpoints
+from . import average_checkpoints
 
 
 # Hybrid gates (the hybrid paper's Figures 3 and 4)

@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 
-ONNX_MISSING = ("{what} needs the ONNX generation export (mgsa_hf.onnx_generation) and onnxruntime: install the "
+ONNX_MISSING = ("{what} needs the ONNX generation export (`mgsa_hf.export`) and onnxruntime: install the "
                 "package with its export extra, `pip install 'mgsa-hf[export]'` ({error}).")
 
 
 def _onnx_generation(what: str):
-    """`mgsa_hf.onnx_generation`, imported only when a command needs it; a missing module or onnxruntime is one
+    """`mgsa_hf.export.onnx_generation`, imported only when a command needs it; a missing module or onnxruntime is one
     clear `ImportError`."""
     try:
         import onnxruntime  # noqa: F401
@@ -44,7 +44,7 @@ unless --truncation or --max-source-length cut it.
 
 def add_translate_arguments(parser) -> None:
     """The arguments of `mgsa-hf translate`: the model or ONNX folder, input and output files, batching, decoding."""
-    from .cli import positive_int
+    from ..training.config import positive_int
 
     parser.add_argument("model", help="saved model folder (model + processor), or an ONNX folder")
     parser.add_argument("--input", help="file of source sentences (default: standard input)")
@@ -83,7 +83,7 @@ def _read_sources(path: str | None) -> list[str]:
 
 def _onnx_translations(folder: str, sentences: list[str], args, options: dict):
     """Batches of an ONNX folder's translations through `OrtMgsaForConditionalGeneration.generate`."""
-    from .processing_mgsa import MgsaProcessor
+    from ..processing_mgsa import MgsaProcessor
 
     model = _onnx_generation("translating an ONNX folder").OrtMgsaForConditionalGeneration.from_pretrained(folder)
     processor = MgsaProcessor.from_pretrained(folder)
@@ -98,7 +98,7 @@ def run_translate(args) -> None:
     """`mgsa-hf translate`: write one translation per input line, through the pipeline or onnxruntime."""
     from tqdm import tqdm
 
-    from .pipeline_translation import SourceTooLongError
+    from ..pipeline_translation import SourceTooLongError
 
     if not Path(args.model).is_dir():
         raise FileNotFoundError(f"model folder {args.model!r} does not exist.")
@@ -143,8 +143,7 @@ share of distinct translations, and the BLEU the folder's model card states for 
 
 def add_evaluate_arguments(parser) -> None:
     """The arguments of `mgsa-hf evaluate`: the model folder, the corpus folder and split, decoding."""
-    from .cli import positive_int
-    from .training import TrainConfig
+    from ..training.config import TrainConfig, positive_int
 
     parser.add_argument("folder", help="saved model folder (model + processor)")
     parser.add_argument("--data", default=TrainConfig.data,
@@ -162,10 +161,10 @@ def run_evaluate(args) -> dict:
     """`mgsa-hf evaluate`: BLEU, chrF and the card's BLEU of the folder's model on a split; prints and returns them."""
     from transformers import pipeline
 
-    from . import pipeline_translation  # noqa: F401  (registers the translation pipeline)
-    from .data import find_split_file
-    from .evaluation import translation_scores
-    from .tokenization_utils import read_lines
+    from .. import pipeline_translation  # noqa: F401  (registers the translation pipeline)
+    from ..evaluation import translation_scores
+    from ..tokenization_utils import read_lines
+    from ..training.data import find_split_file
 
     if not Path(args.folder).is_dir():
         raise FileNotFoundError(f"model folder {args.folder!r} does not exist.")
@@ -207,14 +206,14 @@ def _card_bleu(folder: str, split: str) -> float | None:
 
 def add_convert_arguments(parser) -> None:
     """The arguments of `mgsa-hf convert` ([`conversion.add_convert_arguments`])."""
-    from .conversion import add_convert_arguments as add
+    from ..training.conversion import add_convert_arguments as add
 
     add(parser)
 
 
 def run_convert(args) -> None:
     """`mgsa-hf convert`: a Marian checkpoint (folder or Hub id) to a model folder of another encoder type."""
-    from .conversion import check_folder_or_hub_id, convert_checkpoint, parse_set_fields
+    from ..training.conversion import check_folder_or_hub_id, convert_checkpoint, parse_set_fields
 
     check_folder_or_hub_id(args.marian, "marian")
     report = convert_checkpoint(args.marian, args.output_dir, encoder_type=args.encoder_type,
@@ -261,7 +260,7 @@ def _export_onnx(args) -> dict:
 
 
 def _export_ct2(args) -> dict:
-    from .export import export_ctranslate2
+    from ..export import export_ctranslate2
 
     if not Path(args.folder).is_dir():
         raise FileNotFoundError(f"model folder {args.folder!r} does not exist.")

@@ -31,9 +31,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .evaluation import translation_scores
-from .modeling_loss import caller_adds_tag_loss, translation_loss, with_tag_loss
-from .syntax_fields import LEVELLED_SYNTAX_FIELDS, SOURCE_SYNTAX_PAD_VALUES
+from ..evaluation import translation_scores
+from ..modeling_loss import caller_adds_tag_loss, translation_loss, with_tag_loss
+from ..syntax_fields import LEVELLED_SYNTAX_FIELDS, SOURCE_SYNTAX_PAD_VALUES
 
 
 PREPARED_FORMAT = 1
@@ -64,7 +64,7 @@ def prepare_corpus(
 
     Args:
         data: a folder of `{split}.{lang}[.gz]` files (e.g. Multi30k) or anything
-            [`~mgsa_hf.data.load_parallel_corpus`] reads.
+            [`~mgsa_hf.training.data.load_parallel_corpus`] reads.
         output_dir: the folder to write.
         splits: our split name (`train`, `validation`, `test`) → the corpus' split name.
         tokenizer: a tokenizer folder; by default a joint unigram vocabulary of `vocab_size` is trained on train.
@@ -72,7 +72,7 @@ def prepare_corpus(
         max_samples: keep only the first sentences of each split (tests).
         processor_kwargs: [`MgsaProcessor`] settings (`phrase_levels`, `parser_name`, `tree_parser`, ...).
         trees: our split name → a file of PTB trees of its source sentences, one line per sentence of the whole split
-            (an empty line: the processor's own tree); see [`~mgsa_hf.data.read_tree_file`].
+            (an empty line: the processor's own tree); see [`~mgsa_hf.training.data.read_tree_file`].
         tree_column: for JSONL or Hub data, the field holding each source sentence's PTB tree.
 
     Returns:
@@ -83,10 +83,10 @@ def prepare_corpus(
     from tqdm.auto import tqdm
     from transformers import AutoTokenizer
 
+    from ..processing_mgsa import MgsaProcessor, derived_tree_source
+    from ..syntax_trees import TreeError
+    from ..tokenization_utils import train_joint_tokenizer
     from .data import TREE_COLUMN, load_parallel_corpus
-    from .processing_mgsa import MgsaProcessor, derived_tree_source
-    from .syntax_trees import TreeError
-    from .tokenization_utils import train_joint_tokenizer
 
     output_dir = Path(output_dir)
     corpus = load_parallel_corpus(data, source_lang, target_lang, splits or SPLITS, tree_files=trees or None,
@@ -318,8 +318,8 @@ def inverse_sqrt_schedule(warmup_steps: int):
 
 def build_model(corpus: PreparedCorpus, recipe: Recipe, row: dict, seed: int):
     """A fresh `MgsaForConditionalGeneration` of the recipe's size with the row's variant fields."""
-    from .configuration_mgsa import MgsaConfig
-    from .modeling_mgsa import MgsaForConditionalGeneration
+    from ..configuration_mgsa import MgsaConfig
+    from ..modeling_mgsa import MgsaForConditionalGeneration
 
     manifest = corpus.manifest
     torch.manual_seed(seed)
@@ -552,7 +552,7 @@ def scored_checkpoints(run_dir: str | Path, recipe: Recipe) -> list[Path]:
 
 
 def _finish(corpus, run_dir, model, recipe, row, seed, step, train_seconds, device, hosts) -> dict:
-    from .evaluation import average_checkpoints
+    from ..evaluation import average_checkpoints
 
     checkpoints = scored_checkpoints(run_dir, recipe)
     steps_per_second = step / max(train_seconds, 1e-9)

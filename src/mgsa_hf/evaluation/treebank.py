@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .syntax_trees import PTB_UNESCAPE, ConstituencyTree, parse_ptb
+from ..syntax_trees import PTB_UNESCAPE, ConstituencyTree, parse_ptb
 
 
 # leaves written without a space before them, and after them, when a PTB sentence is turned back into text

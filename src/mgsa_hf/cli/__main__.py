@@ -1,0 +1,8 @@
+"""`python -m mgsa_hf.cli ...`: the `mgsa-hf` command (what `accelerate launch -m mgsa_hf.cli train` runs)."""
+
+import sys
+
+from . import main
+
+
+sys.exit(main())
