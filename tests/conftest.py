@@ -1,6 +1,7 @@
-"""Shared fixtures."""
+"""Shared fixtures, and where the tests find the project's data."""
 
 import os
+import types
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,72 @@ def pytest_configure(config):
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
 
 
-# the project's shared data, beside the repository checkout
-MULTI30K = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k")
+# the project's data: `MGSA_HF_DATA` (a folder holding `multi30k/` and `ptb-wsj-sample/`), else `../shared/data` beside
+# the checkout (docs/getting-started.md, "The data"); without it the tests that read it are skipped
+REPO = Path(__file__).resolve().parents[1]
+DATA_ROOT = Path(os.environ.get("MGSA_HF_DATA") or REPO.parent / "shared" / "data").resolve()
+MULTI30K_DIR = DATA_ROOT / "multi30k"
+MULTI30K = str(MULTI30K_DIR)
+PTB_DIR = DATA_ROOT / "ptb-wsj-sample"
+MISSING_DATA_REASON = (f"needs the project's data ({DATA_ROOT} has no multi30k/ or ptb-wsj-sample/): set "
+                       "MGSA_HF_DATA to the folder holding them, or put ../shared/data beside the checkout")
 # the sizes of the tests' tiny Marian-backbone models (32 wide, 2 + 1 layers, 4 heads, no dropout)
 TINY_SIZES = dict(d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
                   encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128, init_std=0.2, dropout=0.0,
                   attention_dropout=0.0)
+
+
+def _data_paths_missing() -> bool:
+    return not (MULTI30K_DIR.is_dir() and PTB_DIR.is_dir())
+
+
+def _holds_data_path(value) -> bool:
+    if isinstance(value, (str, Path)):
+        return str(value).startswith(str(DATA_ROOT))
+    if isinstance(value, (list, tuple)):
+        return any(_holds_data_path(item) for item in value)
+    return False
+
+
+def _code_names(code: types.CodeType):
+    yield from code.co_names
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            yield from _code_names(constant)
+
+
+def _reaches_data(function, seen: set) -> bool:
+    """Whether `function` (a test, a fixture or a helper), or a function of the tests' own that it calls, reads a
+    module-level name holding a path of the project's data (read from the code's names, nothing is run)."""
+    function = getattr(function, "__func__", function)
+    code = getattr(function, "__code__", None)
+    if code is None or code in seen:
+        return False
+    seen.add(code)
+    for name in _code_names(code):
+        value = function.__globals__.get(name)
+        if _holds_data_path(value):
+            return True
+        if isinstance(value, types.FunctionType) and Path(value.__code__.co_filename).is_relative_to(REPO / "tests"):
+            if _reaches_data(value, seen):
+                return True
+    return False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without the project's data, skip (with the reason saying what to set) the tests that read it: the test, its
+    fixtures, or a helper of the tests they call, names a path under the data folder."""
+    if not _data_paths_missing():
+        return
+    skip = pytest.mark.skip(reason=MISSING_DATA_REASON)
+    for item in items:
+        seen = set()
+        fixtures = [definition.func for definitions in item._fixtureinfo.name2fixturedefs.values()
+                    for definition in definitions]
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if (any(_holds_data_path(value) for value in params.values())
+                or any(_reaches_data(function, seen) for function in [item.function, *fixtures])):
+            item.add_marker(skip)
 
 
 def onnx_kinds(names) -> list[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import MULTI30K_DIR
 from huggingface_hub.errors import StrictDataclassError
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration, MgsaProcessor, MgsaT5Config
@@ -760,7 +761,7 @@ def test_every_save_records_its_weights(multi30k_processor, tiny_config, tmp_pat
 # `mgsa-hf train`'s run folder (resuming, torn checkpoints, its tokenizer), its settings, and the scripts' paths.
 
 
-TINY_TRAIN_CONFIG = REPO / "src" / "mgsa_hf" / "recipes" / "tiny.yaml"
+TINY_TRAIN_CONFIG = REPO / "src" / "mgsa_hf" / "training" / "recipes" / "tiny.yaml"
 
 
 def tiny_run_config(output_dir, *overrides):
@@ -768,7 +769,7 @@ def tiny_run_config(output_dir, *overrides):
     from mgsa_hf.training.config import load_train_config
 
     return load_train_config(TINY_TRAIN_CONFIG, [
-        f"data={REPO.parent / 'shared' / 'data' / 'multi30k'}", f"output_dir={output_dir}",
+        f"data={MULTI30K_DIR}", f"output_dir={output_dir}",
         "training.eval_strategy=no", "training.save_steps=1", "training.logging_steps=2", *overrides])
 
 
@@ -803,7 +804,7 @@ def test_resume_true_without_a_checkpoint(tmp_path, run_folder_state):
     checkpoints = run_folder(tmp_path / "model") / "checkpoints"
     if run_folder_state == "without checkpoints":
         checkpoints.mkdir(parents=True)
-    overrides = [f"data={REPO.parent / 'shared' / 'data' / 'multi30k'}", f"output_dir={tmp_path / 'model'}",
+    overrides = [f"data={MULTI30K_DIR}", f"output_dir={tmp_path / 'model'}",
                  "training.max_steps=1", "resume_from_checkpoint=true"]
     with pytest.raises(FileNotFoundError, match=rf"resume_from_checkpoint=true: .*no checkpoint.* in {checkpoints}"):
         run_train(argparse.Namespace(config=str(TINY_TRAIN_CONFIG), overrides=overrides))

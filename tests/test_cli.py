@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import MULTI30K_DIR
 from transformers import pipeline
 
 from mgsa_hf import MgsaConfig
@@ -25,7 +26,7 @@ from mgsa_hf.training.run import train
 
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "multi30k"
+DATA = MULTI30K_DIR
 SOURCES = ["A man rides a bike.", "Two dogs play in the snow.", "A girl sings."]
 
 
@@ -151,7 +152,8 @@ def test_accelerate_configs_resolve_by_name(capsys):
     assert any(line.startswith("cpu_2proc ") and "gloo" in line for line in lines)
     assert all(len(line.split()) > 2 for line in lines)  # a name and what it is for
     documents = [REPO / "README.md", *(REPO / "docs").glob("*.md"), ACCELERATE_CONFIGS / "README.md",
-                 *(REPO / "src" / "mgsa_hf" / "recipes").glob("*.yaml"), *ACCELERATE_CONFIGS.glob("*.yaml")]
+                 *(REPO / "src" / "mgsa_hf" / "training" / "recipes").glob("*.yaml"),
+                 *ACCELERATE_CONFIGS.glob("*.yaml")]
     named = {name for path in documents for name in re.findall(r"accelerate-config ([a-z]\w*)", path.read_text())}
     assert "multi_gpu_ddp" in named and named <= ACCELERATE_CONFIG_NAMES
 

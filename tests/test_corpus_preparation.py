@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import MULTI30K_DIR
 from datasets import Dataset
 
 import mgsa_hf.training.corpus as preparation
@@ -24,8 +25,8 @@ from mgsa_hf.training.trainer import column_lengths
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "multi30k"
-TINY = REPO / "src" / "mgsa_hf" / "recipes" / "tiny.yaml"
+DATA = MULTI30K_DIR
+TINY = REPO / "src" / "mgsa_hf" / "training" / "recipes" / "tiny.yaml"
 LAUNCH_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
               "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
 

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import MULTI30K_DIR
 
 from mgsa_hf import MgsaForConditionalGeneration, MgsaProcessor, MgsaT5ForConditionalGeneration
 
@@ -24,7 +25,7 @@ from mgsa_hf import MgsaForConditionalGeneration, MgsaProcessor, MgsaT5ForCondit
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 REPO = Path(__file__).resolve().parents[1]
-MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+MULTI30K = MULTI30K_DIR
 
 
 class Killed(BaseException):
@@ -246,7 +247,7 @@ def test_cli_save_stopped_at_each_write(multi30k_processor, small_processor, tin
     from mgsa_hf.training.run import _save
 
     folder = tmp_path / "model"
-    config = load_train_config(REPO / "src" / "mgsa_hf" / "recipes" / "tiny.yaml", [f"output_dir={folder}"])
+    config = load_train_config("tiny", [f"output_dir={folder}"])
     old, _ = two_models("marian", small_processor, tiny_config, tiny_t5_config)
     _, new = two_models("marian", multi30k_processor, tiny_config, tiny_t5_config)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import MULTI30K_DIR
 from transformers import T5Config, T5ForConditionalGeneration
 
 from mgsa_hf import MgsaForConditionalGeneration, MgsaT5ForConditionalGeneration
@@ -17,8 +18,8 @@ from mgsa_hf.training.run import train
 
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "multi30k"
-TINY = REPO / "src" / "mgsa_hf" / "recipes" / "tiny.yaml"
+DATA = MULTI30K_DIR
+TINY = REPO / "src" / "mgsa_hf" / "training" / "recipes" / "tiny.yaml"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -142,7 +143,8 @@ def test_init_from_keeps_the_checkpoints_configuration(tmp_path):
     finetune.write_text("init_from: some/folder\nmodel: {dropout: 0.2}\n")
     assert load_train_config(finetune, ["model.encoder_type=hybrid"]).model == {"dropout": 0.2,
                                                                                  "encoder_type": "hybrid"}
-    packaged = load_train_config(REPO / "src" / "mgsa_hf" / "recipes" / "finetune.yaml", ["model.encoder_type=rhe"])
+    packaged = load_train_config(REPO / "src" / "mgsa_hf" / "training" / "recipes" / "finetune.yaml",
+                                 ["model.encoder_type=rhe"])
     assert packaged.init_from and packaged.model == {"encoder_type": "rhe"}
 
 

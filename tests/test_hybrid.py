@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_sizes
+from conftest import MULTI30K_DIR, tiny_sizes
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
 from mgsa_hf.evaluation.analysis import (
@@ -380,9 +380,9 @@ def test_a_hybrid_model_trains_and_serves_without_spacy(tmp_path):
     script = f"""
 import sys
 from transformers import pipeline
-from mgsa_hf.training.run import load_train_config, train
-config = load_train_config({str(repo / "src" / "mgsa_hf" / "recipes" / "tiny.yaml")!r}, [
-    "data={repo.parent / "shared" / "data" / "multi30k"}", "output_dir={tmp_path / "model"}",
+from mgsa_hf.training import load_train_config, train
+config = load_train_config({str(repo / "src" / "mgsa_hf" / "training" / "recipes" / "tiny.yaml")!r}, [
+    "data={MULTI30K_DIR}", "output_dir={tmp_path / "model"}",
     "model.encoder_type=hybrid", "training.max_steps=2", "training.eval_strategy=no", "training.save_strategy=no"])
 train(config)
 print(pipeline("translation", model={str(tmp_path / "model")!r}, device="cpu")("A dog runs.")[0]["translation_text"])

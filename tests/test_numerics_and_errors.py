@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import MULTI30K_DIR
 from transformers import Seq2SeqTrainingArguments
 from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 
@@ -28,8 +29,8 @@ from mgsa_hf.training.run import train
 
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "multi30k"
-TINY = REPO / "src" / "mgsa_hf" / "recipes" / "tiny.yaml"
+DATA = MULTI30K_DIR
+TINY = REPO / "src" / "mgsa_hf" / "training" / "recipes" / "tiny.yaml"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

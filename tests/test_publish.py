@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import MULTI30K_DIR
 from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl
 from huggingface_hub.errors import EntryNotFoundError
 from huggingface_hub.utils import filter_repo_objects
@@ -27,8 +28,8 @@ from mgsa_hf.training.run import train
 
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "multi30k"
-TINY = REPO / "src" / "mgsa_hf" / "recipes" / "tiny.yaml"
+DATA = MULTI30K_DIR
+TINY = REPO / "src" / "mgsa_hf" / "training" / "recipes" / "tiny.yaml"
 USER = "someone"  # the namespace the mocked Hub gives repositories named without one
 
 

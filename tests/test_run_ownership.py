@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import MULTI30K_DIR
 
 from mgsa_hf import MgsaProcessor, syntax_parser
 from mgsa_hf.training.config import load_train_config
@@ -23,8 +24,8 @@ from mgsa_hf.training.run import train
 
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "multi30k"
-TINY = REPO / "src" / "mgsa_hf" / "recipes" / "tiny.yaml"
+DATA = MULTI30K_DIR
+TINY = REPO / "src" / "mgsa_hf" / "training" / "recipes" / "tiny.yaml"
 SOURCE_PATH = str(REPO / "src")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -88,7 +89,7 @@ def test_a_run_folder_in_use_refuses_a_second_run(tmp_path):
         import importlib.util, sys
 
         # the module alone, without the package's imports (Transformers): the holder starts in a moment
-        spec = importlib.util.spec_from_file_location("run_ownership", "{SOURCE_PATH}/mgsa_hf/run_ownership.py")
+        spec = importlib.util.spec_from_file_location("run_ownership", "{SOURCE_PATH}/mgsa_hf/training/ownership.py")
         run_ownership = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(run_ownership)
         with run_ownership.own_run_folders(sys.argv[1]):

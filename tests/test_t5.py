@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import MULTI30K_DIR
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, T5Config, T5ForConditionalGeneration, pipeline
 
@@ -18,7 +19,7 @@ from mgsa_hf.training.ownership import run_folder
 
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "multi30k"
+DATA = MULTI30K_DIR
 SOURCES = ["A man rides a bike down the street.", "Two dogs are playing in the snow."]
 # T5 v1.0 (ReLU feed-forward, tied embeddings) and v1.1 (gated GELU, untied), with d_kv * heads != d_model
 T5_VERSIONS = {

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import MULTI30K_DIR
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoModelForSeq2SeqLM, AutoProcessor, pipeline
 
@@ -21,8 +22,8 @@ from mgsa_hf.training.run import train
 
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "multi30k"
-TINY = REPO / "src" / "mgsa_hf" / "recipes" / "tiny.yaml"
+DATA = MULTI30K_DIR
+TINY = REPO / "src" / "mgsa_hf" / "training" / "recipes" / "tiny.yaml"
 SOURCES = ["A man rides a bike down the street.", "Two dogs are playing in the snow."]
 
 
@@ -143,7 +144,7 @@ def test_runs_with_one_seed_repeat_and_cpu_memory_reuse_is_asked_for(tmp_path, o
     one tokenizer end with the same weights, and another seed gives others (a tokenizer trained anew can differ in a
     few ids: `tokenizers`' unigram trainer sums in hash-map order). `reuse_cpu_memory` calls
     `reuse_freed_cpu_memory` once, before training on CPU (what it does is tested below, in a process of its own)."""
-    from mgsa_hf.training.run import run as training
+    from mgsa_hf.training import run as training
 
     calls = []
     monkeypatch.setattr(training, "reuse_freed_cpu_memory", lambda: calls.append("reuse") or True)
@@ -468,12 +469,13 @@ def test_installed_wheel_trains_with_a_data_path(tmp_path):
     (wheel,) = wheels.glob("mgsa_hf-*.whl")
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
                    check=True, capture_output=True, text=True, timeout=300)
-    assert {path.stem for path in (site / "mgsa_hf" / "recipes").glob("*.yaml")} >= {"default", "finetune", "tiny"}
+    recipes = site / "mgsa_hf" / "training" / "recipes"
+    assert {path.stem for path in recipes.glob("*.yaml")} >= {"default", "finetune", "tiny"}
     assert (site / "mgsa_hf" / "rows" / "rhe" / "dea_rhe.json").is_file()
     assert (site / "mgsa_hf" / "rows" / "rhe" / "README.md").is_file()
     assert "Apache License" in next(site.glob("mgsa_hf-*.dist-info/licenses/LICENSE")).read_text()
-    assert (site / "mgsa_hf" / "model_card_template.md").is_file()
-    configs = site / "mgsa_hf" / "accelerate_configs"
+    assert (site / "mgsa_hf" / "training" / "model_card_template.md").is_file()
+    configs = site / "mgsa_hf" / "training" / "accelerate_configs"
     assert sorted(path.name for path in configs.iterdir()) == sorted(
         path.name for path in accelerate_config_path("cpu_2proc").parent.iterdir())
     assert (configs / "README.md").is_file() and len(list(configs.glob("*.yaml"))) == 5

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import MULTI30K_DIR, PTB_DIR
 
 from mgsa_hf.constituency_conversion import DependencyToConstituency, default_conversion
 from mgsa_hf.evaluation.treebank import (
@@ -26,8 +27,8 @@ from mgsa_hf.syntax_trees import match_words, parse_ptb
 
 
 ROOT = Path(__file__).resolve().parents[1]
-PTB = ROOT.parent / "shared" / "data" / "ptb-wsj-sample"
-MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+PTB = PTB_DIR
+MULTI30K = MULTI30K_DIR
 
 
 def test_sentence_text_is_ordinary_text():

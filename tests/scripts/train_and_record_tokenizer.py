@@ -1,4 +1,4 @@
-"""Train with `mgsa_hf.training.run` under `accelerate launch` and write what this process saw: its rank, the run's
+"""Train with `mgsa_hf.training` under `accelerate launch` and write what this process saw: its rank, the run's
 steps, a digest of the vocabulary it trained with, and whether it prepared the corpus and tokenizer itself."""
 
 import hashlib

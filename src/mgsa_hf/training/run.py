@@ -1,7 +1,7 @@
 """Training from raw parallel text to a shareable model folder, with `Seq2SeqTrainer`.
 
-One YAML/JSON config (a packaged recipe, see `training_recipes`, or a file) plus `section.key=value` overrides →
-corpus → tokenizer (trained when none is given) → `MgsaProcessor` over the corpus (cached by `datasets`) →
+One YAML/JSON config (a packaged recipe, see `mgsa_hf.training.catalogue`, or a file) plus `section.key=value`
+overrides → corpus → tokenizer (trained when none is given) → `MgsaProcessor` over the corpus (cached by `datasets`) →
 `Seq2SeqTrainer` with BLEU/chrF on validation and best-checkpoint selection → optional checkpoint averaging → test
 scores → model, processor and model card saved together. Launch with `accelerate launch` to use several GPUs or
 CPU processes.
@@ -96,7 +96,7 @@ def reuse_freed_cpu_memory() -> bool:
     blocks are freed) is mapped when allocated and unmapped when freed, so a CPU training step that allocates and frees
     the same large tensors (a 4k-token batch's logits over the vocabulary are tens of MiB) has the kernel zero and
     fault in hundreds of MiB of fresh pages every step: 16% of the default
-    `mgsa-hf train` step on 2 cores (`benchmarks/BENCHMARKS.md`, "The default CPU recipe"). The same as the
+    `mgsa-hf train` step on 2 cores (`benchmarks/HISTORY.md`, "Earlier runs of the previous recipe"). The same as the
     environment variables `MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=...` set before the process starts; jemalloc or
     tcmalloc preloaded do it too. Returns whether it applied (False off Linux or without glibc's `mallopt`).
     """

@@ -205,8 +205,9 @@ class EncoderCollapseCallback(TrainerCallback):
     Stops training at `check_step` when the encoder has collapsed: when the spread of its output states over the
     tokens of `batch` (held-out sentences, [`encoder_token_spread`]) is under `min_spread`. Such a run has settled as
     a target-side language model whose encoder sends every token out as one vector, a state it does not leave in the
-    steps that follow (`benchmarks/BENCHMARKS.md`, "The default CPU recipe"); `mgsa_hf.training.train` then starts
-    again with the next seed. The spread measured is kept in `spread` and logged as `encoder_token_spread`.
+    steps that follow (`benchmarks/HISTORY.md`, "The default CPU recipe: why it changed, and the collapse probe");
+    `mgsa_hf.training.train` then starts again with the next seed. The spread measured is kept in `spread` and
+    logged as `encoder_token_spread`.
     """
 
     def __init__(self, batch: dict, check_step: int, min_spread: float):
