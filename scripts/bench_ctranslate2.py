@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import platform
-import shlex
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ import torch
 from transformers import AutoTokenizer
 
 from mgsa_hf import MgsaForConditionalGeneration
+from mgsa_hf.benchmarking.rows import portable_path, recorded_command
 from mgsa_hf.export import export_ctranslate2, translate_ctranslate2
 from mgsa_hf.tokenization_utils import read_lines
 
@@ -121,8 +121,8 @@ def main(argv=None) -> None:
             ),
         }
     report = {
-        "command": " ".join(shlex.quote(part) for part in ["python", os.path.relpath(__file__, REPO), *sys.argv[1:]]),
-        "model": args.model,
+        "command": recorded_command(os.path.relpath(__file__, REPO), sys.argv[1:]),
+        "model": portable_path(args.model),
         "source": os.path.relpath(args.source, REPO.parent),
         "sentences": len(sources),
         "beams": args.beams,

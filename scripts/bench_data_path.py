@@ -2,7 +2,7 @@
 step, on corpora made from Multi30k (train repeated, each copy's lines made distinct), with two CPU processes under
 `accelerate launch`. Results go to a JSON file as they come (a rerun skips what it has).
 
-    python scripts/bench_data_path.py --multi30k ../shared/data/multi30k --work /tmp/data-path \
+    python scripts/bench_data_path.py --multi30k ../shared/data/multi30k --work runs/data-path \
         --output benchmarks/data-path-cpu.json
 
 Measured:
@@ -49,6 +49,7 @@ def parse_args():
 
 def main():
     args = parse_args()
+    args.work = args.work.resolve()  # the launches run in it (`cwd`), and their paths are the scratch folder's
     results = json.loads(args.output.read_text()) if args.output.is_file() else {}
     results.setdefault("machine", {"cpus": os.cpu_count(), "platform": platform.platform(),
                                    "torch": torch.__version__, "threads_per_process": 1})

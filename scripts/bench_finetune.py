@@ -24,7 +24,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 ENCODER_TYPES = ["transformer", "hybrid", "rhe", "phrase_representation", "phrase_memory"]
-FINETUNE_CONFIG = REPO / "src" / "mgsa_hf" / "recipes" / "finetune.yaml"
+FINETUNE_CONFIG = REPO / "src" / "mgsa_hf" / "training" / "recipes" / "finetune.yaml"
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the GPU machine has the repository only
 
 from mgsa_hf.benchmarking.layers import VariantAttention  # noqa: E402
-from mgsa_hf.benchmarking.rows import REPOSITORY, rows_named  # noqa: E402
+from mgsa_hf.benchmarking.rows import REPOSITORY, recorded_command, rows_named  # noqa: E402
 from mgsa_hf.benchmarking.speed import (  # noqa: E402
     SIZES,
     add_batch_arguments,
@@ -123,7 +123,7 @@ def main(argv=None):
                 lengths[str(length)][name]["important_heads"] = round(important[name], 4)
         log("  " + ", ".join(f"{name} {row['ratio']:.3f}" for name, row in lengths[str(length)].items()))
     result = {
-        "command": "python scripts/bench_layer.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": recorded_command("scripts/bench_layer.py", sys.argv[1:] if argv is None else argv),
         "size": f"marian {args.size}", "config": SIZES["marian"][args.size], "tokens": args.tokens,
         "device": args.device, "threads": torch.get_num_threads(), "machine": platform.platform(),
         "torch": torch.__version__, "steps": args.steps, "warmup": args.warmup, "variants": args.variants,

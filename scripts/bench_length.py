@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the GPU machine has the repository only
 
-from mgsa_hf.benchmarking.rows import REPOSITORY, rows_named  # noqa: E402
+from mgsa_hf.benchmarking.rows import REPOSITORY, recorded_command, rows_named  # noqa: E402
 from mgsa_hf.benchmarking.speed import (  # noqa: E402
     SIZES,
     VARIANTS,
@@ -111,7 +111,7 @@ def main(argv=None):
                                 for name, value in seconds.items()}
         log("  " + ", ".join(f"{name} {row['train_step_ratio']:.3f}" for name, row in lengths[str(length)].items()))
     result = {
-        "command": "python scripts/bench_length.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": recorded_command("scripts/bench_length.py", sys.argv[1:] if argv is None else argv),
         "size": f"marian {args.size}", "config": SIZES["marian"][args.size], "tokens": args.tokens,
         "device": args.device, "dtype": args.dtype, "threads": torch.get_num_threads(),
         "machine": platform.platform(), "torch": torch.__version__, "variants": args.variants, "lengths": lengths,

@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import platform
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -178,6 +177,7 @@ def write(report: dict, output: Path) -> None:
 def main(argv=None) -> None:
     import sacrebleu
 
+    from mgsa_hf.benchmarking.rows import recorded_command
     from mgsa_hf.processing_mgsa import MgsaProcessor
     from mgsa_hf.tokenization_utils import read_lines
 
@@ -185,7 +185,7 @@ def main(argv=None) -> None:
     given = dict(item.split("=", 1) for item in args.model)
     output = Path(args.output)
     report = json.loads(output.read_text()) if output.is_file() else {
-        "command": " ".join(shlex.quote(part) for part in ["python", os.path.relpath(__file__, REPO), *sys.argv[1:]]),
+        "command": recorded_command(os.path.relpath(__file__, REPO), sys.argv[1:]),
         "sentences": args.sentences, "max_new_tokens": args.max_new_tokens, "cpu_count": os.cpu_count(),
         "machine": platform.platform(), "torch": torch.__version__, "rows": [], "generate_translations": {},
     }

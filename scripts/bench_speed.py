@@ -2,7 +2,7 @@
 """Speed and memory of every encoder variant as ratios to the plain Transformer, measured in the same run: the command
 line of [`mgsa_hf.benchmarking.speed`], whose docstring says what is measured and how.
 
-    python scripts/bench_speed.py --device cpu            # writes benchmarks/speed-cpu.json and its table
+    python scripts/bench_speed.py --backbones marian --sizes base   # writes benchmarks/speed-cpu-marian-base.json
 """
 
 import sys

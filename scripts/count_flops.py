@@ -7,7 +7,7 @@ pass over the benchmark's batches (summed), and beam-4 generation of the first g
 `--gen-tokens` new tokens. Batches, model sizes and variant rows are `scripts/bench_speed.py`'s (`--inputs` from its
 `--save-inputs`, or built here with the spaCy parse).
 
-    python scripts/count_flops.py --inputs /tmp/speed-inputs32.pt --output benchmarks/flops-cpu.json
+    python scripts/count_flops.py --inputs runs/speed-inputs.pt --output benchmarks/flops-cpu.json
 """
 
 import argparse
@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))  # the GPU machine has the repository only
 
 from mgsa_hf.benchmarking import speed as bench_speed  # noqa: E402  (the batches, model sizes and rows)
+from mgsa_hf.benchmarking.rows import recorded_command  # noqa: E402
 
 
 def step_flops(model, batches: list[dict]) -> int:
@@ -77,7 +78,7 @@ def main(argv=None) -> None:
     for row in rows.values():
         row["train_step_ratio"] = row["train_step_gflops"] / rows["transformer"]["train_step_gflops"]
         row["generation_ratio"] = row["generation_gflops"] / rows["transformer"]["generation_gflops"]
-    command = "python scripts/count_flops.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = recorded_command("scripts/count_flops.py", sys.argv[1:] if argv is None else argv)
     vocab_size = inputs["vocab"]["vocab_size"]
     lines = [f"Command: `{command}`", "", f"**{args.backbone} {args.size}**, vocabulary {vocab_size}", "",
              "| variant | params | train step GFLOP | ratio | generation GFLOP | ratio |",

@@ -19,6 +19,7 @@ from itertools import islice
 
 import spacy
 
+from mgsa_hf.benchmarking.rows import recorded_command
 from mgsa_hf.constituency_conversion import DependencyToConstituency, default_conversion
 from mgsa_hf.evaluation.treebank import (
     BracketScore,
@@ -92,7 +93,7 @@ def main():
             depths[name] += tree_depth(tree)
     n = len(sentences)
     report = {
-        "command": "python " + " ".join(sys.argv),
+        "command": recorded_command("scripts/eval_trees.py", sys.argv[1:]),
         "files": args.files,
         "sentences": n,
         "spacy_pipeline": f"{nlp.meta['lang']}_{nlp.meta['name']} {nlp.meta['version']} (spaCy {spacy.__version__})",

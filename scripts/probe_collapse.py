@@ -33,6 +33,7 @@ from mgsa_hf.benchmarking.recipes import (
     spread_of,
     validation_pairs,
 )
+from mgsa_hf.benchmarking.rows import recorded_command
 
 
 def main() -> None:
@@ -59,7 +60,8 @@ def main() -> None:
         parser.error(f"unknown candidates {unknown}; known: {sorted(COLLAPSE_CANDIDATES)}")
 
     output = Path(args.output)
-    record = json.loads(output.read_text()) if output.is_file() else {"command": " ".join(sys.argv), "runs": []}
+    command = recorded_command("scripts/probe_collapse.py", sys.argv[1:])
+    record = json.loads(output.read_text()) if output.is_file() else {"command": command, "runs": []}
     if args.batches:
         if not args.tokenizer:
             parser.error("--batches needs --tokenizer")

@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the GPU machine has the repository only
 
 from mgsa_hf.benchmarking.quality import load_budget, prepared_folder, recipe_of  # noqa: E402
-from mgsa_hf.benchmarking.rows import REPOSITORY, resolve_rows  # noqa: E402
+from mgsa_hf.benchmarking.rows import REPOSITORY, recorded_command, resolve_rows  # noqa: E402
 
 
 PROBED = ("self_attn", "encoder_attn", "phrase_combination")
@@ -97,7 +97,7 @@ def main(argv=None):
         futures = {label: pool.submit(probe_row, label, prepared, recipe, fields, args.seed, args.steps, args.every,
                                       args.threads) for label, fields in rows.items()}
         results = {label: future.result() for label, future in futures.items()}
-    report = {"command": "python scripts/probe_sublayers.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    report = {"command": recorded_command("scripts/probe_sublayers.py", sys.argv[1:] if argv is None else argv),
               "budget": name, "recipe": budget["recipe"], "threads": args.threads, "rows": results}
     output = Path(args.output) if args.output else REPOSITORY / "benchmarks" / f"sublayer-probe-{name}.json"
     output.write_text(json.dumps(report, indent=2) + "\n")

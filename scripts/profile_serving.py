@@ -6,7 +6,7 @@ own work (beam search, logits processing, cache reordering), which both engines 
 faster forward pass can give.
 
     python scripts/profile_serving.py --model runs/serve/transformer \\
-        --onnx runs/serving-trained/transformer-transformer-ort-fp32
+        --onnx runs/serving-trained/transformer-transformer-ort-fp32 --output benchmarks/serving-profile-cpu.json
 """
 
 import argparse
@@ -80,7 +80,11 @@ def main() -> None:
                             "generate_own_seconds": round(total - timers[name].seconds, 3)})
             print(results[-1], flush=True)
     if args.output:
-        Path(args.output).write_text(json.dumps({"command": vars(args), "rows": results}, indent=2) + "\n")
+        from mgsa_hf.benchmarking.rows import portable_path
+
+        settings = {key: portable_path(value) if isinstance(value, str) else value
+                    for key, value in vars(args).items()}
+        Path(args.output).write_text(json.dumps({"command": settings, "rows": results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ sys.path.insert(0, str(REPO / "src"))  # the GPU machine has the repository only
 
 from mgsa_hf.benchmarking import speed as bench_speed  # noqa: E402  (the batches, model sizes and rows)
 from mgsa_hf.benchmarking.layers import profile  # noqa: E402
+from mgsa_hf.benchmarking.rows import recorded_command  # noqa: E402
 
 
 def markdown(results: dict, command: str) -> str:
@@ -66,7 +67,7 @@ def main(argv=None) -> None:
                                         torch.device("cpu"))
         results[name] = profile(model, inputs["train_batches"], args.steps, args.warmup)
         print(f"[profile_step] {name}: {results[name]['total']:.0f} ms per step", file=sys.stderr, flush=True)
-    command = "python scripts/profile_step.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = recorded_command("scripts/profile_step.py", sys.argv[1:] if argv is None else argv)
     output = Path(args.output)
     output.write_text(json.dumps({"command": command, "backbone": args.backbone, "size": args.size,
                                   "threads": torch.get_num_threads(), "torch": torch.__version__,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the GPU machine has the repository only
 
+from mgsa_hf.benchmarking.rows import recorded_command  # noqa: E402
 from mgsa_hf.evaluation.analysis import prepared_run_head_rate  # noqa: E402
 from mgsa_hf.training.prepared import PreparedCorpus  # noqa: E402
 
@@ -44,7 +45,7 @@ def main(argv=None):
                 print(f"{name} layer {layer}: redundant {cells} (mean {100 * sum(heads) / len(heads):.1f}%) over "
                       f"{rate['sentences']} {args.split} sentences")
     if args.output:
-        command = "python scripts/rhe_head_rate.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        command = recorded_command("scripts/rhe_head_rate.py", sys.argv[1:] if argv is None else argv)
         Path(args.output).write_text(json.dumps({"command": command, "split": args.split, "runs": results},
                                                 indent=2) + "\n")
     return results

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from mgsa_hf.benchmarking.recipes import RECIPE_CANDIDATES, render_recipe_sweep, score_checkpoints
+from mgsa_hf.benchmarking.rows import recorded_command
 from mgsa_hf.tokenization_utils import read_lines
 from mgsa_hf.training.ownership import run_folder
 
@@ -41,7 +42,8 @@ def main() -> None:
     args = parser.parse_args()
 
     output = Path(args.output)
-    results = json.loads(output.read_text()) if output.is_file() else {"command": " ".join(sys.argv), "runs": {}}
+    command = recorded_command("scripts/sweep_cpu_recipe.py", sys.argv[1:])
+    results = json.loads(output.read_text()) if output.is_file() else {"command": command, "runs": {}}
     data = Path(args.data)
     test_sources = list(read_lines(data / "test_2016_flickr.en.gz"))
     test_references = list(read_lines(data / "test_2016_flickr.de.gz"))

@@ -8,13 +8,15 @@ import sys
 from itertools import islice
 from pathlib import Path
 
+from conftest import MULTI30K_DIR
+
 from mgsa_hf.benchmarking.preprocess import time_chunks
 from mgsa_hf.tokenization_utils import read_lines
 
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "bench_preprocess.py"
-MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+MULTI30K = MULTI30K_DIR
 
 
 def test_repeats_start_from_the_conversion_memory_of_one_pass(multi30k_processor):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import MULTI30K_DIR
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
@@ -23,7 +24,7 @@ from mgsa_hf.tokenization_utils import read_lines
 
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "multi30k"
+DATA = MULTI30K_DIR
 
 
 
@@ -264,7 +265,7 @@ def test_a_run_resumed_on_another_machine_lists_both_and_the_report_says_so(dry_
     trained on several machines says that its steps/s ratios mix them."""
     import copy
 
-    from mgsa_hf.training.run import prepared as prepared_training
+    from mgsa_hf.training import prepared as prepared_training
 
     root, _, report = dry_run
     here = prepared_training.host_description(torch.device("cpu"))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import MULTI30K
 
 from mgsa_hf.benchmarking.layers import VariantAttention, profile
 from mgsa_hf.benchmarking.rows import named_row
@@ -43,7 +44,7 @@ def run_without_spacy(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     path = tmp_path_factory.mktemp("speed") / "inputs.pt"
-    subprocess.run([sys.executable, str(SCRIPT), "--save-inputs", str(path), *SMALL], check=True,
+    subprocess.run([sys.executable, str(SCRIPT), "--save-inputs", str(path), "--data", MULTI30K, *SMALL], check=True,
                    capture_output=True, text=True, timeout=600)
     return path
 
@@ -129,8 +130,8 @@ def length_inputs(tmp_path_factory):
     """scripts/bench_length.py's batches of 8 and 16 tokens (32 source tokens each), parsed with spaCy."""
     path = tmp_path_factory.mktemp("length") / "length.pt"
     subprocess.run([sys.executable, str(REPO / "scripts" / "bench_length.py"), "--save-inputs", str(path),
-                    "--lengths", "8", "16", "--tokens", "32"], check=True, capture_output=True, text=True,
-                   timeout=600)
+                    "--data", MULTI30K, "--lengths", "8", "16", "--tokens", "32"], check=True, capture_output=True,
+                   text=True, timeout=600)
     return path
 
 

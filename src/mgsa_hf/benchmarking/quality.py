@@ -43,7 +43,6 @@ import argparse
 import json
 import os
 import platform
-import shlex
 import shutil
 import subprocess
 import sys
@@ -61,9 +60,19 @@ from .quality_report import (  # noqa: F401  (the report's functions, read as th
     SIGNIFICANCE,
     plot_curves,
     render_budget,
+    replace_section,
     update_markdown,
 )
-from .rows import BASELINE, REPOSITORY, job_gpus, least_busy_gpu, package_environment, resolve_rows
+from .rows import (
+    BASELINE,
+    REPOSITORY,
+    job_gpus,
+    least_busy_gpu,
+    package_environment,
+    portable_path,
+    recorded_command,
+    resolve_rows,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -275,7 +284,8 @@ def kept_files(prepared: Path) -> list[str]:
 
 def keep_run(run_dir: Path, kept: Path, prepared: Path, kept_runs: Path) -> None:
     """Copy a finished run's record to `kept` (`<kept_runs>/<row>/seed-<seed>`, where a row may be a path such as
-    `phrase_representation/max_attn_ta_parse`), with the prepared corpus's manifest as `prepared.json`; written in a
+    `phrase_representation/max_attn_ta_parse`), with the prepared corpus's manifest as `prepared.json` (its corpus
+    folder relative to the repository, [`portable_path`]: no machine's paths in benchmarks/); written in a
     folder beside it and renamed, so a kept run is whole or absent. The first run kept of a budget also keeps the
     corpus's tokenizer (`<kept_runs>/tokenizer`), which `prepare` reads on a checkout without the prepared corpus."""
     partial = kept.with_name(f".{kept.name}.partial")  # not a `seed-*` folder: `report` reads none
@@ -283,7 +293,10 @@ def keep_run(run_dir: Path, kept: Path, prepared: Path, kept_runs: Path) -> None
     partial.mkdir(parents=True)
     for file in kept_files(prepared):
         shutil.copyfile(run_dir / file, partial / file)
-    shutil.copyfile(prepared / "manifest.json", partial / "prepared.json")
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    if manifest.get("data"):
+        manifest["data"] = portable_path(str(manifest["data"]))
+    (partial / "prepared.json").write_text(json.dumps(manifest, indent=2) + "\n")
     shutil.rmtree(kept, ignore_errors=True)
     partial.rename(kept)
     # the corpus's tokenizer, once per budget: `prepare` on another checkout makes the same corpus with it
@@ -474,7 +487,7 @@ def results_file(args, name: str) -> Path:
 def result_header(args, name: str, argv) -> dict:
     """What every results JSON opens with: the budget, the command that made it, the commit and the budget file."""
     return {"budget": name,
-            "command": "python scripts/bench_quality.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+            "command": recorded_command("scripts/bench_quality.py", argv or sys.argv[1:]),
             "commit": git_commit(),
             "budget_file": os.path.relpath(load_budget_path(args.budget), REPOSITORY)}
 
@@ -491,7 +504,9 @@ def write_results(args, result: dict, results_path: Path) -> None:
     results_path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     markdown = Path(args.markdown) if args.markdown else REPOSITORY / "benchmarks" / "BENCHMARKS.md"
     others = sorted(p for p in results_path.parent.glob("quality-*.json") if p != results_path)
-    reports = [result, *(json.loads(p.read_text()) for p in others if args.markdown is None)]
+    # each table links its results file (`results_file`, relative to the markdown; not written into the JSON)
+    reports = [{**report, "results_file": Path(os.path.relpath(path, markdown.parent)).as_posix()} for report, path in
+               [(result, results_path), *((json.loads(p.read_text()), p) for p in others if args.markdown is None)]]
     update_markdown(markdown, sorted(reports, key=lambda report: report["budget"]))  # the same order every time
     print(render_budget(result))
 

@@ -89,7 +89,9 @@ def render_budget(report: dict) -> str:
         f"### Budget `{report['budget']}`",
         "",
         f"Command: `{report['command']}` (at commit `{(report.get('commit') or 'unknown')[:10]}`)  ",
-        f"Recipe: `{report['budget_file']}` ({report['protocol']}); {report['environment']['device']}.",
+        f"Recipe: `{report['budget_file']}` ({report['protocol']}); {report['environment']['device']}."
+        + (f"  \nResults: [{Path(report['results_file']).name}]({report['results_file']})"
+           if report.get("results_file") else ""),
         "",
         "| row | seeds | steps | params (M) | steps/s (ratio) | valid BLEU | test BLEU | test chrF | "
         "Δ test BLEU [95% CI over seeds] | p (seeds) | test-set 95% CI (bootstrap) | Δ chrF | p (chrF, seeds) | "

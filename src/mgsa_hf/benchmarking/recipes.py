@@ -160,9 +160,9 @@ def collapse_summary(runs: list[dict]) -> str:
 
 # ------------------------------------------------------------------------------------------ the CPU recipe sweep
 
-# The candidates measured for the default recipe (benchmarks/BENCHMARKS.md, "The default CPU recipe"); each is the
-# packaged default config (128 wide, 4+4 layers, 4 heads, FFN 256, shared embeddings) plus these overrides. The
-# earlier ones batch a fixed number of length-grouped sentence pairs.
+# The candidates measured for the default recipe (benchmarks/HISTORY.md, "Earlier runs of the previous recipe");
+# each is the packaged default config (128 wide, 4+4 layers, 4 heads, FFN 256, shared embeddings) plus these
+# overrides. The earlier ones batch a fixed number of length-grouped sentence pairs.
 SENTENCE_BATCHES = ["max_tokens_per_batch=null", "training.train_sampling_strategy=group_by_length"]
 SMALL_BATCHES = SENTENCE_BATCHES + [
     "model.dropout=0.2", "training.learning_rate=0.004", "training.warmup_steps=200",

@@ -1,13 +1,18 @@
-"""The rows the benchmarks compare: the rows shipped in the package (`src/mgsa_hf/rows/`, see `training_recipes`).
+"""The rows the benchmarks compare: the rows shipped in the package (`src/mgsa_hf/rows/`, read by
+`mgsa_hf.training.catalogue`).
 
 A row is a set of [`MgsaConfig`] fields of one encoder type (the benchmark's recipe gives the sizes). Each encoder
 type's default is the row named by the type (`"hybrid"`); every other row is a config file of its variant's folder,
 named `<encoder_type>/<file stem>` (`"phrase_representation/max_attn_ta_parse"`), so a new row is a new file.
+
+Also what every benchmark records beside its results: the repository's folder and the command line, without machine
+paths (`recorded_command`).
 """
 
 import functools
 import json
 import os
+import shlex
 from pathlib import Path
 
 from ..configuration_mgsa import ENCODER_TYPES
@@ -77,6 +82,27 @@ def resolve_rows(specs: list[str]) -> dict[str, dict]:
             raise SystemExit(f"row {spec!r} is neither `defaults`, `best`, an encoder type, a packaged row nor a "
                              "JSON file.")
     return rows
+
+
+def portable_path(text: str) -> str:
+    """`text` as the results in benchmarks/ record it: an absolute path relative to the repository (a corpus beside
+    it as `../shared/...`), any other absolute path as its name alone (a scratch file such as saved batches), so that
+    no machine's paths go into the results; `KEY=PATH` (`--model transformer=FOLDER`) keeps its key; anything else
+    as it is."""
+    key, sep, value = text.rpartition("=") if "=" in text and not text.startswith("/") else ("", "", text)
+    if not os.path.isabs(value):
+        return text
+    path = Path(value).resolve()
+    for base in (REPOSITORY, REPOSITORY.parent):
+        if path.is_relative_to(base):
+            return f"{key}{sep}{os.path.relpath(path, REPOSITORY)}"
+    return f"{key}{sep}{path.name}"
+
+
+def recorded_command(script: str, argv) -> str:
+    """The command line a benchmark records beside its results: `python <script> <argv>` (`script` relative to the
+    repository), each argument shell-quoted and its paths made portable ([`portable_path`])."""
+    return shlex.join(["python", script, *(portable_path(str(arg)) for arg in argv)])
 
 
 def package_environment() -> dict[str, str]:

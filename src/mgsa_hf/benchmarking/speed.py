@@ -11,8 +11,8 @@ included) feed every variant:
   variant runs in `--memory-repeats` fresh subprocesses, each measuring the peak resident set growth over the step,
   and the median counts.
 
-    python scripts/bench_speed.py --device cpu            # writes benchmarks/speed-cpu.json and its table
-    python scripts/bench_speed.py --backbones t5          # the T5 family alone
+    python scripts/bench_speed.py --backbones marian --sizes base   # writes benchmarks/speed-cpu-marian-base.json
+    python scripts/bench_speed.py --backbones t5 --sizes base   # the T5 family alone (speed-cpu-t5-base.json)
     # on a GPU machine without spaCy: build the batches here, carry the file, time there
     python scripts/bench_speed.py --save-inputs gpu-data/speed-inputs.pt --sizes base big
     python scripts/bench_speed.py --inputs gpu-data/speed-inputs.pt --device cuda --dtype bf16 --sizes base big
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .rows import REPOSITORY, SPEED_ROWS, package_environment, rows_named
+from .rows import REPOSITORY, SPEED_ROWS, package_environment, recorded_command, rows_named
 
 
 DEFAULT_DATA = REPOSITORY.parent / "shared" / "data" / "multi30k"
@@ -571,11 +571,20 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def default_output(args) -> Path:
+    """`benchmarks/speed-<device>-<backbones>-<sizes>[-<vocabulary>k][-bf16].json`: what the run measures and where,
+    e.g. `speed-cpu-marian-base.json`."""
+    parts = ["speed", args.device, *args.backbones, *args.sizes]
+    parts += [f"{round(args.vocab_size / 1000)}k"] if args.vocab_size else []
+    parts += ["bf16"] if args.dtype == "bf16" else []
+    return REPOSITORY / "benchmarks" / ("-".join(parts) + ".json")
+
+
 def write_results(args, results: list[dict]) -> None:
-    """Write results JSON (`--output`, or `benchmarks/speed-<device>.json`) and its tables beside it; print them."""
-    out = Path(args.output) if args.output else REPOSITORY / "benchmarks" / f"speed-{args.device}.json"
+    """Write results JSON (`--output`, or [`default_output`]) and its tables beside it; print them."""
+    out = Path(args.output) if args.output else default_output(args)
     out.parent.mkdir(exist_ok=True)
-    command = "python scripts/bench_speed.py " + " ".join(sys.argv[1:])
+    command = recorded_command("scripts/bench_speed.py", sys.argv[1:])
     import transformers
 
     payload = {"command": command, "device": args.device,
@@ -605,7 +614,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="model families, each measured against its own plain transformer")
     parser.add_argument("--sizes", nargs="*", default=["small", "base"], choices=list(SIZES["marian"]),
                         help="small (256d 3+3), base (512d 6+6, the papers' size), big (1024d 16 heads 6+6)")
-    parser.add_argument("--output", help="results JSON (default: benchmarks/speed-<device>.json; a table beside it)")
+    parser.add_argument("--output", help="results JSON (default: benchmarks/speed-<device>-<backbones>-<sizes>.json, "
+                                         "e.g. speed-cpu-marian-base.json; a table beside it)")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS),
                         help="rows: encoder types (their defaults) or <encoder_type>/<config file stem>")
     parser.add_argument("--batch-size", type=int, default=64)
