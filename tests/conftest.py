@@ -54,20 +54,31 @@ def _code_names(code: types.CodeType):
             yield from _code_names(constant)
 
 
-def _reaches_data(function, seen: set) -> bool:
-    """Whether `function` (a test, a fixture or a helper), or a function of the tests' own that it calls, reads a
-    module-level name holding a path of the project's data (read from the code's names, nothing is run)."""
+def _code_strings(code: types.CodeType):
+    yield from (constant for constant in code.co_consts if isinstance(constant, str))
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            yield from _code_strings(constant)
+
+
+def _reaches_data(function, seen: set, fixture_functions) -> bool:
+    """Whether `function` (a test, a fixture or a helper), or a function of the tests' own that it calls or a fixture
+    it asks for by name (`request.getfixturevalue("name")`), reads a module-level name holding a path of the
+    project's data (read from the code's names, nothing is run)."""
     function = getattr(function, "__func__", function)
     code = getattr(function, "__code__", None)
     if code is None or code in seen:
         return False
     seen.add(code)
+    for name in _code_strings(code):
+        if any(_reaches_data(fixture, seen, fixture_functions) for fixture in fixture_functions(name)):
+            return True
     for name in _code_names(code):
         value = function.__globals__.get(name)
         if _holds_data_path(value):
             return True
         if isinstance(value, types.FunctionType) and Path(value.__code__.co_filename).is_relative_to(REPO / "tests"):
-            if _reaches_data(value, seen):
+            if _reaches_data(value, seen, fixture_functions):
                 return True
     return False
 
@@ -78,14 +89,56 @@ def pytest_collection_modifyitems(config, items):
     if not _data_paths_missing():
         return
     skip = pytest.mark.skip(reason=MISSING_DATA_REASON)
+    manager = config.pluginmanager.get_plugin("funcmanage")
     for item in items:
+        def fixture_functions(name, item=item):
+            if not name.isidentifier():
+                return []
+            return [definition.func for definition in manager.getfixturedefs(name, item) or ()]
+
         seen = set()
         fixtures = [definition.func for definitions in item._fixtureinfo.name2fixturedefs.values()
                     for definition in definitions]
         params = getattr(getattr(item, "callspec", None), "params", {})
         if (any(_holds_data_path(value) for value in params.values())
-                or any(_reaches_data(function, seen) for function in [item.function, *fixtures])):
+                or any(_reaches_data(function, seen, fixture_functions) for function in [item.function, *fixtures])
+                or any(_reaches_data(function, seen, fixture_functions)
+                       for value in params.values() if isinstance(value, str)
+                       for function in fixture_functions(value))):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def one_torchlib_registry():
+    """`torch.onnx.export` builds its operator registry from onnxscript's torchlib at every call (about a second on
+    one core, three calls per exported model): the exports of a test process share one per opset (use it with
+    `pytestmark = pytest.mark.usefixtures("one_torchlib_registry")`). Without the private name
+    (another torch), every export builds its own."""
+    try:
+        from torch.onnx._internal.exporter import _registration
+
+        build = _registration.ONNXRegistry.__dict__["from_torchlib"].__func__
+    except (ImportError, KeyError, AttributeError):
+        yield
+        return
+    registries = {}
+
+    def from_torchlib(cls, *args, **kwargs):
+        key = (cls, args, tuple(sorted(kwargs.items())))
+        if key not in registries:
+            registries[key] = build(cls, *args, **kwargs)
+        return registries[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_registration.ONNXRegistry, "from_torchlib", classmethod(from_torchlib))
+        yield
+
+
+# Exporting a model traces three graphs with `torch.export`, decomposes and optimizes them: 15 to 50 s of one core
+# per kind, most of it per graph whatever the width; one encoder layer (layer 0, where every variant sits by default)
+# and one decoder layer take a tenth off the tests' tiny models (2 + 1 Marian, 2 + 2 T5 layers)
+ONNX_EXPORT_LAYERS = {"marian": {"encoder_layers": 1, "decoder_layers": 1},
+                      "t5": {"num_layers": 1, "num_decoder_layers": 1}}
 
 
 def onnx_kinds(names) -> list[str]:

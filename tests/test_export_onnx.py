@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ONNX_EXPORT_LAYERS
 
 from mgsa_hf import MgsaForConditionalGeneration, MgsaT5Config, MgsaT5ForConditionalGeneration
 from mgsa_hf.export import export_onnx, onnx_input_names, onnx_inputs
@@ -17,7 +18,7 @@ from mgsa_hf.export import export_onnx, onnx_input_names, onnx_inputs
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "one_torchlib_registry")
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENS = ["input_ids", "attention_mask", "decoder_input_ids"]
@@ -70,7 +71,7 @@ def assert_onnx_matches_pytorch(model, path, batches):
 @pytest.mark.parametrize("variant", list(MARIAN_VARIANTS))
 def test_onnx_logits_equal_pytorch(variant, multi30k_processor, tiny_config, batches, tmp_path):
     fields, syntax_inputs = MARIAN_VARIANTS[variant]
-    config = tiny_config(multi30k_processor, **fields, init_std=0.2)
+    config = tiny_config(multi30k_processor, **ONNX_EXPORT_LAYERS["marian"], **fields, init_std=0.2)
     torch.manual_seed(0)
     model = MgsaForConditionalGeneration(config).eval()
     path = export_onnx(model, tmp_path / "model.onnx", batches[0])

@@ -4,6 +4,7 @@ command line, benchmarks) are subpackages that import it and that it never impor
 750 lines."""
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -91,3 +92,16 @@ def test_no_module_is_over_750_lines():
                for path in PACKAGE.rglob("*.py")}
     assert len(lengths) > 40
     assert not {name: length for name, length in lengths.items() if length > 750}
+
+
+def test_benchmarks_show_today():
+    """benchmarks/ holds one current result per benchmark under a plain name (what it measures, the device): no issue
+    number or before/after/recheck in a name (history is HISTORY.md and git), and no machine's path in a result."""
+    folder = REPO / "benchmarks"
+    names = [path.relative_to(folder).as_posix() for path in folder.rglob("*")]
+    assert "BENCHMARKS.md" in names and len(names) > 20
+    assert not [name for name in names if re.search(r"before|after|recheck|-\d{2,3}[.-]", name)]
+    machine_path = re.compile(r"(?<![\w.])/(work|root|home|tmp|Users|mnt)/")
+    texts = {path: path.read_text(encoding="utf-8") for path in folder.rglob("*")
+             if path.is_file() and path.suffix in {".md", ".json", ".txt"}}
+    assert not sorted(str(path.relative_to(folder)) for path, text in texts.items() if machine_path.search(text))

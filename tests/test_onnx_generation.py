@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MULTI30K, assert_ort_generate_equals_pytorch, onnx_kinds
+from conftest import MULTI30K, ONNX_EXPORT_LAYERS, assert_ort_generate_equals_pytorch, onnx_kinds
 from transformers import pipeline
 
 from mgsa_hf import MgsaForConditionalGeneration, MgsaT5ForConditionalGeneration
@@ -29,7 +29,7 @@ from mgsa_hf.export.onnx_generation import (  # noqa: E402
 )
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "one_torchlib_registry")
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,40 +56,11 @@ MODELS = {
     "t5-hybrid": ("t5", "hybrid", {}, []),
     "t5-rhe": ("t5", "rhe", {}, RHE_FIELDS),
 }
-# Exporting a model traces three graphs with `torch.export`, decomposes and optimizes them: 15 to 50 s of one core
-# per kind, most of it per graph whatever the width; one encoder layer (layer 0, where every variant sits by default)
-# and one decoder layer take a tenth off the 2 + 1 (Marian) and 2 + 2 (T5) layers of the other tests' tiny models
-EXPORT_LAYERS = {"marian": {"encoder_layers": 1, "decoder_layers": 1},
-                 "t5": {"num_layers": 1, "num_decoder_layers": 1}}
+EXPORT_LAYERS = ONNX_EXPORT_LAYERS
 # exported from a saved folder by `scripts/export_onnx.py FOLDER OUT --generation` (the command line's path); the
 # int8 test quantizes a copy of its folder
 SCRIPT_EXPORTED = "marian-hybrid"
 MAX_NEW_TOKENS = 8
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torchlib_registry():
-    """`torch.onnx.export` builds its operator registry from onnxscript's torchlib at every call (about a second on
-    one core, three calls per exported model): the module's exports share one per opset. Without the private name
-    (another torch), every export builds its own."""
-    try:
-        from torch.onnx._internal.exporter import _registration
-
-        build = _registration.ONNXRegistry.__dict__["from_torchlib"].__func__
-    except (ImportError, KeyError, AttributeError):
-        yield
-        return
-    registries = {}
-
-    def from_torchlib(cls, *args, **kwargs):
-        key = (cls, args, tuple(sorted(kwargs.items())))
-        if key not in registries:
-            registries[key] = build(cls, *args, **kwargs)
-        return registries[key]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_registration.ONNXRegistry, "from_torchlib", classmethod(from_torchlib))
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ composition with the LSTM interaction export with `export_generation_onnx`, whos
 
 import pytest
 import torch
-from conftest import MULTI30K, assert_ort_generate_equals_pytorch, onnx_kinds
+from conftest import MULTI30K, ONNX_EXPORT_LAYERS, assert_ort_generate_equals_pytorch, onnx_kinds
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from mgsa_hf import (
@@ -22,7 +22,7 @@ from mgsa_hf.tokenization_utils import read_lines
 from mgsa_hf.variant_phrase_memory import PhraseMemoryAttention, phrase_partition
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "one_torchlib_registry")
 
 # ragged lengths of 7 sequences over 9 steps: full, empty, one step, the rest in between
 LENGTHS = torch.tensor([9, 3, 0, 1, 9, 5, 2])
@@ -163,6 +163,7 @@ def exported(request, multi30k_processor, tiny_config, tiny_t5_config, tmp_path_
     from mgsa_hf.export.onnx_generation import OrtMgsaForConditionalGeneration, export_generation_onnx
 
     backbone, fields = MODELS[request.param]
+    fields = {**ONNX_EXPORT_LAYERS[backbone], **fields}
     torch.manual_seed(0)
     if backbone == "marian":
         model = MgsaForConditionalGeneration(tiny_config(multi30k_processor, "phrase_memory", init_std=0.2, **fields))
