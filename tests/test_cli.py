@@ -71,7 +71,12 @@ def test_user_errors_in_process(tmp_path, arguments, message):
 
 
 def test_export_onnx_without_the_generation_module_is_one_line(tmp_path, monkeypatch):
-    """`mgsa_hf.export.onnx_generation` (or onnxruntime) missing: the error says what to install."""
+    """`mgsa_hf.export.onnx_generation` (or onnxruntime) missing: the error says what to install. Present, the
+    commands find it (the error must not stand for a wrong module path)."""
+    from mgsa_hf.cli.commands import _onnx_generation
+
+    pytest.importorskip("onnxruntime")
+    assert _onnx_generation("exporting").__name__ == "mgsa_hf.export.onnx_generation"
     monkeypatch.setitem(sys.modules, "mgsa_hf.export.onnx_generation", None)
     with pytest.raises(SystemExit, match=r"^mgsa-hf export: error: .*needs the ONNX generation export.*\[export\]"):
         main(["export", "onnx", str(tmp_path), str(tmp_path / "out")])

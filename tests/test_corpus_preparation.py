@@ -4,6 +4,7 @@ no process-group timeout), and one tokenizer for every machine of a run."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ from conftest import MULTI30K_DIR
 from datasets import Dataset
 
 import mgsa_hf.training.corpus as preparation
+from mgsa_hf.tokenization_utils import read_lines
 from mgsa_hf.training.catalogue import accelerate_config_path
 from mgsa_hf.training.config import load_train_config
 from mgsa_hf.training.corpus import prepare, tokenizer_sample
@@ -138,6 +140,53 @@ def test_two_machines_share_one_tokenizer(tmp_path):
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert ranks[0]["built"] == [True, True] and ranks[1]["built"] == [False, False]
     assert ranks[0]["vocabulary"] == ranks[1]["vocabulary"]
+
+
+@pytest.mark.parametrize(("data", "port"), [("same", 29577), ("one line differs", 29579)])
+def test_two_machines_that_prepare_apart(tmp_path, data, port):
+    """Two machine ranks without a shared folder (each its own working directory, copy of the data, copy of one trained
+    tokenizer and run folder), the second prepared beforehand by `mgsa-hf prepare`: with the same data both train;
+    with one sentence changed on the second machine both processes stop before training, naming that machine's rank
+    and what differs (DDP would have averaged the gradients of two corpora, or of two vocabularies' embeddings)."""
+    from mgsa_hf.tokenization_utils import train_joint_tokenizer
+
+    train_joint_tokenizer(DATA / "train.en.gz", DATA / "train.de.gz", tmp_path / "tokenizer", vocab_size=400,
+                          max_sentences=200)
+    machines = [tmp_path / "machine-0", tmp_path / "machine-1"]
+    for number, machine in enumerate(machines):
+        (machine / "data").mkdir(parents=True)
+        shutil.copytree(tmp_path / "tokenizer", machine / "tokenizer")
+        for name in ("train", "val", "test_2016_flickr"):
+            for lang in ("en", "de"):
+                lines = list(read_lines(DATA / f"{name}.{lang}.gz", 200))
+                if number == 1 and data != "same" and name == "train" and lang == "en":
+                    lines[5] = "A purple elephant juggles seven umbrellas on a frozen lake."
+                (machine / "data" / f"{name}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    overrides = ["data=data", "output_dir=model", "tokenizer=tokenizer", "model.encoder_type=transformer",
+                 "training.max_steps=2", "training.eval_strategy=no", "training.save_strategy=no",
+                 "max_eval_samples=2", "max_test_samples=2"]
+    prepared = subprocess.run([sys.executable, "-m", "mgsa_hf.cli", "prepare", str(TINY), *overrides],
+                              cwd=machines[1], env=LAUNCH_ENV, capture_output=True, text=True, timeout=600)
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    common = ["--num_machines", "2", "--num_processes", "2", "--main_process_ip", "127.0.0.1",
+              "--main_process_port", str(port), "--rdzv_backend", "static", "--same_network"]
+    script = [str(REPO / "tests" / "scripts" / "train_and_record_tokenizer.py"), str(TINY), *overrides]
+    launches = [subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", *common,
+                                  "--machine_rank", str(rank), *script], cwd=machine, env=LAUNCH_ENV,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for rank, machine in enumerate(machines)]
+    outputs = [launch.communicate(timeout=600) for launch in launches]
+    errors = outputs[0][1][-3000:] + outputs[1][1][-3000:]
+    if data == "same":
+        assert [launch.returncode for launch in launches] == [0, 0], errors
+        ranks = [json.loads((machine / f"rank{rank}.json").read_text()) for rank, machine in enumerate(machines)]
+        assert ranks[0]["vocabulary"] == ranks[1]["vocabulary"] and ranks[1]["built"] == [False, False]
+    else:
+        assert all(launch.returncode != 0 for launch in launches), errors
+        for _, stderr in outputs:
+            assert "did not prepare the same inputs as rank 0" in stderr and "rank 1 on" in stderr, stderr[-3000:]
+            assert "the processed train split" in stderr
+        assert not any((machine / "model" / "config.json").exists() for machine in machines)
 
 
 def test_scored_splits_are_translated_whole(tmp_path):

@@ -315,6 +315,10 @@ def test_killed_process_leaves_the_earlier_save(multi30k_processor, tiny_config,
 # --- the run's tokenizer ---
 
 
+# the corpus the tokenizers below are learnt from, as the run's record names it (`tokenizer_record`)
+CORPUS_KEY = "multi30k-train-200"
+
+
 def tokenizer_config(output_dir, vocab_size):
     return SimpleNamespace(tokenizer=None, init_from=None, output_dir=output_dir, vocab_size=vocab_size,
                            source_lang="en", target_lang="de", resume_from_checkpoint=None,
@@ -348,8 +352,8 @@ def test_run_tokenizer_killed_before_its_record(train_split, tmp_path, monkeypat
     with monkeypatch.context() as patch:
         patch.setattr(Path, "write_text", write_text)
         with pytest.raises(Killed):
-            _load_or_train_tokenizer(tokenizer_config(output_dir, 120), train_split)
-    tokenizer = _load_or_train_tokenizer(tokenizer_config(output_dir, 250), train_split)
+            _load_or_train_tokenizer(tokenizer_config(output_dir, 120), train_split, corpus_key=CORPUS_KEY)
+    tokenizer = _load_or_train_tokenizer(tokenizer_config(output_dir, 250), train_split, corpus_key=CORPUS_KEY)
     assert 120 < len(tokenizer) <= 250
     folder = run_folder(output_dir) / "tokenizer"
     assert json.loads((folder / "trained_for.json").read_text())["vocab_size"] == 250
@@ -363,19 +367,21 @@ def test_run_tokenizer_stopped_at_each_write(train_split, tmp_path, monkeypatch)
 
     output_dir = tmp_path / "model"
     folder = run_folder(output_dir) / "tokenizer"
-    earlier = len(_load_or_train_tokenizer(tokenizer_config(output_dir, 120), train_split))
+    earlier = len(_load_or_train_tokenizer(tokenizer_config(output_dir, 120), train_split, corpus_key=CORPUS_KEY))
     pristine = tmp_path / "pristine"
     shutil.copytree(folder, pristine)
 
     def save():
-        _load_or_train_tokenizer(tokenizer_config(output_dir, 250), train_split)
+        _load_or_train_tokenizer(tokenizer_config(output_dir, 250), train_split, corpus_key=CORPUS_KEY)
 
     for fail_at in write_points(monkeypatch, save):
         shutil.rmtree(folder)
         shutil.copytree(pristine, folder)
         assert save_with_fault(monkeypatch, save, fail_at, "kill", folder), fail_at
-        assert len(_load_or_train_tokenizer(tokenizer_config(output_dir, 120), train_split)) == earlier
-    assert 120 < len(_load_or_train_tokenizer(tokenizer_config(output_dir, 250), train_split)) <= 250
+        again = _load_or_train_tokenizer(tokenizer_config(output_dir, 120), train_split, corpus_key=CORPUS_KEY)
+        assert len(again) == earlier
+    larger = _load_or_train_tokenizer(tokenizer_config(output_dir, 250), train_split, corpus_key=CORPUS_KEY)
+    assert 120 < len(larger) <= 250
 
 
 def test_half_written_run_tokenizer_is_trained_again(train_split, tmp_path, caplog):
@@ -387,11 +393,11 @@ def test_half_written_run_tokenizer_is_trained_again(train_split, tmp_path, capl
 
     output_dir = tmp_path / "model"
     folder = run_folder(output_dir) / "tokenizer"
-    _load_or_train_tokenizer(tokenizer_config(output_dir, 120), train_split)
+    _load_or_train_tokenizer(tokenizer_config(output_dir, 120), train_split, corpus_key=CORPUS_KEY)
     (folder / "tokenizer.json").unlink()
     (folder / "trained_for.json").unlink()
     with caplog.at_level("WARNING"):
-        tokenizer = _load_or_train_tokenizer(tokenizer_config(output_dir, 120), train_split)
+        tokenizer = _load_or_train_tokenizer(tokenizer_config(output_dir, 120), train_split, corpus_key=CORPUS_KEY)
     assert len(tokenizer) <= 120 and (folder / "tokenizer.json").is_file()
     assert f"the tokenizer in {folder} has no record" in caplog.text
 

@@ -20,7 +20,7 @@ def _onnx_generation(what: str):
     try:
         import onnxruntime  # noqa: F401
 
-        onnx_generation = importlib.import_module(f"{__package__}.onnx_generation")
+        onnx_generation = importlib.import_module("..export.onnx_generation", __package__)
     except ImportError as error:
         raise ImportError(ONNX_MISSING.format(what=what, error=error)) from error
     return onnx_generation

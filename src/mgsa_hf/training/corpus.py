@@ -16,7 +16,9 @@ is whole or absent; a second launch, a resume and every other process load it me
 seconds. Under `accelerate launch` only the main process of the whole run (rank 0 of machine 0) prepares; the others
 wait for the folder by looking at the disk every few seconds, which no process-group timeout bounds (a barrier
 would: `ddp_timeout`). On several machines `prepared_dir` must be a folder they share, or each machine prepares it
-beforehand with `mgsa-hf prepare` (the same recipe gives the same keys).
+beforehand with `mgsa-hf prepare` and the same tokenizer folder (`tokenizer=`: two trainings of one corpus give the
+same pieces under other ids); the run compares what every process prepared before it trains
+(`distributed.check_same_inputs`).
 """
 
 import hashlib
@@ -280,13 +282,36 @@ def tokenizer_sample(train_split, lang: str, max_sentences: int | None) -> list[
     return [pair[lang] for pair in rows["translation"]]
 
 
-def load_or_train_tokenizer(config, train_split, is_main: bool = True):
+def tokenizer_record(config, corpus_key: str) -> dict:
+    """What the run's tokenizer is trained for and on: the vocabulary's size and languages, the prepared corpus it was
+    learnt from ([`content_key`] of [`corpus_parts`]: the files, splits and limits) and the sample's size
+    (`tokenizer_max_sentences`). Two trainings on the same record give the same pieces under other ids and with
+    other last digits of their scores (`tokenizers`' unigram trainer sums and orders in hash-map order), so machines
+    that must share a vocabulary share the trained folder (`tokenizer=`), not the record."""
+    return {"vocab_size": config.vocab_size, "source_lang": config.source_lang, "target_lang": config.target_lang,
+            "corpus": corpus_key, "max_sentences": config.tokenizer_max_sentences}
+
+
+def _record_serves(record: dict | None, wanted: dict, resuming: bool) -> bool:
+    """Whether a tokenizer recorded as `record` serves a run that wants `wanted`: the same record; or, resuming (the
+    checkpoints embed the tokenizer the run began with), no record, or one written before the record named the corpus
+    that agrees on what it holds."""
+    if record == wanted:
+        return True
+    if not resuming:
+        return False
+    return record is None or ("corpus" not in record
+                              and all(wanted.get(key) == value for key, value in record.items()))
+
+
+def load_or_train_tokenizer(config, train_split, is_main: bool = True, corpus_key: str | None = None):
     """`config.tokenizer` (or `init_from`'s) if given; else the joint vocabulary in the run folder's `tokenizer/`,
     trained by the main process on the training split (at most `tokenizer_max_sentences` pairs of it) the first time;
-    the other processes wait for it and load it, as do resumed runs. The folder records what it was trained for
-    (`vocab_size` and the languages, in `trained_for.json`): a later run in the same `output_dir` that asks for
-    another vocabulary trains it again, or, resuming, stops (its checkpoints embed the earlier one). The folder is
-    swapped in whole with its record: one without the record (a run stopped while saving it) is trained again."""
+    the other processes wait for it and load it, as do resumed runs. The folder records what it was trained for and
+    on ([`tokenizer_record`], `trained_for.json`; `corpus_key` names the corpus, by default the recipe's): a later
+    run in the same `output_dir` that asks for another vocabulary, or learns it from another corpus or sample, trains
+    it again, or, resuming, stops (its checkpoints embed the earlier one). The folder is swapped in whole with its
+    record: one without the record (a run stopped while saving it) is trained again."""
     import tempfile
 
     from transformers import AutoTokenizer
@@ -304,7 +329,7 @@ def load_or_train_tokenizer(config, train_split, is_main: bool = True):
             raise ValueError(f"{name}={source!r}: no tokenizer could be loaded from it ({error}); set `tokenizer` to "
                              "the folder of the checkpoint's tokenizer.") from None
     folder = run_folder(config.output_dir) / "tokenizer"
-    wanted = {"vocab_size": config.vocab_size, "source_lang": config.source_lang, "target_lang": config.target_lang}
+    wanted = tokenizer_record(config, corpus_key or content_key(corpus_parts(config)))
     if not is_main:
         _wait_for_tokenizer(folder, wanted, bool(config.resume_from_checkpoint))
         return AutoTokenizer.from_pretrained(folder)
@@ -313,10 +338,10 @@ def load_or_train_tokenizer(config, train_split, is_main: bool = True):
     try:
         if folder.exists():
             trained_for = _tokenizer_record(folder)
-            if trained_for == wanted or (trained_for is None and config.resume_from_checkpoint):
+            if _record_serves(trained_for, wanted, bool(config.resume_from_checkpoint)):
                 return AutoTokenizer.from_pretrained(folder)
             changed = ", ".join(f"{key}={(trained_for or {}).get(key)!r} → {value!r}" for key, value in wanted.items()
-                                if (trained_for or {}).get(key, value) != value)
+                                if (trained_for or {}).get(key) != value)
             if trained_for is not None and config.resume_from_checkpoint:
                 raise ValueError(f"the run's tokenizer in {folder} was trained for other settings ({changed}), which "
                                  "the checkpoints to resume embed: resume with the settings of the run, or start a "
@@ -356,7 +381,8 @@ def _wait_for_tokenizer(folder: Path, wanted: dict, resuming: bool) -> None:
     started = reported = time.monotonic()
     while True:
         record = _tokenizer_record(folder)
-        if record == wanted or (resuming and record is None and (folder / "tokenizer_config.json").is_file()):
+        if record == wanted or (resuming and _record_serves(record, wanted, resuming)
+                                and (folder / "tokenizer_config.json").is_file()):
             return
         if failed.is_file():
             raise RuntimeError(f"the main process failed to train the tokenizer ({folder}): "
@@ -392,7 +418,7 @@ def prepare(config, is_main: bool = True, num_proc: int | None = None):
     corpus_folder = build_once(root / f"corpus-{corpus_key}", lambda staging: build_corpus(config, staging),
                                is_main, "the corpus")
     corpus = load_from_disk(str(corpus_folder))
-    tokenizer = load_or_train_tokenizer(config, corpus["train"], is_main)
+    tokenizer = load_or_train_tokenizer(config, corpus["train"], is_main, corpus_key)
     settings = {**saved_processor_settings(config.init_from, config.processor, config.trust_remote_code),
                 "with_syntax": _reads_source_syntax(config), **config.processor}
     processor = MgsaProcessor(tokenizer, **settings)

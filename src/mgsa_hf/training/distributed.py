@@ -8,9 +8,17 @@ in gathering the full state dict, and the main process loads it into a plain mod
 scores and saves exactly as the model of a single process ([`model_for_main_process`]). DeepSpeed ZeRO stage 3, which
 shards the parameters too, is not handled: the recipe takes ZeRO stages 1 and 2
 (`mgsa-hf accelerate-config deepspeed_zero2`).
+
+Before training, every process compares what it prepared (tokenizer, processor, processed splits) with global rank
+0's and the run stops, naming the machine, where they differ ([`check_same_inputs`]): machines that prepare apart must
+train on one vocabulary and one corpus, which DDP does not check (it averages the gradients of any two embeddings of
+the same shape).
 """
 
 import copy
+import hashlib
+import json
+import socket
 
 import torch
 
@@ -105,3 +113,49 @@ def ddp_find_unused_parameters(model: torch.nn.Module, training: dict) -> bool:
 
 __all__ = ["ddp_find_unused_parameters", "fsdp_modules", "full_state_dict", "model_for_main_process",
            "unsharded_class"]
+
+
+# rows of each processed split whose fields go into its fingerprint (evenly spaced, the first and last included)
+FINGERPRINT_ROWS = 64
+
+
+def inputs_fingerprint(processor, processed) -> dict[str, str]:
+    """What every process of a run must share: the tokenizer's and the processor's fingerprints (the vocabulary and
+    special tokens; the settings, the parser and its version, the processing code), and per processed split a hash of
+    its row count and of every field of `FINGERPRINT_ROWS` rows spread over it."""
+    fingerprint = {"tokenizer": processor._tokenizer_fingerprint(), "processor": processor._fingerprint()}
+    for split, dataset in processed.items():
+        rows = len(dataset)
+        spread = (rows - 1) / (FINGERPRINT_ROWS - 1)
+        picks = sorted({round(i * spread) for i in range(FINGERPRINT_ROWS)}) if rows else []
+        sample = dataset.select(picks).to_dict() if picks else {}
+        text = json.dumps([rows, sample], sort_keys=True, default=str)
+        fingerprint[f"the processed {split} split"] = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return fingerprint
+
+
+def check_same_inputs(fingerprint: dict[str, str]) -> None:
+    """Every process of the run (the default process group) sends `fingerprint` ([`inputs_fingerprint`]) to every
+    other; where one differs from global rank 0's, every process raises the same error, naming each differing rank,
+    its machine and what differs. Nothing to do in a single process."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    mine = {"rank": dist.get_rank(), "host": socket.gethostname(), "fingerprint": fingerprint}
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    reference = everyone[0]
+    differences = []
+    for entry in everyone[1:]:
+        keys = sorted(key for key in reference["fingerprint"].keys() | entry["fingerprint"].keys()
+                      if reference["fingerprint"].get(key) != entry["fingerprint"].get(key))
+        if keys:
+            differences.append(f"rank {entry['rank']} on {entry['host']}: {', '.join(keys)}")
+    if differences:
+        raise ValueError(
+            f"the processes of this run did not prepare the same inputs as rank 0 on {reference['host']} "
+            f"({'; '.join(differences)}): each machine trains on its own copy of the data or the tokenizer. Prepare "
+            "once on a folder every machine reads (`prepared_dir`), or give every machine the same data, package "
+            "versions, recipe and tokenizer folder (`tokenizer=`, then `mgsa-hf prepare` on each)."
+        )

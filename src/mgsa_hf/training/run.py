@@ -234,13 +234,14 @@ def _train(config: TrainConfig, training_args, callbacks, claim):
 
     from ..data_collator import MgsaDataCollator
     from ..evaluation import build_compute_metrics
-    from .distributed import ddp_find_unused_parameters, model_for_main_process
+    from .distributed import check_same_inputs, ddp_find_unused_parameters, inputs_fingerprint, model_for_main_process
     from .model_card import build_model_card
     from .trainer import MgsaSeq2SeqTrainer
 
     if config.reuse_cpu_memory and training_args.use_cpu:
         reuse_freed_cpu_memory()
     corpus, processor, processed = prepare(config, training_args)
+    check_same_inputs(inputs_fingerprint(processor, processed))  # one vocabulary and one corpus on every machine
     tokenizer = processor.tokenizer
     restarts, resume_from_checkpoint = [], config.resume_from_checkpoint
     for attempt in range(config.collapse_restarts + 1):
