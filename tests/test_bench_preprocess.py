@@ -8,12 +8,15 @@ import sys
 from itertools import islice
 from pathlib import Path
 
+import pytest
 from conftest import MULTI30K_DIR
 
 from mgsa_hf.benchmarking.preprocess import time_chunks
 from mgsa_hf.tokenization_utils import read_lines
 
 
+# the benchmark tools' own tests: not in the default run (setup.cfg), CI runs them with `-m benchmark_tools`
+pytestmark = pytest.mark.benchmark_tools
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "bench_preprocess.py"
 MULTI30K = MULTI30K_DIR

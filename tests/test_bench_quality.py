@@ -23,6 +23,8 @@ from mgsa_hf.evaluation import paired_bootstrap
 from mgsa_hf.tokenization_utils import read_lines
 
 
+# the benchmark tools' own tests: not in the default run (setup.cfg), CI runs them with `-m benchmark_tools`
+pytestmark = pytest.mark.benchmark_tools
 REPO = Path(__file__).resolve().parents[1]
 DATA = MULTI30K_DIR
 

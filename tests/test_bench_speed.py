@@ -18,6 +18,8 @@ from mgsa_hf.benchmarking.rows import named_row
 from mgsa_hf.benchmarking.speed import build_model
 
 
+# the benchmark tools' own tests: not in the default run (setup.cfg), CI runs them with `-m benchmark_tools`
+pytestmark = pytest.mark.benchmark_tools
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "bench_speed.py"
 SMALL = ["--batch-size", "4", "--num-batches", "1", "--gen-sentences", "4", "--memory-batch-size", "2",
