@@ -47,18 +47,12 @@ def _holds_data_path(value) -> bool:
     return False
 
 
-def _code_names(code: types.CodeType):
-    yield from code.co_names
+def _nested_code(code: types.CodeType):
+    """`code` and the code objects inside it (its functions, lambdas and comprehensions), at any depth."""
+    yield code
     for constant in code.co_consts:
         if isinstance(constant, types.CodeType):
-            yield from _code_names(constant)
-
-
-def _code_strings(code: types.CodeType):
-    yield from (constant for constant in code.co_consts if isinstance(constant, str))
-    for constant in code.co_consts:
-        if isinstance(constant, types.CodeType):
-            yield from _code_strings(constant)
+            yield from _nested_code(constant)
 
 
 def _reaches_data(function, seen: set, fixture_functions) -> bool:
@@ -70,10 +64,10 @@ def _reaches_data(function, seen: set, fixture_functions) -> bool:
     if code is None or code in seen:
         return False
     seen.add(code)
-    for name in _code_strings(code):
+    for name in (constant for part in _nested_code(code) for constant in part.co_consts if isinstance(constant, str)):
         if any(_reaches_data(fixture, seen, fixture_functions) for fixture in fixture_functions(name)):
             return True
-    for name in _code_names(code):
+    for name in (name for part in _nested_code(code) for name in part.co_names):
         value = function.__globals__.get(name)
         if _holds_data_path(value):
             return True

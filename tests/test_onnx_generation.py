@@ -37,7 +37,7 @@ RHE_FIELDS = ["word_ids", "head_word_ids", "local_phrase_start", "local_phrase_e
 NGRAM = {"phrase_partition": "ngram", "phrase_interaction": "none", "phrase_tag_supervision": False}
 SYNTACTIC = {"phrase_partition": "syntactic", "phrase_interaction": "none"}
 # every kind is exported and tested (a kind is one line): (backbone, encoder type, config fields, the syntax fields its
-# encoder graph takes). The config fields override `EXPORT_LAYERS`.
+# encoder graph takes). The config fields override `ONNX_EXPORT_LAYERS`.
 MODELS = {
     "marian-transformer": ("marian", "transformer", {}, []),
     "marian-phrase_memory-ngram": ("marian", "phrase_memory", NGRAM, []),
@@ -56,7 +56,6 @@ MODELS = {
     "t5-hybrid": ("t5", "hybrid", {}, []),
     "t5-rhe": ("t5", "rhe", {}, RHE_FIELDS),
 }
-EXPORT_LAYERS = ONNX_EXPORT_LAYERS
 # exported from a saved folder by `scripts/export_onnx.py FOLDER OUT --generation` (the command line's path); the
 # int8 test quantizes a copy of its folder
 SCRIPT_EXPORTED = "marian-hybrid"
@@ -76,7 +75,7 @@ def exported(request, multi30k_processor, tiny_config, tiny_t5_config, tmp_path_
     """A tiny random model of each kind, exported once: `(name, PyTorch model, ONNX Runtime model, folder)`."""
     name = request.param
     backbone, encoder_type, fields, _ = MODELS[name]
-    fields = {**EXPORT_LAYERS[backbone], **fields}
+    fields = {**ONNX_EXPORT_LAYERS[backbone], **fields}
     torch.manual_seed(0)
     if backbone == "marian":
         model = MgsaForConditionalGeneration(tiny_config(multi30k_processor, encoder_type, init_std=0.2, **fields))

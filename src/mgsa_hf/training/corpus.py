@@ -134,7 +134,8 @@ def wait_for(folder: Path, what: str, poll_seconds: float = POLL_SECONDS,
             reported = time.monotonic()
             logger.warning(
                 "still waiting for the main process to prepare %s (%.0f min): %s. On several machines it must be a "
-                "folder they share (`prepared_dir`), or run `mgsa-hf prepare` with the same recipe on each first.",
+                "folder they share (`prepared_dir`), or run `mgsa-hf prepare` with the same recipe and tokenizer "
+                "folder (`tokenizer=`) on each first.",
                 what, (reported - started) / 60, folder)
         time.sleep(poll_seconds)
 
@@ -381,8 +382,8 @@ def _wait_for_tokenizer(folder: Path, wanted: dict, resuming: bool) -> None:
     started = reported = time.monotonic()
     while True:
         record = _tokenizer_record(folder)
-        if record == wanted or (resuming and _record_serves(record, wanted, resuming)
-                                and (folder / "tokenizer_config.json").is_file()):
+        if _record_serves(record, wanted, resuming) and (record == wanted
+                                                         or (folder / "tokenizer_config.json").is_file()):
             return
         if failed.is_file():
             raise RuntimeError(f"the main process failed to train the tokenizer ({folder}): "
