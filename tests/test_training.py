@@ -454,7 +454,8 @@ def test_multi30k_from_the_hub_as_the_readme_says(tmp_path, monkeypatch):
     assert {row["split"] for row in results["scores"]} == {"validation", "test"}
     with pytest.raises(ValueError, match=r"has no split\(s\) \['val'\]; it has \['test', 'train', 'validation'\]"):
         load_parallel_corpus("bentrevett/multi30k", "en", "de", {"train": "train", "validation": "val"})
-    with pytest.raises(FileNotFoundError, match="no-such-folder does not exist: .* Hub dataset id .*Getting Multi30k"):
+    missing = "no-such-folder' does not exist .*Hub dataset id.*MGSA_HF_DATA.*getting-started.md#the-data"
+    with pytest.raises(FileNotFoundError, match=missing):
         load_parallel_corpus(tmp_path / "no-such-folder", "en", "de", config.splits)
 
 

@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from ..evaluation import mean_std, paired_bootstrap, seed_level_test
+from ..training.catalogue import default_data
 from ..training.config import positive_int
 from .quality_report import (  # noqa: F401  (the report's functions, read as this module's by the tests)
     PAPER_RESULTS,
@@ -80,8 +81,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("step", choices=["prepare", "train", "report", "all", "run-one"])
     parser.add_argument("--budget", default="cpu", help="a name in configs/quality/ or a budget JSON file")
-    parser.add_argument("--data", default=str(REPOSITORY.parent / "shared" / "data" / "multi30k"),
-                        help="the corpus folder (prepare)")
+    parser.add_argument("--data", default=default_data(REPOSITORY),
+                        help="the corpus folder (prepare; default: $MGSA_HF_DATA/multi30k, else "
+                             "../shared/data/multi30k beside the checkout)")
     parser.add_argument("--root", default="runs/bench-quality", help="folder of the prepared corpus and the runs")
     parser.add_argument("--prepared", help="the prepared corpus folder (default: <root>/<budget>/prepared)")
     for split in ("train", "validation", "test"):

@@ -19,7 +19,7 @@ from ..training.run import COLLAPSED_FRACTION
 
 # ---------------------------------------------------------------------------------------------- the collapse probe
 
-# each is the packaged default config (src/mgsa_hf/default_train_config.yaml) plus these overrides
+# each is the packaged default recipe (src/mgsa_hf/training/recipes/default.yaml) plus these overrides
 COLLAPSE_CANDIDATES = {
     # 224-pair batches from the Trainer's length-grouped sampler: each run of 32 steps goes from the longest
     # sentences of a random 7168-pair chunk to the shortest

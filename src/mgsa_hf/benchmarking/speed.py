@@ -35,10 +35,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..training.catalogue import default_data
 from .rows import REPOSITORY, SPEED_ROWS, package_environment, recorded_command, rows_named
 
 
-DEFAULT_DATA = REPOSITORY.parent / "shared" / "data" / "multi30k"
+# $MGSA_HF_DATA/multi30k, else ../shared/data/multi30k beside the checkout
+DEFAULT_DATA = Path(default_data(REPOSITORY))
 
 # backbone -> size -> configuration fields (the same sizes in each backbone's own names)
 SIZES = {

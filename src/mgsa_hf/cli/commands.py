@@ -143,11 +143,13 @@ share of distinct translations, and the BLEU the folder's model card states for 
 
 def add_evaluate_arguments(parser) -> None:
     """The arguments of `mgsa-hf evaluate`: the model folder, the corpus folder and split, decoding."""
-    from ..training.config import TrainConfig, positive_int
+    from ..training.catalogue import DATA_ENV, default_data
+    from ..training.config import positive_int
 
     parser.add_argument("folder", help="saved model folder (model + processor)")
-    parser.add_argument("--data", default=TrainConfig.data,
-                        help="corpus folder of {split}.{lang}[.gz] files (default: %(default)s)")
+    parser.add_argument("--data", default=default_data(),
+                        help=f"corpus folder of {{split}}.{{lang}}[.gz] files (default: ${DATA_ENV}/multi30k where "
+                             "set, else ../shared/data/multi30k; here %(default)s)")
     parser.add_argument("--split", default="test_2016_flickr", help="the split's file name (default: %(default)s)")
     parser.add_argument("--source-lang", default="en", help="(default: %(default)s)")
     parser.add_argument("--target-lang", default="de", help="(default: %(default)s)")
@@ -164,12 +166,13 @@ def run_evaluate(args) -> dict:
     from .. import pipeline_translation  # noqa: F401  (registers the translation pipeline)
     from ..evaluation import translation_scores
     from ..tokenization_utils import read_lines
+    from ..training.catalogue import missing_data_message
     from ..training.data import find_split_file
 
     if not Path(args.folder).is_dir():
         raise FileNotFoundError(f"model folder {args.folder!r} does not exist.")
     if not Path(args.data).is_dir():
-        raise FileNotFoundError(f"corpus folder {args.data!r} does not exist (pass --data).")
+        raise FileNotFoundError(missing_data_message(args.data, "--data FOLDER (of {split}.{lang}[.gz] files)"))
     sources, references = (list(read_lines(find_split_file(Path(args.data), args.split, lang)))
                            for lang in (args.source_lang, args.target_lang))
     if len(sources) != len(references):

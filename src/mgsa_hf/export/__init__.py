@@ -312,13 +312,13 @@ def export_ctranslate2(
     if getattr(config, "model_type", None) != "mgsa":
         raise ValueError(
             f"{model_path} holds a {getattr(config, 'model_type', None)!r} model: CTranslate2 export takes the Marian "
-            "backbone (`mgsa`) with encoder_type=\"transformer\"; export other models to ONNX (`export_onnx`)."
+            "backbone (`mgsa`) with encoder_type=\"transformer\"; export other models to ONNX (`mgsa-hf export onnx`)."
         )
     if config.encoder_type != "transformer":
         raise ValueError(
             f'{model_path} has encoder_type="{config.encoder_type}": CTranslate2\'s Transformer spec has plain '
             "multi-head attention only, so only encoder_type=\"transformer\" converts; export this model to ONNX "
-            "(`mgsa_hf.export.export_onnx`, `scripts/export_onnx.py`)."
+            "(`mgsa-hf export onnx`, or `mgsa_hf.export.export_generation_onnx` in Python)."
         )
     if config.decoder_vocab_size not in (None, config.vocab_size):
         raise ValueError(

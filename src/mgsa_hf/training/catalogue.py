@@ -8,9 +8,13 @@ runs without one); a row is a JSON file of `MgsaConfig` fields of one encoder ty
 `<encoder_type>/<file stem>` (the papers' table rows; `rows/<encoder_type>/README.md` maps each to its table). A path
 to a file works wherever a name does. A launcher config is a YAML file of `accelerate launch` in
 `training/accelerate_configs/` (its `README.md` says what each is for and what to set).
+
+The Multi30k recipes read their corpus from [`default_data`]: `$MGSA_HF_DATA/multi30k` where that variable names the
+folder holding the project's data, else `../shared/data/multi30k` from the working directory.
 """
 
 import json
+import os
 from pathlib import Path
 
 
@@ -21,6 +25,36 @@ ROWS = PACKAGE / "rows"
 ACCELERATE_CONFIGS = TRAINING / "accelerate_configs"
 DEFAULT_RECIPE = "default"
 FINETUNE_RECIPE = "finetune"
+# the folder holding the project's data (`multi30k/`, `ptb-wsj-sample/`), and where Multi30k is without it
+DATA_ENV = "MGSA_HF_DATA"
+SHARED_MULTI30K = "../shared/data/multi30k"
+# where the docs say how to get Multi30k
+DATA_DOCS = 'docs/getting-started.md#the-data ("Getting started", "The data")'
+TRAIN_DATA_OPTION = ("data=FOLDER (a folder of {split}.{lang}[.gz] or {split}.jsonl files, a .jsonl file or a Hub "
+                     "dataset id)")
+
+
+def default_data(checkout: Path | None = None) -> str:
+    """The Multi30k folder read when no `data=` (`--data`) is given: the recipes', `mgsa-hf evaluate`'s and the
+    benchmark scripts'. `$MGSA_HF_DATA/multi30k` (absolute) where `MGSA_HF_DATA` is set, else `../shared/data/multi30k`
+    from the working directory (from `checkout`, the benchmark scripts' repository, when given)."""
+    root = os.environ.get(DATA_ENV)
+    if root:
+        return str(Path(root).expanduser().resolve() / "multi30k")
+    return str(checkout.parent / "shared" / "data" / "multi30k") if checkout else SHARED_MULTI30K
+
+
+def missing_data_message(source: str | Path, option: str = TRAIN_DATA_OPTION) -> str:
+    """What to do when the corpus `source` (a local path) does not exist: the path tried, `option` and
+    `MGSA_HF_DATA`, and the docs on getting Multi30k."""
+    where = f"{DATA_ENV}={os.environ[DATA_ENV]!r} is set" if os.environ.get(DATA_ENV) else f"{DATA_ENV} is not set"
+    return (f"corpus {str(source)!r} does not exist (tried {os.path.abspath(source)}; {where}). Pass {option}, or "
+            f"set {DATA_ENV} to the folder that holds multi30k/. Getting Multi30k: {DATA_DOCS}.")
+
+
+def looks_local(source: str | Path) -> bool:
+    """Whether a corpus `source` is written as a local path (`./`, `../`, `/`) rather than a Hub dataset id."""
+    return str(source).startswith((".", "/"))
 
 
 def _first_comment_lines(folder: Path) -> dict[str, str]:

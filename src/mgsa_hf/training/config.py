@@ -11,7 +11,17 @@ from pathlib import Path
 
 import yaml
 
-from .catalogue import DEFAULT_RECIPE, FINETUNE_RECIPE, RECIPES, expand_rows, override_key, recipe_path
+from .catalogue import (
+    DEFAULT_RECIPE,
+    FINETUNE_RECIPE,
+    RECIPES,
+    default_data,
+    expand_rows,
+    looks_local,
+    missing_data_message,
+    override_key,
+    recipe_path,
+)
 from .ownership import run_folder
 
 
@@ -24,8 +34,10 @@ DEFAULT_CONFIG = RECIPES / f"{DEFAULT_RECIPE}.yaml"
 @dataclass
 class TrainConfig:
     """
-    Everything one training run needs. Unknown keys are errors; `model`, `processor` and `training` hold the fields of
-    the backbone's configuration (`MgsaConfig` for `backbone: marian`, `MgsaT5Config` for `backbone: t5`),
+    Everything one training run needs. Unknown keys are errors. `data`: a folder of `{split}.{lang}[.gz]`,
+    `{split}.jsonl` or Arrow files, a JSONL file or a Hub dataset id; by default Multi30k at `$MGSA_HF_DATA/multi30k`,
+    else `../shared/data/multi30k` ([`~catalogue.default_data`]). `model`, `processor` and `training` hold the fields
+    of the backbone's configuration (`MgsaConfig` for `backbone: marian`, `MgsaT5Config` for `backbone: t5`),
     `MgsaProcessor` and `Seq2SeqTrainingArguments` and are checked against them before any work starts.
 
     Trees of the source sentences replace the processor's own (MG-SA's phrases and tags, PR's parse phrases and RHE's
@@ -43,6 +55,9 @@ class TrainConfig:
     system and faulted in again ([`reuse_freed_cpu_memory`]); it holds the run's peak memory for the rest of the
     process. `max_tokens_per_batch`: training batches of at most that many padded tokens per side and process, in
     random order ([`TokenBatchSampler`]), instead of `training.per_device_train_batch_size` sentences.
+    `threads`: torch's CPU threads in each training process (`torch.set_num_threads`, applied before the model is
+    built; unset: torch's default, one per core). On a machine whose cores are busy with other work, 1 is often much
+    faster than the default ([`apply_threads`]).
 
     `init_from`: an MGSA, Marian or T5 folder to fine-tune. The model keeps that checkpoint's configuration, and only
     the `model` keys set explicitly change it: `model.key=value` overrides, and the `model` section of a config file
@@ -73,7 +88,7 @@ class TrainConfig:
     evenly from the training split (null: all).
     """
 
-    data: str = "../shared/data/multi30k"
+    data: str = field(default_factory=default_data)
     source_lang: str = "en"
     target_lang: str = "de"
     splits: dict = field(default_factory=lambda: {"train": "train", "validation": "val", "test": "test_2016_flickr"})
@@ -101,6 +116,7 @@ class TrainConfig:
     examples: list = field(default_factory=list)
     reuse_cpu_memory: bool = True
     max_tokens_per_batch: int | None = None
+    threads: int | None = None
     collapse_check_step: int | None = None
     collapse_min_spread: float = 0.5
     collapse_restarts: int = 2
@@ -243,6 +259,14 @@ def _check_run_settings(config: TrainConfig) -> None:
     from .conversion import check_folder_or_hub_id, saved_processor_settings
     from .trainer import checkpoint_folders
 
+    threads = config.threads
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"`threads` must be a whole number >= 1 (torch's CPU threads per process) or null (torch's "
+                         f"default), got {threads!r}.")
+    if not isinstance(config.data, str) or not config.data:
+        raise ValueError(f"`data` must be a folder, a file or a Hub dataset id, got {config.data!r}.")
+    if looks_local(config.data) and not Path(config.data).exists():
+        raise FileNotFoundError(missing_data_message(config.data))
     for key in ("tokenizer", "init_from"):
         value = getattr(config, key)
         if value is not None and not isinstance(value, str):
@@ -267,6 +291,15 @@ def _check_run_settings(config: TrainConfig) -> None:
             raise FileNotFoundError(f"resume_from_checkpoint={resume!r}: no such checkpoint folder.")
     elif resume not in (None, False):
         raise ValueError(f"`resume_from_checkpoint` must be true, false or a checkpoint folder, got {resume!r}.")
+
+
+def apply_threads(config: TrainConfig) -> None:
+    """Set torch's CPU threads for this process to `config.threads` (`torch.set_num_threads`); unset: leave torch's
+    default."""
+    if config.threads is not None:
+        import torch
+
+        torch.set_num_threads(config.threads)
 
 
 def _backbone_classes(config: TrainConfig):

@@ -13,6 +13,7 @@ from pathlib import Path
 from datasets import Dataset, DatasetDict, load_dataset
 
 from ..tokenization_utils import read_lines
+from .catalogue import looks_local, missing_data_message
 
 
 # the column of the source sentences' PTB trees in the loaded corpus
@@ -156,11 +157,8 @@ def load_parallel_corpus(
         corpus = DatasetDict({"train": _read_jsonl(path, src_lang, tgt_lang, tree_column)})
     elif path.exists():
         raise FileNotFoundError(f"corpus {source} is neither a folder of split files nor a .jsonl file.")
-    elif str(source).startswith((".", "/")):
-        raise FileNotFoundError(
-            f"corpus {source} does not exist: `data` takes a folder of {{split}}.{{lang}}[.gz] or {{split}}.jsonl "
-            "files, a .jsonl file or a Hub dataset id (for Multi30k, see the README's \"Getting Multi30k\")."
-        )
+    elif looks_local(source):
+        raise FileNotFoundError(missing_data_message(source))
     else:
         hub = load_dataset(str(source), hub_config)
         unknown = sorted(set(wanted.values()) - set(hub))

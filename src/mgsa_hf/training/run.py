@@ -25,6 +25,7 @@ from .config import (
     _check_run_settings,
     _model_config_fields,
     _typed_training_values,
+    apply_threads,
     load_train_config,
     source_position_limit,
     validate_model_section,
@@ -220,6 +221,7 @@ def train(config: TrainConfig, callbacks: list | None = None):
     training_args = _training_arguments(config)  # validates the `training` section before any work
     _check_run_settings(config)
     validate_model_section(config)
+    apply_threads(config)
     keep = {"tokenizer": config.tokenizer, "init_from": config.init_from}
     with own_run_folders(config.output_dir, config.overwrite_output_dir, config.resume_from_checkpoint, keep,
                          training_args.process_index, training_args.world_size) as claim:
