@@ -62,6 +62,23 @@ def add_translate_arguments(parser) -> None:
                         help="cut source sentences to the tokenizer's model_max_length, or to the model's positions "
                              "where they are fewer (default: none is cut)")
     parser.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
+    add_threads_argument(parser)
+
+
+def add_threads_argument(parser) -> None:
+    """`--threads N`: the CPU threads that decoding uses (default: torch's or onnxruntime's own)."""
+    from ..training.config import positive_int
+
+    parser.add_argument("--threads", type=positive_int,
+                        help="CPU threads of torch (or of onnxruntime, for an ONNX folder) (default: theirs, one per "
+                             "core; on a busy machine 1 is often faster)")
+
+
+def _apply_threads(args) -> None:
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
 
 def split_input_lines(source) -> list[str]:
@@ -85,7 +102,8 @@ def _onnx_translations(folder: str, sentences: list[str], args, options: dict):
     """Batches of an ONNX folder's translations through `OrtMgsaForConditionalGeneration.generate`."""
     from ..processing_mgsa import MgsaProcessor
 
-    model = _onnx_generation("translating an ONNX folder").OrtMgsaForConditionalGeneration.from_pretrained(folder)
+    ort = _onnx_generation("translating an ONNX folder").OrtMgsaForConditionalGeneration
+    model = ort.from_pretrained(folder, threads=args.threads)
     processor = MgsaProcessor.from_pretrained(folder)
     cut = {"truncation": True, "max_length": options.pop("max_source_length")} if "max_source_length" in options \
         else {"truncation": options.pop("truncation", False)}
@@ -102,6 +120,7 @@ def run_translate(args) -> None:
 
     if not Path(args.model).is_dir():
         raise FileNotFoundError(f"model folder {args.model!r} does not exist.")
+    _apply_threads(args)
     sentences = _read_sources(args.input)
     options = {name: getattr(args, name) for name in ("num_beams", "max_length", "max_new_tokens", "max_source_length")
                if getattr(args, name) is not None}
@@ -157,6 +176,7 @@ def add_evaluate_arguments(parser) -> None:
     parser.add_argument("--num-beams", type=positive_int, help="beam size (default: the model's generation config)")
     parser.add_argument("--batch-size", type=positive_int, default=100, help="(default: %(default)s)")
     parser.add_argument("--output", help="also write the report as JSON here")
+    add_threads_argument(parser)
 
 
 def run_evaluate(args) -> dict:
@@ -173,6 +193,7 @@ def run_evaluate(args) -> dict:
         raise FileNotFoundError(f"model folder {args.folder!r} does not exist.")
     if not Path(args.data).is_dir():
         raise FileNotFoundError(missing_data_message(args.data, "--data FOLDER (of {split}.{lang}[.gz] files)"))
+    _apply_threads(args)
     sources, references = (list(read_lines(find_split_file(Path(args.data), args.split, lang)))
                            for lang in (args.source_lang, args.target_lang))
     if len(sources) != len(references):
@@ -186,23 +207,28 @@ def run_evaluate(args) -> dict:
     report = {"folder": args.folder, "data": args.data, "split": args.split, "sentences": len(sources),
               "bleu": scores["bleu"], "chrf": scores["chrf"], "distinct_fraction": scores["distinct_fraction"],
               "num_beams": args.num_beams or translator.model.generation_config.num_beams,
-              "bleu_signature": scores["bleu_signature"], "card_bleu": _card_bleu(args.folder, args.split)}
+              "bleu_signature": scores["bleu_signature"], "card_bleu": _card_bleu(args)}
     print(json.dumps(report, indent=2))
     if args.output:
         Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
-def _card_bleu(folder: str, split: str) -> float | None:
-    """The BLEU the folder's model card states for `split` (its `model-index`), or None."""
+def _card_bleu(args) -> float | None:
+    """The BLEU the folder's model card states for the split scored (its `model-index`, which names the split as the
+    card's dataset does: the Hub's `validation` and `test` for Multi30k's `val` and `test_2016_flickr`), or None."""
     from huggingface_hub import ModelCard
 
-    card_file = Path(folder) / "README.md"
+    from ..training.model_card import card_dataset
+
+    card_file = Path(args.folder) / "README.md"
     if not card_file.is_file():
         return None
     card = ModelCard.load(card_file)
+    dataset = card_dataset(args.data, args.source_lang, args.target_lang, [args.split])
+    names = {args.split, dataset.split_name(args.split)}
     return next((result.metric_value for result in card.data.eval_results or []
-                 if result.metric_type == "bleu" and result.dataset_split in (split, "test")), None)
+                 if result.metric_type == "bleu" and result.dataset_split in names), None)
 
 
 # convert ----------------------------------------------------------------------------------------------------
