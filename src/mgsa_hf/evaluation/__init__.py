@@ -208,13 +208,52 @@ def load_safetensors_state(folder: str | Path) -> dict[str, torch.Tensor]:
     return load_file(folder / "model.safetensors")
 
 
+# where accelerate saves an FSDP model's shards when `fsdp_state_dict_type` is `SHARDED_STATE_DICT` (its
+# `FSDP_MODEL_NAME` with the model's index): a torch.distributed.checkpoint folder of `.distcp` files and `.metadata`
+FSDP_SHARDED_MODEL = "pytorch_model_fsdp_0"
+
+
+def load_fsdp_sharded_state(checkpoint: str | Path) -> dict[str, torch.Tensor]:
+    """
+    The full weights of a Trainer checkpoint saved under FSDP with `SHARDED_STATE_DICT` (the shipped `fsdp.yaml`),
+    read in one process from its `pytorch_model_fsdp_0/` folder, each process's shards joined into whole tensors.
+
+    torch's `dcp_to_torch_save` joins them without a process group; accelerate's `merge_fsdp_weights` does the same
+    but waits for every process of the run, and only the main process averages.
+    """
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    folder = Path(checkpoint) / FSDP_SHARDED_MODEL
+    if not (folder / ".metadata").is_file():
+        raise FileNotFoundError(f"{folder} is not a sharded FSDP checkpoint (it has no .metadata).")
+    with tempfile.TemporaryDirectory(prefix="mgsa-fsdp-") as scratch:
+        dcp_to_torch_save(folder, Path(scratch) / "model.pt")
+        state = torch.load(Path(scratch) / "model.pt", map_location="cpu", weights_only=True)
+    # accelerate saves `{"model": state_dict}`
+    return state["model"] if set(state) == {"model"} else state
+
+
+def load_checkpoint_weights(checkpoint: str | Path) -> dict[str, torch.Tensor]:
+    """The weights of a checkpoint as [`load_safetensors_state`] reads them or, for a Trainer checkpoint saved under
+    FSDP with `SHARDED_STATE_DICT` (no `model.safetensors`), joined from its shards ([`load_fsdp_sharded_state`])."""
+    checkpoint = Path(checkpoint)
+    safetensors = ("model.safetensors", "model.safetensors.index.json")
+    if checkpoint.is_dir() and not any((checkpoint / name).is_file() for name in safetensors) \
+            and (checkpoint / FSDP_SHARDED_MODEL / ".metadata").is_file():
+        return load_fsdp_sharded_state(checkpoint)
+    return load_safetensors_state(checkpoint)
+
+
 def average_checkpoints(checkpoint_dirs: list[str | Path]) -> dict[str, torch.Tensor]:
-    """Element-wise mean of the safetensors weights of several checkpoints (files, or folders of one file or of
-    shards), as the papers average the last 5-20. Integer buffers are taken from the last checkpoint. By hand: no
-    library averages Transformers checkpoints (fairseq's `average_checkpoints.py` reads fairseq's own format)."""
+    """Element-wise mean of the weights of several checkpoints (safetensors files, folders of one file or of shards,
+    or Trainer checkpoints of FSDP's sharded state dict: [`load_checkpoint_weights`]), as the papers average the last
+    5-20. Integer buffers are taken from the last checkpoint. By hand: no library averages Transformers checkpoints
+    (fairseq's `average_checkpoints.py` reads fairseq's own format)."""
     if not checkpoint_dirs:
         raise ValueError("average_checkpoints needs at least one checkpoint.")
-    state_dicts = [load_safetensors_state(folder) for folder in checkpoint_dirs]
+    state_dicts = [load_checkpoint_weights(folder) for folder in checkpoint_dirs]
     averaged = {}
     for name, last in state_dicts[-1].items():
         if last.is_floating_point():

@@ -23,6 +23,7 @@ HOLDER_FILE = "run.lock.json"
 PREPARATION = ("prepared", "tokenizer", "prepared.failed", "tokenizer.failed")
 _KEPT = (LOCK_FILE, HOLDER_FILE, *PREPARATION)
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model_fsdp_0/.metadata")
 
 
 def run_folder(output_dir: str | Path) -> Path:
@@ -37,10 +38,11 @@ def run_folder(output_dir: str | Path) -> Path:
 
 
 def complete_checkpoints(folder: Path) -> list[Path]:
-    """The `checkpoint-<step>` folders in `folder` that hold the model's weights, by step."""
+    """The `checkpoint-<step>` folders in `folder` that hold the model's weights, by step: in safetensors, or in the
+    shards that FSDP's `SHARDED_STATE_DICT` leaves instead (accelerate's `pytorch_model_fsdp_0/`, a
+    torch.distributed.checkpoint folder, complete once its `.metadata` is written)."""
     found = [path for path in Path(folder).glob("checkpoint-*")
-             if _CHECKPOINT.match(path.name) and ((path / "model.safetensors").is_file()
-                                                  or (path / "model.safetensors.index.json").is_file())]
+             if _CHECKPOINT.match(path.name) and any((path / name).is_file() for name in _WEIGHTS)]
     return sorted(found, key=_step)
 
 

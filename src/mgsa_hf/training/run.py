@@ -180,14 +180,33 @@ def _score_split(trainer, processed, corpus, split: str, config: TrainConfig, to
     return {"split": split, **scores, "cut_sources": cut, "source_limit": limit, "predictions": predictions}
 
 
-def _maybe_average(trainer, config: TrainConfig, processed, corpus, tokenizer, claim) -> dict | None:
-    """Average the run's last N checkpoints ([`RunClaim.checkpoints`]); keep the average when it scores at least as
-    well as the selected model."""
+def _maybe_average(trainer, config: TrainConfig, processed, corpus, tokenizer, claim) -> dict:
+    """Average the run's last N checkpoints ([`RunClaim.checkpoints`]: safetensors, or FSDP's sharded state dict);
+    keep the average when it scores at least as well as the selected model. Where it cannot average, it says why:
+    a warning, and `{"skipped": reason}` for the results."""
     from ..evaluation import average_checkpoints, load_checkpoint_state
+    from .trainer import checkpoint_folders
 
-    checkpoints = claim.checkpoints(trainer.args.output_dir)[-config.average_last_checkpoints :]
-    if len(checkpoints) < 2:
-        return None
+    folder = Path(trainer.args.output_dir)
+    readable = claim.checkpoints(folder)
+    checkpoints = readable[-config.average_last_checkpoints :]
+    reason = None
+    if config.average_last_checkpoints < 2:
+        reason = f"average_last_checkpoints={config.average_last_checkpoints} names one checkpoint; it takes 2 or more"
+    elif len(checkpoints) < 2:
+        reason = (f"{len(checkpoints)} of the run's checkpoints in {folder} hold weights that averaging reads "
+                  f"({', '.join(path.name for path in checkpoints) or 'none'}); it takes 2 or more")
+        unread = sorted({path.name for path in checkpoint_folders(folder)} - {path.name for path in readable})
+        if unread:
+            reason += (f"; {', '.join(unread)} hold neither model.safetensors nor FSDP's sharded "
+                       "pytorch_model_fsdp_0/, or are another run's")
+        else:
+            reason += "; save more of them (training.save_steps, training.save_total_limit)"
+    elif "validation" not in processed:
+        reason = "there is no validation split to score the average against the selected model"
+    if reason:
+        logger.warning("checkpoint averaging skipped: %s. The selected model is kept.", reason)
+        return {"skipped": reason}
     selected = _score_split(trainer, processed, corpus, "validation", config, tokenizer)
     selected_state = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     load_checkpoint_state(trainer.model, average_checkpoints(checkpoints), f"the average of {checkpoints[0].parent}")
