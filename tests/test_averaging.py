@@ -1,9 +1,9 @@
-"""Checkpoint averaging under every shipped launcher config.
+"""Checkpoint averaging under every shipped launcher config, and the tokens of one update.
 
 Under `fsdp.yaml` (`SHARDED_STATE_DICT`) a Trainer checkpoint holds no `model.safetensors`, only accelerate's
 `pytorch_model_fsdp_0/` (a torch.distributed.checkpoint folder of one `.distcp` file per process): averaging reads the
 whole weights back from those shards. Where a configured average cannot be taken, the run says why, in a warning and
-in `results.json`.
+in `results.json`. `tokens_per_update` sets gradient accumulation for the number of processes.
 """
 
 import json
@@ -23,13 +23,13 @@ from accelerate.utils.fsdp_utils import save_fsdp_model
 from conftest import MULTI30K_DIR, tiny_sizes
 from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
-from transformers import TrainerCallback
+from transformers import Seq2SeqTrainingArguments, TrainerCallback
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration
 from mgsa_hf.evaluation import FSDP_SHARDED_MODEL, average_checkpoints, load_checkpoint_state
-from mgsa_hf.training.config import load_train_config
+from mgsa_hf.training.config import gradient_accumulation_for_tokens, load_train_config
 from mgsa_hf.training.ownership import complete_checkpoints, run_folder
-from mgsa_hf.training.run import train
+from mgsa_hf.training.run import _training_arguments, train
 
 
 try:
@@ -176,3 +176,67 @@ def test_an_average_that_cannot_be_taken_is_reported(tmp_path, caplog, overrides
     assert re.search(expected, recorded["averaging"]["skipped"]), recorded["averaging"]
     assert "checkpoint averaging skipped: " + recorded["averaging"]["skipped"] in caplog.text
 
+
+@pytest.mark.parametrize(("world_size", "accumulation"), [(1, 7), (2, 4), (8, 1)])
+def test_tokens_per_update_sets_gradient_accumulation_for_the_processes(tmp_path, monkeypatch, world_size,
+                                                                       accumulation):
+    """`tokens_per_update` gives ⌈tokens / (max_tokens_per_batch × processes)⌉ accumulated batches: the `wmt14`
+    recipe's 25000 tokens with 4096-token batches, and the training arguments of a run on 1, 2 or 8 processes."""
+    wmt14 = load_train_config("wmt14")
+    assert (wmt14.tokens_per_update, wmt14.max_tokens_per_batch) == (25000, 4096)
+    assert gradient_accumulation_for_tokens(wmt14, world_size) == accumulation
+
+    monkeypatch.setattr(Seq2SeqTrainingArguments, "world_size", property(lambda self: world_size))
+    args = _training_arguments(tiny_config(tmp_path, "max_tokens_per_batch=300", "tokens_per_update=2000"))
+    assert args.world_size == world_size
+    assert args.gradient_accumulation_steps == -(-2000 // (300 * world_size))
+    # an explicit value that agrees is kept
+    args = _training_arguments(tiny_config(tmp_path, "max_tokens_per_batch=300", "tokens_per_update=2000",
+                                           f"training.gradient_accumulation_steps={-(-2000 // (300 * world_size))}"))
+    assert args.gradient_accumulation_steps == -(-2000 // (300 * world_size))
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["training.gradient_accumulation_steps=2"],
+     r"`tokens_per_update=2000` .* `training.gradient_accumulation_steps=7`, but "
+     r"`training.gradient_accumulation_steps=2` is set"),
+    (["max_tokens_per_batch=null"], r"`tokens_per_update=2000` counts token batches: set `max_tokens_per_batch`"),
+    (["tokens_per_update=0"], r"`tokens_per_update` must be a positive whole number of tokens, got 0"),
+    (["tokens_per_update=many"], r"`tokens_per_update` must be a positive whole number of tokens, got 'many'"),
+    (["tokens_per_update=null", "training.tokens_per_update=2000"],
+     r"unknown `training` key\(s\) \['tokens_per_update'\].*a key of its own, beside `max_tokens_per_batch`"),
+], ids=["disagrees", "sentence-batches", "zero", "text", "in-training"])
+def test_tokens_per_update_errors_name_the_keys(tmp_path, overrides, expected):
+    """`tokens_per_update` with an explicit `training.gradient_accumulation_steps` that disagrees, without token
+    batches, or not a positive count stops before any work, naming the keys."""
+    config = tiny_config(tmp_path, "max_tokens_per_batch=300", "tokens_per_update=2000", *overrides)
+    with pytest.raises(ValueError, match=expected):
+        _training_arguments(config)
+
+
+class CountBatches(TrainerCallback):
+    """The batches a run trains on: each update's last (`on_step_end`) and the ones before it (`on_substep_end`)."""
+
+    def __init__(self):
+        self.batches = self.updates = 0
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        self.batches += 1
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.batches, self.updates = self.batches + 1, self.updates + 1
+
+
+def test_a_run_records_its_tokens_per_update(tmp_path, caplog):
+    """A run with `tokens_per_update` trains each update on the derived number of token batches and records the most
+    tokens of one update (`max_tokens_per_batch` × processes × accumulation) in its log and `results.json`."""
+    counter = CountBatches()
+    with caplog.at_level(logging.INFO, logger="mgsa_hf"):
+        results, _ = train(tiny_config(tmp_path / "model", "training.max_steps=2", "max_tokens_per_batch=300",
+                                       "tokens_per_update=700"), callbacks=[counter])
+    assert (counter.updates, counter.batches) == (2, 6)  # ⌈700 / 300⌉ = 3 batches an update
+    recorded = json.loads((run_folder(tmp_path / "model") / "results.json").read_text())
+    assert results["tokens_per_update"] == recorded["tokens_per_update"] == 900
+    assert results["gradient_accumulation_steps"] == recorded["gradient_accumulation_steps"] == 3
+    assert "tokens per update: at most 900 per side (300 per batch x 1 processes x 3 accumulated batches; " \
+           "tokens_per_update=700)" in caplog.text

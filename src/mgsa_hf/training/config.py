@@ -5,6 +5,7 @@ the `training` section as `Seq2SeqTrainingArguments`' own parser reads it, the f
 import argparse
 import dataclasses
 import logging
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,8 @@ class TrainConfig:
     `threads`: torch's CPU threads in each training process (`torch.set_num_threads`, applied before the model is
     built; unset: torch's default, one per core). On a machine whose cores are busy with other work, 1 is often much
     faster than the default ([`apply_threads`]).
+    `tokens_per_update`: the tokens per side of one optimizer update, from which `training.gradient_accumulation_steps`
+    follows for the run's number of processes ([`gradient_accumulation_for_tokens`]); it needs `max_tokens_per_batch`.
 
     `init_from`: an MGSA, Marian or T5 folder to fine-tune. The model keeps that checkpoint's configuration, and only
     the `model` keys set explicitly change it: `model.key=value` overrides, and the `model` section of a config file
@@ -117,6 +120,7 @@ class TrainConfig:
     reuse_cpu_memory: bool = True
     max_tokens_per_batch: int | None = None
     threads: int | None = None
+    tokens_per_update: int | None = None
     collapse_check_step: int | None = None
     collapse_min_spread: float = 0.5
     collapse_restarts: int = 2
@@ -291,6 +295,35 @@ def _check_run_settings(config: TrainConfig) -> None:
             raise FileNotFoundError(f"resume_from_checkpoint={resume!r}: no such checkpoint folder.")
     elif resume not in (None, False):
         raise ValueError(f"`resume_from_checkpoint` must be true, false or a checkpoint folder, got {resume!r}.")
+
+
+def gradient_accumulation_for_tokens(config: TrainConfig, world_size: int) -> int | None:
+    """
+    The `gradient_accumulation_steps` that gives each update `tokens_per_update` tokens (per side) or a few more:
+    ⌈tokens_per_update / (max_tokens_per_batch × world_size)⌉, as fairseq's `--update-freq` is chosen for its
+    `--max-tokens` on a number of GPUs. None without `tokens_per_update`. An error when it is not a positive whole
+    number, without token batches (`max_tokens_per_batch`), or when `training.gradient_accumulation_steps` is set to
+    another value.
+    """
+    tokens = config.tokens_per_update
+    if tokens is None:
+        return None
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"`tokens_per_update` must be a positive whole number of tokens, got {tokens!r}.")
+    if not config.max_tokens_per_batch:
+        raise ValueError(f"`tokens_per_update={tokens}` counts token batches: set `max_tokens_per_batch` too (the "
+                         "tokens of one process's batch), or leave `tokens_per_update` unset for sentence batches.")
+    if isinstance(config.max_tokens_per_batch, bool) or not isinstance(config.max_tokens_per_batch, int) \
+            or config.max_tokens_per_batch < 1:
+        raise ValueError(f"`max_tokens_per_batch` must be a positive number of tokens, got "
+                         f"{config.max_tokens_per_batch!r}.")
+    steps = math.ceil(tokens / (config.max_tokens_per_batch * world_size))
+    given = config.training.get("gradient_accumulation_steps")
+    if given is not None and given != steps:
+        raise ValueError(f"`tokens_per_update={tokens}` with `max_tokens_per_batch={config.max_tokens_per_batch}` on "
+                         f"{world_size} process(es) means `training.gradient_accumulation_steps={steps}`, but "
+                         f"`training.gradient_accumulation_steps={given}` is set: leave out one of the two.")
+    return steps
 
 
 def apply_threads(config: TrainConfig) -> None:

@@ -26,6 +26,7 @@ from .config import (
     _model_config_fields,
     _typed_training_values,
     apply_threads,
+    gradient_accumulation_for_tokens,
     load_train_config,
     source_position_limit,
     validate_model_section,
@@ -59,7 +60,9 @@ def _training_arguments(config: TrainConfig):
     allowed = set(inspect.signature(Seq2SeqTrainingArguments).parameters)
     unknown = sorted(set(config.training) - allowed)
     if unknown:
-        raise ValueError(f"unknown `training` key(s) {unknown}: they must be Seq2SeqTrainingArguments fields.")
+        raise ValueError(f"unknown `training` key(s) {unknown}: they must be Seq2SeqTrainingArguments fields"
+                         + ("; `tokens_per_update` is a key of its own, beside `max_tokens_per_batch`"
+                            if "tokens_per_update" in unknown else "") + ".")
     config.training = _typed_training_values(config.training)
     fields = {
         "output_dir": str(run_folder(config.output_dir) / "checkpoints"),
@@ -74,7 +77,21 @@ def _training_arguments(config: TrainConfig):
     }
     if fields["use_cpu"]:
         _join_cpu_processes(fields.get("ddp_timeout", 1800))
-    return Seq2SeqTrainingArguments(**fields)
+    args = Seq2SeqTrainingArguments(**fields)
+    # the processes are known once the arguments have set up the distributed state
+    accumulation = gradient_accumulation_for_tokens(config, args.world_size)
+    if accumulation is not None:
+        args.gradient_accumulation_steps = accumulation
+    return args
+
+
+def tokens_per_update(config: TrainConfig, args) -> int | None:
+    """The most tokens (per side) of one optimizer update with token batches: `max_tokens_per_batch` × processes ×
+    `gradient_accumulation_steps` (a batch holds at most `max_tokens_per_batch` padded tokens). None for sentence
+    batches."""
+    if not isinstance(config.max_tokens_per_batch, int) or config.max_tokens_per_batch < 1:
+        return None  # sentence batches (a wrong value stops the Trainer, naming the key)
+    return config.max_tokens_per_batch * args.world_size * args.gradient_accumulation_steps
 
 
 def _join_cpu_processes(timeout_seconds: int) -> None:
@@ -261,6 +278,12 @@ def _train(config: TrainConfig, training_args, callbacks, claim):
 
     if config.reuse_cpu_memory and training_args.use_cpu:
         reuse_freed_cpu_memory()
+    update_tokens = tokens_per_update(config, training_args)
+    if update_tokens and training_args.process_index == 0:
+        logger.info("tokens per update: at most %d per side (%d per batch x %d processes x %d accumulated batches%s)",
+                    update_tokens, config.max_tokens_per_batch, training_args.world_size,
+                    training_args.gradient_accumulation_steps,
+                    f"; tokens_per_update={config.tokens_per_update}" if config.tokens_per_update else "")
     corpus, processor, processed = prepare(config, training_args)
     check_same_inputs(inputs_fingerprint(processor, processed))  # one vocabulary and one corpus on every machine
     tokenizer = processor.tokenizer
@@ -299,6 +322,9 @@ def _train(config: TrainConfig, training_args, callbacks, claim):
         resume_from_checkpoint = None  # the next seed starts from its own initialisation
     results = {"encoder_type": model.config.encoder_type, "global_step": train_output.global_step,
                "train_loss": train_output.training_loss, "seed": training_args.seed}
+    if update_tokens:
+        results["tokens_per_update"] = update_tokens
+        results["gradient_accumulation_steps"] = training_args.gradient_accumulation_steps
     if restarts:
         results["restarts"] = restarts
     trainer.model = model_for_main_process(trainer.model, training_args.device)  # every process: FSDP gathers it
@@ -349,9 +375,11 @@ def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores
         generation_config=trainer.model.generation_config,
         train_size=len(corpus["train"]),
         hyperparameters=hyperparameters,
-        # each split under the name the card's dataset gives it: the Hub's, else the corpus's own (`test_2016_flickr`)
-        results=[{**row, "split": dataset.split_name(config.splits.get(row["split"]) or row["split"])}
-                 for row in results["scores"]],
+        # each split under the name the card's dataset gives it (the Hub's, else the corpus's own), and the corpus's
+        # own name (`test_2016_flickr`), which the card's table shows
+        results=[{**row, "split": dataset.split_name(config.splits.get(row["split"]) or row["split"]),
+                  "corpus_split": config.splits.get(row["split"]) or row["split"]} for row in results["scores"]],
+        num_parameters=trainer.model.num_parameters(),
         parser=processor.parser.resolved_name if processor.with_syntax else None,
         tree_source=describe_tree_source(processor.parser.tree_parser, bool(config.trees or config.tree_column)),
     )
@@ -396,6 +424,9 @@ def run_train(args) -> dict:
         for restart in results.get("restarts", []):
             print(f"seed {restart['seed']}: the encoder had collapsed at step {restart['step']} (token spread "
                   f"{restart['encoder_token_spread']:.4f}); trained again with seed {restart['seed'] + 1}")
+        if results.get("tokens_per_update"):
+            print(f"tokens per update: at most {results['tokens_per_update']} per side "
+                  f"(gradient_accumulation_steps={results['gradient_accumulation_steps']})")
         for row in results["scores"]:
             print(f"{row['split']}: BLEU {row['bleu']:.2f}  chrF {row['chrf']:.2f}  "
                   f"{row['distinct_fraction']:.1%} distinct  ({row['bleu_signature']})"
