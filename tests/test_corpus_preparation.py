@@ -4,7 +4,6 @@ no process-group timeout), and one tokenizer for every machine of a run."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -63,6 +62,39 @@ def test_prepared_once_equal_to_mapping_in_memory(tmp_path, monkeypatch):
     _, _, again = prepare(config)
     assert time.perf_counter() - started < 10 and again["train"][:] == processed["train"][:]
     assert list(column_lengths(again["train"], "input_ids")) == [len(ids) for ids in processed["train"]["input_ids"]]
+
+
+def test_corpus_key_follows_content_not_path_or_times(tmp_path):
+    """The corpus step's key: the same files at two paths give one key (two machines need not agree on paths); a file
+    changed in place with its size and modification time restored (`cp -p`, `rsync -t`) gives a new key, as does a
+    renamed file; the tokenizer's record names the corpus by that key."""
+    from mgsa_hf.training.corpus import content_key, corpus_parts, tokenizer_record
+
+    for folder in ("a", "b/c"):
+        (tmp_path / folder).mkdir(parents=True)
+        for name in ("train", "val", "test_2016_flickr"):
+            for lang in ("en", "de"):
+                lines = list(read_lines(DATA / f"{name}.{lang}.gz", 20))
+                (tmp_path / folder / f"{name}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    def key(folder):
+        return content_key(corpus_parts(recipe(tmp_path, f"data={tmp_path / folder}")))
+
+    first = key("a")
+    assert key("b/c") == first
+    changed = tmp_path / "a" / "train.en"
+    stat = changed.stat()
+    text = changed.read_text(encoding="utf-8")
+    changed.write_text(text.replace("A", "a", 1), encoding="utf-8")  # same size
+    os.utime(changed, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert changed.stat().st_size == stat.st_size and changed.stat().st_mtime_ns == stat.st_mtime_ns
+    assert key("a") != first
+    changed.write_text(text, encoding="utf-8")
+    assert key("a") == first
+    (tmp_path / "b" / "c" / "val.de").rename(tmp_path / "b" / "c" / "val.fr")
+    assert key("b/c") != first
+    config = recipe(tmp_path, f"data={tmp_path / 'a'}")
+    assert tokenizer_record(config, key("a"))["corpus"] == first
 
 
 def test_other_processes_wait_for_the_main_one(tmp_path):
@@ -144,25 +176,21 @@ def test_two_machines_share_one_tokenizer(tmp_path):
 
 @pytest.mark.parametrize(("data", "port"), [("same", 29577), ("one line differs", 29579)])
 def test_two_machines_that_prepare_apart(tmp_path, data, port):
-    """Two machine ranks without a shared folder (each its own working directory, copy of the data, copy of one trained
-    tokenizer and run folder), the second prepared beforehand by `mgsa-hf prepare`: with the same data both train;
-    with one sentence changed on the second machine both processes stop before training, naming that machine's rank
-    and what differs (DDP would have averaged the gradients of two corpora, or of two vocabularies' embeddings)."""
-    from mgsa_hf.tokenization_utils import train_joint_tokenizer
-
-    train_joint_tokenizer(DATA / "train.en.gz", DATA / "train.de.gz", tmp_path / "tokenizer", vocab_size=400,
-                          max_sentences=200)
+    """Two machine ranks without a shared folder (each its own working directory, copy of the data and run folder,
+    each training its own tokenizer), the second prepared beforehand by `mgsa-hf prepare`: with the same data both
+    train, on identical vocabularies; with one sentence changed on the second machine both processes stop before
+    training, naming that machine's rank and what differs (DDP would have averaged the gradients of two corpora, or of
+    two vocabularies' embeddings)."""
     machines = [tmp_path / "machine-0", tmp_path / "machine-1"]
     for number, machine in enumerate(machines):
         (machine / "data").mkdir(parents=True)
-        shutil.copytree(tmp_path / "tokenizer", machine / "tokenizer")
         for name in ("train", "val", "test_2016_flickr"):
             for lang in ("en", "de"):
                 lines = list(read_lines(DATA / f"{name}.{lang}.gz", 200))
                 if number == 1 and data != "same" and name == "train" and lang == "en":
                     lines[5] = "A purple elephant juggles seven umbrellas on a frozen lake."
                 (machine / "data" / f"{name}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    overrides = ["data=data", "output_dir=model", "tokenizer=tokenizer", "model.encoder_type=transformer",
+    overrides = ["data=data", "output_dir=model", "vocab_size=400", "model.encoder_type=transformer",
                  "training.max_steps=2", "training.eval_strategy=no", "training.save_strategy=no",
                  "max_eval_samples=2", "max_test_samples=2"]
     prepared = subprocess.run([sys.executable, "-m", "mgsa_hf.cli", "prepare", str(TINY), *overrides],

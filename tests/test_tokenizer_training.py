@@ -68,3 +68,29 @@ def test_a_resumed_run_keeps_a_tokenizer_recorded_before_the_corpus_was(splits, 
         load_or_train_tokenizer(run_config(output_dir, vocab_size=300, resume=True), splits[0], corpus_key="corpus-a")
     load_or_train_tokenizer(run_config(output_dir), splits[0], corpus_key="corpus-a")
     assert json.loads((folder / "trained_for.json").read_text())["corpus"] == "corpus-a"
+
+
+def test_three_trainings_give_identical_files(tmp_path):
+    """The joint tokenizer (fast and Marian's SentencePiece format) trained three times on the same data, in three
+    processes with different hash seeds (the order of Python's sets and dicts) and thread settings: byte-identical
+    files, so machines that prepare apart, and the same command run again, learn the same ids."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    script = ("import sys; from mgsa_hf.tokenization_utils import train_joint_tokenizer\n"
+              "for kind in ('fast', 'marian'):\n"
+              "    train_joint_tokenizer(sys.argv[1], sys.argv[2], f'{sys.argv[3]}/{kind}', vocab_size=600, "
+              "max_sentences=1500, tokenizer_type=kind)")
+    digests = []
+    for number, threads in enumerate(("1", "2", "2")):
+        folder = tmp_path / f"training-{number}"
+        env = {**os.environ, "PYTHONHASHSEED": str(number), "OMP_NUM_THREADS": threads,
+               "RAYON_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "true"}
+        subprocess.run([sys.executable, "-c", script, str(MULTI30K_DIR / "train.en.gz"),
+                        str(MULTI30K_DIR / "train.de.gz"), str(folder)], env=env, check=True, timeout=300)
+        digests.append({str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+                        for path in sorted(folder.rglob("*")) if path.is_file()})
+    assert {"fast/tokenizer.json", "marian/source.spm", "marian/vocab.json"} <= digests[0].keys()
+    assert digests[0] == digests[1] == digests[2]

@@ -27,6 +27,8 @@ SPIECE_UNDERLINE = "\u2581"
 # how far past the previous piece (and any whitespace) a piece is searched for
 MAX_PIECE_SKIP = 8
 _NON_SPACE = re.compile(r"\S")
+# SentencePiece's trainer threads: fixed, so that every machine learns the same vocabulary (see _train_sentencepiece)
+TRAINER_THREADS = 16
 
 
 def read_lines(path: str | Path, max_lines: int | None = None) -> Iterator[str]:
@@ -106,26 +108,53 @@ def _as_list(files):
     return [files] if isinstance(files, (str, Path)) else list(files)
 
 
-def _train_fast_tokenizer(sentences, vocab_size, model_max_length):
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
+def _train_sentencepiece(sentences, vocab_size, normalization_rule_name):
+    """A SentencePiece unigram model trained on `sentences`: the bytes of its `.model` file, and the model loaded. Its
+    id 0 is `<unk>`, which becomes ours (`vocab_size` counts our three special tokens).
+
+    SentencePiece gives the same file for the same sentences and settings every time, on every machine, as long as
+    its number of threads is the same (each thread sums its share of the expected counts in floating point): the
+    threads are therefore fixed at [`TRAINER_THREADS`], not taken from the machine's cores. (The `tokenizers`
+    unigram trainer is not deterministic: two trainings give the same pieces under different ids.)"""
+    try:  # in a `try` block: transformers' check of a remote folder's imports skips it (a saved processor with a
+        # fast tokenizer needs no sentencepiece)
+        import sentencepiece as spm
+    except ImportError as error:
+        raise ImportError(f"Training a tokenizer needs `sentencepiece` ({error}): `pip install sentencepiece`.") \
+            from error
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=model,
+        vocab_size=vocab_size - len(SPECIAL_TOKENS) + 1,  # the model's own <unk> becomes ours
+        model_type="unigram",
+        character_coverage=1.0,
+        normalization_rule_name=normalization_rule_name,
+        unk_id=0,
+        bos_id=-1,
+        eos_id=-1,
+        hard_vocab_limit=False,
+        input_sentence_size=0,  # every sentence given (the caller draws the sample), no random subsample
+        num_threads=TRAINER_THREADS,
+        minloglevel=2,
     )
+    return model.getvalue(), spm.SentencePieceProcessor(model_proto=model.getvalue())
+
+
+def _train_fast_tokenizer(sentences, vocab_size, model_max_length):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    backend = Tokenizer(models.Unigram())
+    # SentencePiece's NFKC rule is the fast tokenizer's normaliser: the pieces are learnt on the text they will cut
+    _, processor = _train_sentencepiece(sentences, vocab_size, "nfkc")
+    pieces = [(token, 0.0) for token in SPECIAL_TOKENS]
+    pieces += [(processor.id_to_piece(i), processor.get_score(i)) for i in range(1, processor.get_piece_size())]
+    backend = Tokenizer(models.Unigram(pieces, unk_id=SPECIAL_TOKENS.index("<unk>"), byte_fallback=False))
     backend.normalizer = normalizers.NFKC()
     backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPIECE_UNDERLINE)
     backend.decoder = decoders.Metaspace(replacement=SPIECE_UNDERLINE)
-    trainer = trainers.UnigramTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), unk_token="<unk>", show_progress=False
-    )
-    backend.train_from_iterator(sentences, trainer=trainer)
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
     eos = SPECIAL_TOKENS[0]
     backend.post_processor = processors.TemplateProcessing(
         single=f"$A {eos}", pair=f"$A $B {eos}", special_tokens=[(eos, backend.token_to_id(eos))]
@@ -140,33 +169,15 @@ def _train_fast_tokenizer(sentences, vocab_size, model_max_length):
 
 
 def _train_marian_tokenizer(sentences, vocab_size, model_max_length, output_dir):
-    try:  # in a `try` block: transformers' check of a remote folder's imports skips it (a saved processor with a
-        # fast tokenizer needs no sentencepiece)
-        import sentencepiece as spm
-    except ImportError as error:
-        raise ImportError(f"A Marian (SentencePiece) tokenizer needs `sentencepiece` ({error}): "
-                          "`pip install sentencepiece`.") from error
     from transformers import MarianTokenizer
 
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences),
-        model_writer=model,
-        vocab_size=vocab_size - len(SPECIAL_TOKENS) + 1,  # the model's own <unk> becomes ours
-        model_type="unigram",
-        character_coverage=1.0,
-        unk_id=0,
-        bos_id=-1,
-        eos_id=-1,
-        hard_vocab_limit=False,
-        minloglevel=2,
-    )
-    processor = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    # SentencePiece's default normaliser (NFKC and whitespace rules), as opus-mt's models
+    model, processor = _train_sentencepiece(sentences, vocab_size, "nmt_nfkc")
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
     for piece in map(processor.id_to_piece, range(processor.get_piece_size())):
         vocab.setdefault(piece, len(vocab))
     for name in ("source.spm", "target.spm"):
-        (output_dir / name).write_bytes(model.getvalue())
+        (output_dir / name).write_bytes(model)
     (output_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     return MarianTokenizer(
         str(output_dir / "source.spm"),

@@ -5,8 +5,9 @@ Preparing a corpus is two steps, each written to its own folder under `prepared_
 
 1. `corpus-<key>`: the corpus's splits as Arrow files (`datasets`' `save_to_disk`), read from a folder of text files
    in batches (the text is never held in memory whole), from a JSONL file or from the Hub. The key covers the source
-   (each local file's path, size and modification time; a Hub id and configuration), the splits, languages, sample
-   limits and tree files.
+   (each local file's name in its folder and the hash of its bytes, [`file_identity`]; a Hub id and configuration),
+   the splits, languages, sample limits and tree files: the same corpus copied to another path or machine has the
+   same key, and a file changed in place (even with its size and modification time restored) a new one.
 2. `processed-<key>`: the tokenized (and, for a model that reads syntax, parsed) splits, made by `num_proc` worker
    processes (each with its own spaCy pipeline). The key adds the processor's fingerprint (its settings, its
    tokenizer, the parser and this package's code) and the length limits.
@@ -16,9 +17,8 @@ is whole or absent; a second launch, a resume and every other process load it me
 seconds. Under `accelerate launch` only the main process of the whole run (rank 0 of machine 0) prepares; the others
 wait for the folder by looking at the disk every few seconds, which no process-group timeout bounds (a barrier
 would: `ddp_timeout`). On several machines `prepared_dir` must be a folder they share, or each machine prepares it
-beforehand with `mgsa-hf prepare` and the same tokenizer folder (`tokenizer=`: two trainings of one corpus give the
-same pieces under other ids); the run compares what every process prepared before it trains
-(`distributed.check_same_inputs`).
+beforehand with `mgsa-hf prepare` (the tokenizer's training gives the same vocabulary from the same corpus on every
+machine); the run compares what every process prepared before it trains (`distributed.check_same_inputs`).
 """
 
 import hashlib
@@ -37,8 +37,8 @@ logger = logging.get_logger(__name__)
 
 # written last into a prepared folder: the folder is complete
 MARKER = "prepared.json"
-# the layout of the prepared folders; a change gives new keys
-FORMAT_VERSION = 1
+# the layout of the prepared folders and their keys; a change gives new keys
+FORMAT_VERSION = 2
 # how often a waiting process looks for the prepared folder, and how often it says that it still waits (seconds)
 POLL_SECONDS, REPORT_SECONDS = 2.0, 300.0
 
@@ -49,13 +49,34 @@ def content_key(parts: dict) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
 
 
-def file_identity(path: str | Path) -> dict:
-    """A local file's absolute path, size and modification time: what names its content without reading it (a file
-    that does not exist is named as such: reading the corpus then says so)."""
-    if not Path(path).is_file():
-        return {"path": str(path), "missing": True}
-    stat = Path(path).stat()
-    return {"path": str(Path(path).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+# the digests of the files read in this process, by their identity on disk: a file is read once a process
+_DIGESTS: dict[tuple, str] = {}
+
+
+def file_digest(path: Path) -> str:
+    """The SHA-256 of a file's bytes (about a second a GB of one core). Kept for the process by the file's device,
+    inode, size, modification and change times: the change time (`st_ctime`) moves on every write and no copy tool
+    restores it, so a file rewritten with its size and modification time restored is read again."""
+    stat = path.stat()
+    identity = (str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    if identity not in _DIGESTS:
+        digest = hashlib.sha256()
+        with open(path, "rb") as file:
+            while block := file.read(1 << 22):
+                digest.update(block)
+        _DIGESTS[identity] = digest.hexdigest()
+    return _DIGESTS[identity]
+
+
+def file_identity(path: str | Path, root: str | Path | None = None) -> dict:
+    """A local file's content: its name (relative to `root`, the corpus folder, or the bare name) and the hash of its
+    bytes, not its path or times, so the same corpus at two paths or on two machines gets the same key, and a
+    changed file a new one. A file that does not exist is named as such: reading the corpus then says so."""
+    path = Path(path)
+    name = str(path.relative_to(root)) if root else path.name
+    if not path.is_file():
+        return {"file": name, "missing": str(path)}
+    return {"file": name, "size": path.stat().st_size, "sha256": file_digest(path)}
 
 
 def corpus_parts(config) -> dict:
@@ -63,7 +84,7 @@ def corpus_parts(config) -> dict:
     source = Path(config.data)
     if source.is_dir():
         files = sorted(path for path in source.rglob("*") if path.is_file())
-        data = [file_identity(path) for path in files]
+        data = [file_identity(path, source) for path in files]
     elif source.is_file():
         data = [file_identity(source)]
     else:
@@ -134,8 +155,8 @@ def wait_for(folder: Path, what: str, poll_seconds: float = POLL_SECONDS,
             reported = time.monotonic()
             logger.warning(
                 "still waiting for the main process to prepare %s (%.0f min): %s. On several machines it must be a "
-                "folder they share (`prepared_dir`), or run `mgsa-hf prepare` with the same recipe and tokenizer "
-                "folder (`tokenizer=`) on each first.",
+                "folder they share (`prepared_dir`), or run `mgsa-hf prepare` with the same recipe and data on each "
+                "first.",
                 what, (reported - started) / 60, folder)
         time.sleep(poll_seconds)
 
@@ -285,23 +306,27 @@ def tokenizer_sample(train_split, lang: str, max_sentences: int | None) -> list[
 
 def tokenizer_record(config, corpus_key: str) -> dict:
     """What the run's tokenizer is trained for and on: the vocabulary's size and languages, the prepared corpus it was
-    learnt from ([`content_key`] of [`corpus_parts`]: the files, splits and limits) and the sample's size
-    (`tokenizer_max_sentences`). Two trainings on the same record give the same pieces under other ids and with
-    other last digits of their scores (`tokenizers`' unigram trainer sums and orders in hash-map order), so machines
-    that must share a vocabulary share the trained folder (`tokenizer=`), not the record."""
+    learnt from ([`content_key`] of [`corpus_parts`]: the files' content, splits and limits), the sample's size
+    (`tokenizer_max_sentences`) and the trainer (SentencePiece's version and threads). Trainings on the same record
+    give the same files ([`~mgsa_hf.tokenization_utils.train_joint_tokenizer`]), on any machine."""
+    from importlib.metadata import version
+
+    from ..tokenization_utils import TRAINER_THREADS
+
     return {"vocab_size": config.vocab_size, "source_lang": config.source_lang, "target_lang": config.target_lang,
-            "corpus": corpus_key, "max_sentences": config.tokenizer_max_sentences}
+            "corpus": corpus_key, "max_sentences": config.tokenizer_max_sentences,
+            "trainer": f"sentencepiece {version('sentencepiece')}, {TRAINER_THREADS} threads"}
 
 
 def _record_serves(record: dict | None, wanted: dict, resuming: bool) -> bool:
     """Whether a tokenizer recorded as `record` serves a run that wants `wanted`: the same record; or, resuming (the
-    checkpoints embed the tokenizer the run began with), no record, or one written before the record named the corpus
-    that agrees on what it holds."""
+    checkpoints embed the tokenizer the run began with), no record, or one written before the record named all it
+    names now (the corpus, the trainer) that agrees on what it holds."""
     if record == wanted:
         return True
     if not resuming:
         return False
-    return record is None or ("corpus" not in record
+    return record is None or (record.keys() < wanted.keys()
                               and all(wanted.get(key) == value for key, value in record.items()))
 
 

@@ -157,5 +157,5 @@ def check_same_inputs(fingerprint: dict[str, str]) -> None:
             f"the processes of this run did not prepare the same inputs as rank 0 on {reference['host']} "
             f"({'; '.join(differences)}): each machine trains on its own copy of the data or the tokenizer. Prepare "
             "once on a folder every machine reads (`prepared_dir`), or give every machine the same data, package "
-            "versions, recipe and tokenizer folder (`tokenizer=`, then `mgsa-hf prepare` on each)."
+            "versions and recipe (then `mgsa-hf prepare` on each)."
         )
