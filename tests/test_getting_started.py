@@ -25,7 +25,7 @@ def test_recipes_read_multi30k_from_MGSA_HF_DATA_in_any_folder(recipe, tmp_path,
     monkeypatch.setenv("MGSA_HF_DATA", str(DATA_ROOT))
     config = load_train_config(recipe)
     assert config.data == str(MULTI30K_DIR)
-    files = {Path(part["path"]).name for part in corpus_parts(config)["data"]}  # the folder's files, read from disk
+    files = {part["file"] for part in corpus_parts(config)["data"] if "sha256" in part}  # the files, read from disk
     assert SPLIT_FILES <= files
     args = build_parser().parse_args(["evaluate", "runs/model"])
     assert args.data == str(MULTI30K_DIR) and args.split == "test_2016_flickr"
