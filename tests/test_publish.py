@@ -180,6 +180,16 @@ def test_uploading_the_folder_publishes_the_model_and_its_card(trained, hub):
         card.text
     assert 'model="tiny-multi30k"' not in card.text and card.data.base_model is None
 
+    # for a careful reader: the splits by their own names, the size, the data's terms, what the model is for
+    table = card.text.split("## Results")[1]
+    assert "| `test_2016_flickr` (the Hub's `test`) |" in table and "| `val` (the Hub's `validation`) |" in table
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder)
+    assert f"{model.num_parameters():,} parameters" in card.text
+    assert "Multi30k's image captions" in card.text and "publishes no licence" in card.text
+    assert "https://github.com/multi30k/dataset" in card.text and "anything but research" in card.text
+    assert "## Intended use and limitations" in card.text and "repeat a piece or a word" in card.text
+    assert card.data.tags == ["translation", "mgsa-hf", "transformer"]  # a plain Transformer is not syntax-aware
+
 
 def test_processor_push_uploads_the_processor_files_only(trained, hub):
     """`processor.save_pretrained(folder, push_to_hub=True)` on the trained folder uploads what a processor save
@@ -332,4 +342,11 @@ def test_card_links_its_paper_names_its_base_model_and_what_its_code_needs(encod
     # the packages of the code path, named for the encoder type; the package itself only from its source or wheel
     install = "`pip install torch transformers" + (" 'spacy>=3.8.15,<3.9'`" if config.reads_source_syntax else "`")
     assert install in card.text and "pip install mgsa-hf" not in card.text
+    assert "mgsa-hf is on no package index" in card.text and "from its source repository" in card.text
+    # the tag and the parse's cost for the models that read the parse (not the transformer, hybrid or n-gram MG-SA)
+    assert ("syntax-aware" in card.data.tags) == config.reads_source_syntax
+    assert "syntax-aware" not in card.data.tags or encoder_type not in ("transformer", "hybrid")
+    assert ("parsed with spaCy before it is translated" in card.text) == config.reads_source_syntax
+    # a corpus the card does not know: its terms are the reader's to check
+    assert "Check the licence and terms of news before using or sharing this model." in card.text
     assert 'model="team/model"' in card.text and "<your-username>" not in card.text and card.data.datasets is None

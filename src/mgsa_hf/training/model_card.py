@@ -45,6 +45,26 @@ HUB_DATASETS = {
 # config.backbone -> how the card names the architecture
 BACKBONE_NAMES = {"marian": "Marian-style", "t5": "T5-style"}
 
+# what a card says about a corpus it knows (matched by name in the dataset's id or name): its domain and its terms
+MULTI30K_DOMAIN = (
+    "Multi30k's image captions: short sentences (13 words on average) that describe people, animals and scenes in "
+    "photographs. It translates sentences of that kind and does much worse on anything else (news, dialogue, "
+    "technical text, long sentences); the scores below are on captions of the same kind."
+)
+MULTI30K_TERMS = (
+    "Multi30k (task 1, en-de; Elliott et al., 2016, <https://github.com/multi30k/dataset>) publishes no licence: "
+    "neither its repository nor the Hub copy `bentrevett/multi30k` states one. It is distributed for research, and "
+    "its English sentences are Flickr30K captions (Young et al., 2014), which come under Flickr30K's own terms. "
+    "Check the dataset's terms before using this model for anything but research."
+)
+# spaCy's parse and the trees per source sentence on one CPU core (en_core_web_sm, benchmarks/BENCHMARKS.md)
+PARSE_COST = (
+    "every source sentence is parsed with spaCy before it is translated: about 0.7 ms a sentence on one CPU core "
+    "with `en_core_web_sm` (1,400 sentences/s, trees included), little next to beam search, but it needs spaCy and an "
+    "English pipeline, so the source must be English. The parse's mistakes reach the translation: the trees score "
+    "0.87 F1 against Penn Treebank's news trees, and less on text unlike the parser's training data"
+)
+
 def variant_settings(config) -> dict:
     """The config fields that define the encoder variant (its `config_fields`)."""
     fields = config.variant.config_fields
@@ -108,14 +128,17 @@ def build_model_card(
     title: str | None = None,
     init_from: str | None = None,
     slow_tokenizer: bool = False,
+    num_parameters: int | None = None,
 ) -> ModelCard:
     """
     Fill the card template.
 
-    `results` is a list of `{"split": ..., "bleu": ..., "chrf": ..., "bleu_signature": ...}`, `split` the corpus's
-    name for it (`test_2016_flickr`); each score goes into the card's `model-index` as an evaluation result on the
-    dataset `dataset_id` (its Hub id, see [`card_dataset`]; `dataset_name` where there is none), which the metadata
-    also lists under `datasets`. `tree_source` says where the constituency trees come from (see
+    `results` is a list of `{"split": ..., "bleu": ..., "chrf": ..., "bleu_signature": ...}`, `split` the dataset's
+    name for it (the Hub's `test`, see [`CardDataset.split_name`]) and, where it differs, `corpus_split` the corpus's
+    own (`test_2016_flickr`), which the card's table shows; each score goes into the card's `model-index` as an
+    evaluation result on the dataset `dataset_id` (its Hub id, see [`card_dataset`]; `dataset_name` where there is
+    none) and split `split`, and the metadata lists the dataset under `datasets`. `num_parameters`: the model's
+    parameter count, which the card states. `tree_source` says where the constituency trees come from (see
     [`describe_tree_source`]); `generation_config` (the model's) gives the decoding settings the card states.
 
     `model_id` is the repository id the card's code loads (see [`card_repo_id`]; a placeholder gets a note asking
@@ -138,13 +161,15 @@ def build_model_card(
         for row in results
         for metric in ("bleu", "chrf")
     ]
+    # "syntax-aware" only for a model that reads the parse (not the transformer, hybrid attention or n-gram MG-SA)
+    syntax_tag = ["syntax-aware"] if config.reads_source_syntax else []
     card_data = ModelCardData(
         model_name=model_id,
         language=[source_lang, target_lang],
         license="apache-2.0",
         library_name="transformers",
         pipeline_tag="translation",
-        tags=["translation", "mgsa-hf", config.encoder_type, "syntax-aware"],
+        tags=["translation", "mgsa-hf", config.encoder_type, *syntax_tag],
         datasets=[dataset_id] if dataset_id else None,
         metrics=["bleu", "chrf"],
         eval_results=eval_results or None,
@@ -174,6 +199,13 @@ def build_model_card(
                       "name it as `base_model` in the metadata above.")
     else:
         fine_tuned = "Trained from scratch."
+    corpus = f"{dataset_id or ''} {dataset_name}".lower()
+    if "multi30k" in corpus:
+        domain, terms = MULTI30K_DOMAIN, MULTI30K_TERMS
+    else:
+        domain = (f"{train_size:,} sentence pairs of {dataset_name}. It translates text like them and does much worse "
+                  "on other text.")
+        terms = f"Check the licence and terms of {dataset_name} before using or sharing this model."
     if generation_config is None:
         from transformers import GenerationConfig
 
@@ -201,7 +233,7 @@ def build_model_card(
         requirements=requirements,
         decoding=decoding,
         dataset_name=f"[{dataset_name}](https://huggingface.co/datasets/{dataset_id})" if dataset_id else dataset_name,
-        train_size=train_size,
+        train_size=f"{train_size:,}",
         d_model=config.d_model,
         encoder_layers=config.encoder_layers,
         decoder_layers=config.decoder_layers,
@@ -209,6 +241,10 @@ def build_model_card(
         vocab_size=config.vocab_size,
         variant_settings=json.dumps(variant_settings(config)),
         hyperparameters=", ".join(f"{key}={value}" for key, value in hyperparameters.items()),
+        num_parameters=f"{num_parameters:,}" if num_parameters else None,
+        domain=domain,
+        data_terms=terms,
+        parse_cost=PARSE_COST if parser is not None else None,
         results=results,
         bleu_signature=results[0].get("bleu_signature", "") if results else "",
         example_source=example_source,

@@ -375,9 +375,11 @@ def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores
         generation_config=trainer.model.generation_config,
         train_size=len(corpus["train"]),
         hyperparameters=hyperparameters,
-        # each split under the name the card's dataset gives it: the Hub's, else the corpus's own (`test_2016_flickr`)
-        results=[{**row, "split": dataset.split_name(config.splits.get(row["split"]) or row["split"])}
-                 for row in results["scores"]],
+        # each split under the name the card's dataset gives it (the Hub's, else the corpus's own), and the corpus's
+        # own name (`test_2016_flickr`), which the card's table shows
+        results=[{**row, "split": dataset.split_name(config.splits.get(row["split"]) or row["split"]),
+                  "corpus_split": config.splits.get(row["split"]) or row["split"]} for row in results["scores"]],
+        num_parameters=trainer.model.num_parameters(),
         parser=processor.parser.resolved_name if processor.with_syntax else None,
         tree_source=describe_tree_source(processor.parser.tree_parser, bool(config.trees or config.tree_column)),
     )
