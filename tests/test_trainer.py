@@ -134,6 +134,22 @@ def test_token_batches_cover_the_data_once_within_the_limit():
     assert left_over[0] != left_over[1]
 
 
+@pytest.mark.parametrize(("high", "max_tokens"), [(60, 1), (60, 7), (60, 64), (60, 1000), (100_000, 150_000)])
+def test_token_batches_are_the_greedy_cut_of_the_sorted_sentences(high, max_tokens):
+    """The sampler's batches (cut per distinct length) are those of the greedy cut over the sentences sorted by length,
+    one sentence at a time (`prepared.token_batches`): the same lengths in each batch, with empty sentences, sentences
+    over the limit and lengths past 16 bits."""
+    from mgsa_hf.training.prepared import token_batches
+
+    rng = np.random.default_rng(max_tokens)
+    sources, targets = rng.integers(0, high, size=700), rng.integers(0, high, size=700)
+    longest = np.maximum(sources, targets)
+    expected = sorted(tuple(longest[batch].tolist()) for batch in token_batches(sources, targets, max_tokens, None))
+    batches = list(TokenBatchSampler(sources, targets, max_tokens, seed=5))
+    assert sorted(tuple(sorted(longest[batch].tolist())) for batch in batches) == expected
+    assert sorted(index for batch in batches for index in batch) == list(range(700))
+
+
 def test_trainer_batches_by_token_count(multi30k_processor, tiny_config, multi30k_val, tmp_path):
     """With `max_tokens_per_batch` the Trainer's training batches are the sampler's: padded `input_ids` and `labels`
     within the limit, every sentence once per epoch, and training runs on them."""

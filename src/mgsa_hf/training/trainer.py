@@ -45,7 +45,6 @@ from ..evaluation import encoder_token_spread
 from ..modeling_loss import caller_adds_tag_loss, with_tag_loss
 from ..syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 from ..target_tokens import at_least_one, target_token_count
-from .prepared import token_batches
 
 
 logger = logging.getLogger(__name__)
@@ -143,6 +142,34 @@ class LogAtCheckpointsCallback(TrainerCallback):
     on_epoch_end = on_step_end
 
 
+def token_batch_starts(lengths: np.ndarray, counts: np.ndarray, max_tokens: int) -> np.ndarray:
+    """
+    Where fairseq's batches of at most `max_tokens` padded tokens start in a list of sentences sorted by length: each
+    batch takes the next sentences while (its longest length) × (its sentences) stays within `max_tokens`, and a
+    sentence longer than that is a batch of its own. Computed per distinct length, not per sentence.
+
+    Args:
+        lengths (`np.ndarray` of shape `(distinct_lengths,)`): the distinct lengths, ascending.
+        counts (`np.ndarray` of shape `(distinct_lengths,)`): the sentences of each length.
+        max_tokens (`int`): the most padded tokens of a batch.
+
+    Returns:
+        `np.ndarray` of shape `(batches,)`: the position of each batch's first sentence in the sorted list.
+    """
+    starts, position, open_size = [], 0, 0  # open_size: the sentences of the last batch, all no longer than `length`
+    for length, count in zip(lengths.tolist(), counts.tolist(), strict=True):
+        fit = max_tokens // length if length else position + count  # sentences of this length a batch holds
+        taken = min(count, max(fit - open_size, 0)) if open_size else 0  # those the open batch still takes
+        position, rest = position + taken, count - taken
+        open_size += taken
+        if rest:  # the others start batches of `fit` sentences (one when a sentence alone is over the limit)
+            size = max(fit, 1)
+            starts.append(position + size * np.arange(-(-rest // size)))
+            position += rest
+            open_size = rest - size * (len(starts[-1]) - 1)
+    return np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+
+
 class TokenBatchSampler(Sampler):
     """
     Batches of dataset indices holding at most `max_tokens` padded tokens on the source and on the target side
@@ -150,6 +177,10 @@ class TokenBatchSampler(Sampler):
     ([`set_epoch`], which the Trainer calls) and repeats for a seed. A sentence longer than `max_tokens` is a batch of
     its own. Unlike the Trainer's `group_by_length`, whose batches run from the longest to the shortest sentences of
     each mega-batch, consecutive batches are independent draws, and short sentences come in larger batches.
+
+    The sentences are sorted by length once, and the batch boundaries fixed then (they depend on the sorted lengths
+    alone); each epoch shuffles the sentences of equal length among themselves and the batches' order, with numpy
+    (4.5M sentences: well under a second, about 6 bytes a sentence kept).
 
     Args:
         source_lengths (`Sequence[int]`): tokens of each example's source (`input_ids`).
@@ -166,16 +197,26 @@ class TokenBatchSampler(Sampler):
     def __init__(self, source_lengths, target_lengths, max_tokens: int, seed: int = 0, num_replicas: int = 1):
         if max_tokens < 1:
             raise ValueError(f"`max_tokens_per_batch` must be a positive number of tokens, got {max_tokens}.")
-        self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
-        self.target_lengths = np.asarray(target_lengths, dtype=np.int64)
-        if self.source_lengths.shape != self.target_lengths.shape:
+        source_lengths, target_lengths = np.asarray(source_lengths), np.asarray(target_lengths)
+        if source_lengths.ndim != 1 or source_lengths.shape != target_lengths.shape:
             raise ValueError("source and target lengths must have one entry per example.")
-        self.max_tokens = max_tokens
-        self.seed = seed
-        self.num_replicas = num_replicas
-        self.epoch = 0
-        # ties are broken at random, but the boundaries depend on the sorted lengths alone: the count is fixed
-        batches = len(token_batches(self.source_lengths, self.target_lengths, max_tokens, None))
+        longest, rows = np.maximum(source_lengths, target_lengths), len(source_lengths)
+        lowest = min(source_lengths.min(), target_lengths.min()) if rows else 0
+        if rows and (not np.issubdtype(longest.dtype, np.integer) or lowest < 0):
+            raise ValueError(f"source and target lengths must be token counts (integers from 0), got {longest.dtype} "
+                             f"values from {lowest}.")
+        self.max_tokens, self.seed, self.num_replicas, self.epoch = max_tokens, seed, num_replicas, 0
+        if rows and longest.max() < 2**16:  # numpy sorts 16-bit integers by radix
+            longest = longest.astype(np.uint16)
+        # the sentences by length, ties in index order (each epoch shuffles them), 4 bytes a sentence
+        self._sorted = np.argsort(longest, kind="stable").astype(np.int32 if rows < 2**31 else np.int64)
+        sorted_lengths = longest[self._sorted]
+        # where each run of equal lengths starts in `_sorted` (the first excepted), and where each batch starts
+        self._runs = np.flatnonzero(np.diff(sorted_lengths)) + 1
+        runs = np.concatenate([[0], self._runs, [rows]]) if rows else np.zeros(1, dtype=np.int64)
+        starts = token_batch_starts(sorted_lengths[runs[:-1]], np.diff(runs), max_tokens)
+        self._bounds = np.append(starts, rows).astype(np.int64)
+        batches = len(self._bounds) - 1
         self._num_batches = batches - batches % num_replicas
 
     def set_epoch(self, epoch: int) -> None:
@@ -184,7 +225,12 @@ class TokenBatchSampler(Sampler):
 
     def __iter__(self):
         rng = np.random.default_rng([self.seed, self.epoch])
-        yield from token_batches(self.source_lengths, self.target_lengths, self.max_tokens, rng)[: self._num_batches]
+        order = self._sorted.copy()
+        for run in np.split(order, self._runs):  # views: each run of equal lengths shuffled in place
+            rng.shuffle(run)
+        bounds = self._bounds.tolist()
+        for batch in rng.permutation(len(bounds) - 1)[: self._num_batches].tolist():
+            yield order[bounds[batch] : bounds[batch + 1]].tolist()
 
     def __len__(self) -> int:
         return self._num_batches
