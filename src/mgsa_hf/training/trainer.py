@@ -404,6 +404,16 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
         finally:
             self.accelerator.even_batches = even_batches
 
+    def _run_epoch(self, model, epoch, train_dataloader, *args, **kwargs):
+        """`Trainer._run_epoch`, the [`TokenBatchSampler`] told the epoch first. The Trainer tells its data loader
+        and the batch sampler the loader holds; resuming in the middle of an epoch under several processes, it trains
+        on a loader whose batch sampler is accelerate's `SkipBatchSampler` around its `BatchSamplerShard` around
+        ours, which then kept epoch 0 and dealt epoch 0's batches instead of the uninterrupted run's."""
+        for sampler in batch_samplers(train_dataloader):
+            if isinstance(sampler, TokenBatchSampler):
+                sampler.set_epoch(epoch)
+        return super()._run_epoch(model, epoch, train_dataloader, *args, **kwargs)
+
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         """`Trainer.train`, resuming only from a complete checkpoint; a resumed run's `training_loss` (and the
         metrics' `train_loss`) is the mean over every step of the run."""
@@ -520,6 +530,16 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
                 pairs = int(self.accelerator.reduce(torch.tensor(pairs, device=self.args.device), reduction="sum"))
             logs["train_samples_per_second"] = round(pairs / logs["train_runtime"], 3)
         super().log(logs, *args, **kwargs)
+
+
+def batch_samplers(loader) -> list:
+    """The batch sampler of `loader` and those it wraps, outermost first: accelerate's wrappers
+    (`BatchSamplerShard`, `SkipBatchSampler`) keep the batch sampler they wrap as `batch_sampler`."""
+    found, sampler = [], getattr(loader, "batch_sampler", None)
+    while sampler is not None and not any(sampler is seen for seen in found):
+        found.append(sampler)
+        sampler = getattr(sampler, "batch_sampler", None)
+    return found
 
 
 def column_lengths(dataset, column: str) -> np.ndarray:
