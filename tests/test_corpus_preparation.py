@@ -11,10 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import MULTI30K_DIR
 from datasets import Dataset
 
 import mgsa_hf.training.corpus as preparation
+from mgsa_hf.data_collator import MgsaDataCollator
 from mgsa_hf.tokenization_utils import read_lines
 from mgsa_hf.training.catalogue import accelerate_config_path
 from mgsa_hf.training.config import load_train_config
@@ -47,11 +49,22 @@ def test_prepared_once_equal_to_mapping_in_memory(tmp_path, monkeypatch):
     in_memory = load_parallel_corpus(DATA, "en", "de", config.splits)
     in_memory = in_memory.__class__({split: data.select(range(min(len(data), limit))) for (split, data), limit
                                      in zip(in_memory.items(), (40, 8, 8), strict=True)})
+    collator = MgsaDataCollator(tokenizer=processor.tokenizer)
     for split, limit in (("train", 32), ("validation", 64), ("test", 64)):  # the scored splits: the positions only
         expected = processor.map_dataset(in_memory[split].flatten(), "translation.en", "translation.de",
                                          max_length=limit, max_target_length=limit, truncation=True)
-        assert processed[split][:] == expected[:] and corpus[split][:] == in_memory[split][:]
+        assert processed[split][:] == expected.remove_columns("attention_mask")[:]
+        assert corpus[split][:] == in_memory[split][:]
         assert all(str(tmp_path) in file["filename"] for file in processed[split].cache_files)
+        # stored in narrow integers without the all-ones mask; collated, the same tensors as the processor's
+        rows = list(processed[split].select(range(8)))
+        batch, reference = collator(rows), collator(list(expected.select(range(8))))
+        assert batch.keys() == reference.keys() and all(torch.equal(batch[key], reference[key]) for key in batch)
+        assert all(batch[key].dtype == torch.long for key in batch)
+    types = {column: feature.feature.dtype if column not in ("phrase_ids", "phrase_tags") else
+             feature.feature.feature.dtype for column, feature in processed["train"].features.items()}
+    assert types["input_ids"] == types["labels"] == types["word_ids"] == "int16" and types["phrase_tags"] == "int8"
+    assert "attention_mask" not in types
 
     def no_build(*args, **kwargs):
         raise AssertionError("prepared again")
@@ -95,6 +108,25 @@ def test_corpus_key_follows_content_not_path_or_times(tmp_path):
     assert key("b/c") != first
     config = recipe(tmp_path, f"data={tmp_path / 'a'}")
     assert tokenizer_record(config, key("a"))["corpus"] == first
+
+
+def test_a_value_outside_its_narrow_type_stops_the_step_by_name(tmp_path, monkeypatch):
+    """A processed field whose value does not fit the integer type it is stored as stops the preparation, naming the
+    split, the row, the field and the value; nothing is left as a prepared folder."""
+    monkeypatch.setitem(preparation.FIELD_TYPES, "tree_depth", "int8")
+    original = preparation._NarrowRows.__call__
+
+    def deep_tree(self, batch, indices):
+        rows = self.processor._map_batch(batch, indices, **self.fn_kwargs)
+        if 3 in indices:
+            rows["tree_depth"][indices.index(3)][0] = 200
+        monkeypatch.setattr(self.processor, "_map_batch", lambda *args, **kwargs: rows)
+        return original(self, batch, indices)
+
+    monkeypatch.setattr(preparation._NarrowRows, "__call__", deep_tree)
+    with pytest.raises(ValueError, match=r"the train split, row 3: `tree_depth` holds 200, outside the int8"):
+        prepare(recipe(tmp_path))
+    assert not list((tmp_path / "model-run" / "prepared").glob("processed-*[!d]"))
 
 
 def test_other_processes_wait_for_the_main_one(tmp_path):

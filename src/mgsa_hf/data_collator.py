@@ -121,7 +121,8 @@ class MgsaDataCollator:
 
     Every field is padded with its own value (see [`pad_batch`]): `input_ids` with the pad token, `labels` with
     -100 (ignored by the loss), the syntax fields with the values in
-    [`~mgsa_hf.syntax_fields.SOURCE_SYNTAX_PAD_VALUES`]. With a `model` that has
+    [`~mgsa_hf.syntax_fields.SOURCE_SYNTAX_PAD_VALUES`]. Rows without `attention_mask` (a prepared corpus does not
+    store it: it is all ones before padding) get one of ones, padded with 0. With a `model` that has
     `prepare_decoder_input_ids_from_labels`, `decoder_input_ids` are added (as `DataCollatorForSeq2Seq` does, for
     label smoothing).
 
@@ -165,6 +166,8 @@ class MgsaDataCollator:
                                  "all with `labels`, from `text_target`, or none).")
         batch = {name: [feature[name] for feature in features] for name in fields}
         _check_no_text(batch)
+        if "input_ids" in batch and "attention_mask" not in batch:  # rows stored without it: all ones before padding
+            batch["attention_mask"] = [[1] * len(ids) for ids in batch["input_ids"]]
         batch = pad_batch(
             batch, self.pad_token_id, self.label_pad_token_id, pad_to_multiple_of=self.pad_to_multiple_of
         )

@@ -27,7 +27,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from itertools import islice, zip_longest
+from itertools import chain, islice, zip_longest
 from pathlib import Path
 
 from transformers.utils import logging
@@ -242,37 +242,114 @@ def build_corpus(config, staging: Path) -> dict:
         shutil.rmtree(cache_dir, ignore_errors=True)
 
 
+# the narrowest integer type of each processed field (checked as it is written): token ids take int16 up to a 32,768
+# vocabulary (int32 above); source positions, word and phrase indices, and depths int16 (sources are cut at the
+# model's positions, far below 32,767); phrase tags int8 (-100 and the tag ids). `attention_mask` is all ones before
+# padding and is not stored: the collator makes it.
+FIELD_TYPES = {"word_ids": "int16", "head_word_ids": "int16", "phrase_ids": "int16", "phrase_tags": "int8",
+               "pr_phrase_ids": "int16", "local_phrase_start": "int16", "local_phrase_end": "int16",
+               "tree_depth": "int16", "decoder_attention_mask": "int8"}
+UNSTORED_FIELDS = ("attention_mask",)
+
+
+def processed_features(columns: list[str], vocab_size: int):
+    """The `datasets.Features` of a processed split with `columns` (the processor's output fields but those not
+    stored): every field a list per sentence (a list of lists for the levelled syntax fields) of the narrowest integer
+    type that holds its values ([`FIELD_TYPES`])."""
+    from datasets import Features, Sequence, Value
+
+    from ..syntax_fields import LEVELLED_SYNTAX_FIELDS
+
+    ids = "int16" if vocab_size <= 2**15 else "int32"
+    features = {}
+    for column in columns:
+        value = Value(FIELD_TYPES.get(column, ids if column in ("input_ids", "labels") else "int32"))
+        features[column] = Sequence(Sequence(value)) if column in LEVELLED_SYNTAX_FIELDS else Sequence(value)
+    return Features(features)
+
+
+class _NarrowRows:
+    """The processor's `map` function over a batch of rows, with its output checked against the narrow types of
+    `features` (a value out of range stops the step, naming the field, the row and the value) and without the fields
+    that are not stored."""
+
+    def __init__(self, processor, features, split: str, **fn_kwargs):
+        import numpy as np
+
+        self.processor, self.split, self.fn_kwargs = processor, split, fn_kwargs
+        self.ranges = {}
+        for column, feature in features.items():
+            while hasattr(feature, "feature"):  # Sequence(Sequence(Value)) -> Value
+                feature = feature.feature
+            info = np.iinfo(feature.dtype)
+            self.ranges[column] = (feature.dtype, info.min, info.max)
+
+    def __call__(self, batch, indices):
+        import numpy as np
+
+        from ..syntax_fields import LEVELLED_SYNTAX_FIELDS
+
+        rows = self.processor._map_batch(batch, indices, **self.fn_kwargs)
+        for column in UNSTORED_FIELDS:
+            rows.pop(column, None)
+        for column, values in rows.items():
+            dtype, low, high = self.ranges[column]
+            flat = chain.from_iterable(values)
+            if column in LEVELLED_SYNTAX_FIELDS:
+                flat = chain.from_iterable(flat)
+            flat = np.fromiter(flat, dtype=np.int64)
+            if flat.size and (flat.min() < low or flat.max() > high):
+                for index, row in zip(indices, values, strict=True):
+                    row = np.array(row, dtype=object).ravel().astype(np.int64) if row else np.zeros(0, np.int64)
+                    if row.size and (row.min() < low or row.max() > high):
+                        value = row.min() if row.min() < low else row.max()
+                        raise ValueError(f"the {self.split} split, row {index}: `{column}` holds {value}, outside "
+                                         f"the {dtype} it is stored as ({low}..{high}): see corpus.FIELD_TYPES.")
+        return rows
+
+
 def build_processed(processor, corpus, config, staging: Path, num_proc: int | None, limit: int | None) -> dict:
     """Write the tokenized (and parsed) splits of `corpus` into `staging` with `num_proc` worker processes; returns
-    their sizes. The training split is cut at `max_source_length` / `max_target_length`; the others, which are
-    scored, at the model's positions alone (`limit`; None: not at all)."""
-    from datasets import DatasetDict
-
+    their sizes and files. The training split is cut at `max_source_length` / `max_target_length`; the others, which
+    are scored, at the model's positions alone (`limit`; None: not at all). Each split is written once, straight into
+    its Arrow file(s) in `staging` (`<split>.arrow`, or one file per worker), with [`processed_features`]: no copy,
+    no type inference."""
     from .data import TREE_COLUMN
 
     tree_column = TREE_COLUMN if TREE_COLUMN in corpus["train"].column_names else None
-    cache_dir = staging.with_name(staging.name + "-map")
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        processed = DatasetDict()
-        for split, data in corpus.flatten().items():
-            lengths = (dict(max_length=config.max_source_length, max_target_length=config.max_target_length,
-                            truncation=True) if split == "train" else
-                       dict(max_length=limit, max_target_length=limit, truncation=limit is not None))
-            processed[split] = processor.map_dataset(
-                data,
-                f"translation.{config.source_lang}",
-                f"translation.{config.target_lang}",
-                tree_column,
-                num_proc=num_proc if num_proc and num_proc > 1 and len(data) >= 10 * num_proc else None,
-                cache_dir=str(cache_dir),
-                **lengths,
-            )
-        processed.save_to_disk(str(staging))
-        return {"step": "processed", "rows": {name: len(data) for name, data in processed.items()},
-                "num_proc": num_proc or 1}
-    finally:
-        shutil.rmtree(cache_dir, ignore_errors=True)
+    source, target = f"translation.{config.source_lang}", f"translation.{config.target_lang}"
+    probe = processor(["a"], text_target=["a"])
+    columns = [column for column in probe if column not in UNSTORED_FIELDS]
+    features = processed_features(columns, len(processor.tokenizer))
+    staging.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for split, data in corpus.flatten().items():
+        lengths = (dict(max_length=config.max_source_length, max_target_length=config.max_target_length,
+                        truncation=True) if split == "train" else
+                   dict(max_length=limit, max_target_length=limit, truncation=limit is not None))
+        function = _NarrowRows(processor, features, split, source_column=source, target_column=target,
+                               tree_column=tree_column, **lengths)
+        workers = num_proc if num_proc and num_proc > 1 and len(data) >= 10 * num_proc else None
+        mapped = data.map(function, batched=True, with_indices=True, batch_size=1000, num_proc=workers,
+                          remove_columns=data.column_names, features=features, load_from_cache_file=False,
+                          cache_file_name=str(staging / f"{split}.arrow"), desc=f"Preparing {split}")
+        files[split] = [Path(file["filename"]).name for file in mapped.cache_files]
+        del mapped
+    return {"step": "processed", "rows": {name: len(data) for name, data in corpus.items()}, "files": files,
+            "features": {column: str(feature) for column, feature in features.items()}, "num_proc": num_proc or 1}
+
+
+def load_processed(folder: Path):
+    """The processed splits of a prepared folder, memory-mapped: a `DatasetDict` of the Arrow files its record
+    lists."""
+    from datasets import Dataset, DatasetDict, concatenate_datasets
+
+    record = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    splits = {}
+    for split, names in record["files"].items():
+        parts = [Dataset.from_file(str(folder / name)) for name in names]
+        splits[split] = parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+    return DatasetDict(splits)
 
 
 def processed_parts(config, corpus_key: str, processor, limit: int | None) -> dict:
@@ -457,7 +534,7 @@ def prepare(config, is_main: bool = True, num_proc: int | None = None):
                                   lambda staging: build_processed(processor, corpus, config, staging, num_proc, limit),
                                   is_main, "the tokenized and parsed corpus" if processor.with_syntax else
                                   "the tokenized corpus")
-    return corpus, processor, load_from_disk(str(processed_folder))
+    return corpus, processor, load_processed(processed_folder)
 
 
 def run_prepare(args) -> dict:
