@@ -25,7 +25,7 @@ def test_two_processes_resume_token_batches_exactly_in_a_later_epoch(tmp_path):
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank in ranks:
         assert rank["world_size"] == 2 and rank["steps_per_epoch"] >= 4
-        assert 2 < rank["checkpoint_epoch"] < 3, rank
+        assert 2 < rank["checkpoint_epoch"] < 3, f"{rank}"
         assert rank["global_step"] == 3 * rank["steps_per_epoch"] + rank["steps_per_epoch"] // 2
-        assert rank["same_batches"], rank
-        assert rank["equal"] and rank["max_abs_difference"] == 0, rank
+        assert rank["same_batches"], f"{rank}"
+        assert rank["equal"] and rank["max_abs_difference"] == 0, f"{rank}"
