@@ -129,6 +129,34 @@ def test_a_value_outside_its_narrow_type_stops_the_step_by_name(tmp_path, monkey
     assert not list((tmp_path / "model-run" / "prepared").glob("processed-*[!d]"))
 
 
+def test_cleaning_drops_pairs_by_length_and_ratio(tmp_path):
+    """`clean_min_words`/`clean_max_words`/`clean_max_ratio` keep the training pairs Moses' clean-corpus-n keeps, count
+    what they drop by reason in the corpus step's record, are part of its key, and are checked by name."""
+    from mgsa_hf.training.corpus import content_key, corpus_parts, corpus_record
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    train = [("A dog runs .", "Ein Hund rennt ."), ("", "Leer ."), ("one " * 12, "eins " * 12),
+             ("A man .", "Ein Mann steht da und schaut ."), ("Two cats .", "Zwei Katzen .")]
+    for name, pairs in (("train", train), ("val", train[:1]), ("test_2016_flickr", train[:1])):
+        for side, lang in enumerate(("en", "de")):
+            (folder / f"{name}.{lang}").write_text("\n".join(pair[side] for pair in pairs) + "\n", encoding="utf-8")
+    plain = recipe(tmp_path, f"data={folder}", "model.encoder_type=transformer", "vocab_size=60")
+    config = recipe(tmp_path, f"data={folder}", "model.encoder_type=transformer", "vocab_size=60",
+                    "clean_min_words=1", "clean_max_words=10", "clean_max_ratio=1.5")
+    assert content_key(corpus_parts(config)) != content_key(corpus_parts(plain))
+    corpus, _, processed = prepare(config)
+    assert [pair["en"] for pair in corpus["train"]["translation"]] == ["A dog runs .", "Two cats ."]
+    assert len(processed["train"]) == 2 and len(corpus["validation"]) == 1
+    assert corpus_record(config)["dropped"] == {"rule": {"min_words": 1, "max_words": 10, "max_ratio": 1.5},
+                                                "pairs": 5, "too_short": 1, "too_long": 1, "ratio": 1}
+    for key, value in (("clean_max_ratio", 0.5), ("clean_min_words", -1), ("clean_max_words", "many")):
+        with pytest.raises(ValueError, match=key):
+            prepare(recipe(tmp_path, f"data={folder}", f"{key}={value}"))
+    wmt14 = load_train_config("wmt14", [f"output_dir={tmp_path / 'wmt'}"])
+    assert (wmt14.clean_min_words, wmt14.clean_max_words, wmt14.clean_max_ratio) == (1, 250, 1.5)
+
+
 def test_other_processes_wait_for_the_main_one(tmp_path):
     """A process that is not the main one waits on the disk until the main one has prepared, then loads the same;
     when the main one fails, the wait ends with its error."""

@@ -88,7 +88,11 @@ class TrainConfig:
     fields, in folders under `prepared_dir` (default: the run folder's `prepared/`) named by what decides their
     content, which every process, resumed run and later launch loads memory-mapped; `num_proc` worker processes
     parse it (default: one); the joint vocabulary is trained on at most `tokenizer_max_sentences` pairs, drawn
-    evenly from the training split (null: all).
+    evenly from the training split (null: all). `clean_min_words`, `clean_max_words`, `clean_max_ratio`: the training
+    pairs kept, as Moses' `clean-corpus-n.perl` keeps them (fairseq's WMT14 preparation: 1, 250, 1.5): both sides of
+    `clean_min_words`..`clean_max_words` whitespace-separated words, and neither side more than `clean_max_ratio`
+    times as many words as the other (null: no such filter); the dropped counts are in the corpus step's
+    `prepared.json` and the run's `results.json`.
     """
 
     data: str = field(default_factory=default_data)
@@ -127,6 +131,9 @@ class TrainConfig:
     prepared_dir: str | None = None
     num_proc: int | None = None
     tokenizer_max_sentences: int | None = 1_000_000
+    clean_min_words: int | None = None
+    clean_max_words: int | None = None
+    clean_max_ratio: float | None = None
 
 
 class _Yaml12Loader(yaml.SafeLoader):

@@ -32,6 +32,9 @@ from pathlib import Path
 
 from transformers.utils import logging
 
+from .builders import building, remove_dead_staging, staging_folder
+from .builders import wait_for as wait_for_builder
+
 
 logger = logging.get_logger(__name__)
 
@@ -93,7 +96,7 @@ def corpus_parts(config) -> dict:
     limits = {"train": config.max_train_samples, "validation": config.max_eval_samples,
               "test": config.max_test_samples}
     return {"data": data, "splits": config.splits, "languages": [config.source_lang, config.target_lang],
-            "trees": trees, "tree_column": config.tree_column, "limits": limits}
+            "trees": trees, "tree_column": config.tree_column, "limits": limits, "cleaning": cleaning(config)}
 
 
 def is_prepared(folder: Path) -> bool:
@@ -104,34 +107,35 @@ def is_prepared(folder: Path) -> bool:
 def build_once(folder: Path, build: Callable[[Path], dict], is_main: bool, what: str) -> Path:
     """`folder`, complete: the main process builds it (unless it is complete already) by `build(staging)`, which
     writes into `staging` and returns what `prepared.json` records; `staging` is then renamed to `folder`. The other
-    processes wait for it (see [`wait_for`]). A failed build leaves `<folder>.failed` with its error, which ends
-    the others' wait with that error.
+    processes wait for it (see [`wait_for`]). The builder announces itself beside `folder` while it works
+    ([`~builders.building`]): a failed build leaves `<folder>.failed` with its error, which ends the others' wait
+    with that error, and a killed one ends their wait naming its process. Staging folders of builds whose process
+    has ended are removed first.
 
     Returns:
         `folder`.
     """
-    failed = folder.with_name(folder.name + ".failed")
     if is_prepared(folder):
         return folder
     if not is_main:
         wait_for(folder, what)
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    failed.unlink(missing_ok=True)
-    staging = folder.with_name(f"{folder.name}.staging-{os.getpid()}")
+    remove_dead_staging(folder)
+    staging = staging_folder(folder)
     shutil.rmtree(staging, ignore_errors=True)
     started = time.perf_counter()
-    try:
-        record = build(staging)
-        record = {**record, "seconds": round(time.perf_counter() - started, 1)}
-        (staging / MARKER).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        if folder.exists():  # an earlier build cut short before its record: not a prepared folder
-            shutil.rmtree(folder)
-        os.replace(staging, folder)
-    except BaseException as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        failed.write_text(f"{type(error).__name__}: {error}\n", encoding="utf-8")
-        raise
+    with building(folder):
+        try:
+            record = build(staging)
+            record = {**record, "seconds": round(time.perf_counter() - started, 1)}
+            (staging / MARKER).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+            if folder.exists():  # an earlier build cut short before its record: not a prepared folder
+                shutil.rmtree(folder)
+            os.replace(staging, folder)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     logger.info("%s prepared in %.0f s: %s", what, time.perf_counter() - started, folder)
     return folder
 
@@ -142,23 +146,13 @@ def wait_for(folder: Path, what: str, poll_seconds: float = POLL_SECONDS,
     `report_seconds`.
 
     Raises:
-        `RuntimeError` with the main process's error when its build failed (`<folder>.failed`).
+        `RuntimeError` with the main process's error when its build failed (`<folder>.failed`), or naming its host
+        and process when it ended without finishing (see [`~builders.wait_for`]).
     """
-    failed = folder.with_name(folder.name + ".failed")
-    started = reported = time.monotonic()
     logger.warning("waiting for the main process to prepare %s (%s)", what, folder)
-    while not is_prepared(folder):
-        if failed.is_file():
-            raise RuntimeError(f"the main process failed to prepare {what} ({folder}): "
-                               f"{failed.read_text(encoding='utf-8').strip()}")
-        if time.monotonic() - reported >= report_seconds:
-            reported = time.monotonic()
-            logger.warning(
-                "still waiting for the main process to prepare %s (%.0f min): %s. On several machines it must be a "
-                "folder they share (`prepared_dir`), or run `mgsa-hf prepare` with the same recipe and data on each "
-                "first.",
-                what, (reported - started) / 60, folder)
-        time.sleep(poll_seconds)
+    wait_for_builder(folder, what, lambda: is_prepared(folder), poll_seconds, report_seconds,
+                     " On several machines it must be a folder they share (`prepared_dir`), or run `mgsa-hf prepare` "
+                     "with the same recipe and data on each first.")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -207,6 +201,52 @@ def _read_split(config, name: str, corpus_split: str, cache_dir: Path):
         raise (error.__cause__ if isinstance(error.__cause__, ValueError) else error) from None
 
 
+def cleaning(config) -> dict | None:
+    """The recipe's corpus cleaning (`clean_min_words`, `clean_max_words`, `clean_max_ratio`), checked; None when it
+    sets none."""
+    rule = {"min_words": config.clean_min_words, "max_words": config.clean_max_words,
+            "max_ratio": config.clean_max_ratio}
+    if all(value is None for value in rule.values()):
+        return None
+    for key, lowest in (("min_words", 0), ("max_words", 1), ("max_ratio", 1)):
+        value = rule[key]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < lowest
+                                  or (key != "max_ratio" and not isinstance(value, int))):
+            kind = "a number >= 1" if key == "max_ratio" else f"an integer >= {lowest}"
+            raise ValueError(f"clean_{key} must be {kind} (or null), got {value!r}.")
+    if rule["max_words"] is not None and (rule["min_words"] or 0) > rule["max_words"]:
+        raise ValueError(f"clean_min_words ({rule['min_words']}) is larger than clean_max_words "
+                         f"({rule['max_words']}).")
+    return rule
+
+
+def clean_pairs(train, config, batch_size: int = 10_000):
+    """The training pairs that [`cleaning`]'s rule keeps (Moses' `clean-corpus-n.perl`: words are whitespace-separated
+    tokens of each side), and how many it dropped for each reason (a pair too short, too long, or out of ratio counts
+    for the first that applies)."""
+    import numpy as np
+
+    rule = cleaning(config)
+    if rule is None:
+        return train, None
+    low, high = rule["min_words"] or 0, rule["max_words"] or float("inf")
+    ratio = rule["max_ratio"] or float("inf")
+    reasons = np.zeros(len(train), dtype=np.int8)  # 0 kept, 1 too short, 2 too long, 3 ratio
+    for start in range(0, len(train), batch_size):
+        pairs = train[start:start + batch_size]["translation"]
+        lengths = np.array([[len(pair[config.source_lang].split()), len(pair[config.target_lang].split())]
+                            for pair in pairs]).reshape(-1, 2)
+        shortest, longest = lengths.min(axis=1), lengths.max(axis=1)
+        reason = np.where(shortest < low, 1, np.where(longest > high, 2,
+                                                      np.where(longest > ratio * np.maximum(shortest, 1), 3, 0)))
+        reasons[start:start + len(pairs)] = reason
+    dropped = {name: int((reasons == code).sum()) for code, name in ((1, "too_short"), (2, "too_long"),
+                                                                   (3, "ratio"))}
+    logger.warning("corpus cleaning (%s) dropped %d of %d training pairs: %s", rule, int((reasons > 0).sum()),
+                   len(train), dropped)
+    return train.select(np.flatnonzero(reasons == 0)), {"rule": rule, "pairs": len(train), **dropped}
+
+
 def build_corpus(config, staging: Path) -> dict:
     """Write the corpus step's splits into `staging` (see the module's docstring); returns their sizes."""
     from datasets import DatasetDict
@@ -234,9 +274,10 @@ def build_corpus(config, staging: Path) -> dict:
                 corpus[name] = data.select(range(min(limit, len(data)))) if limit is not None else data
         if "train" not in corpus:
             raise ValueError("the corpus needs a `train` split (see `splits`).")
+        corpus["train"], dropped = clean_pairs(corpus["train"], config)
         corpus = DatasetDict({name: corpus[name] for name in wanted if name in corpus})
         corpus.save_to_disk(str(staging))
-        return {"step": "corpus", "rows": {name: len(data) for name, data in corpus.items()},
+        return {"step": "corpus", "rows": {name: len(data) for name, data in corpus.items()}, "dropped": dropped,
                 "parts": corpus_parts(config)}
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
@@ -405,6 +446,12 @@ def _record_serves(record: dict | None, wanted: dict, resuming: bool) -> bool:
         return False
     return record is None or (record.keys() < wanted.keys()
                               and all(wanted.get(key) == value for key, value in record.items()))
+
+
+def corpus_record(config) -> dict:
+    """The `prepared.json` of the recipe's corpus step (its rows, and what cleaning dropped), once prepared."""
+    folder = prepared_dir(config) / f"corpus-{content_key(corpus_parts(config))}"
+    return json.loads((folder / MARKER).read_text(encoding="utf-8")) if is_prepared(folder) else {}
 
 
 def load_or_train_tokenizer(config, train_split, is_main: bool = True, corpus_key: str | None = None):

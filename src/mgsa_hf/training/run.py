@@ -31,6 +31,7 @@ from .config import (
     source_position_limit,
     validate_model_section,
 )
+from .corpus import corpus_record
 from .ownership import own_run_folders, run_folder
 
 
@@ -327,6 +328,8 @@ def _train(config: TrainConfig, training_args, callbacks, claim):
         results["gradient_accumulation_steps"] = training_args.gradient_accumulation_steps
     if restarts:
         results["restarts"] = restarts
+    if (cleaned := corpus_record(config).get("dropped")) is not None:
+        results["cleaning"] = cleaned
     trainer.model = model_for_main_process(trainer.model, training_args.device)  # every process: FSDP gathers it
     if trainer.is_world_process_zero():
         # the main process translates validation and test in corpus order and saves; the others are done
