@@ -2,9 +2,11 @@
 
 `save_pretrained` writes `weights.sha256` beside the weights: the SHA-256 of every weights file
 (`model*.safetensors` and a sharded save's index) in `sha256sum`'s format, so `sha256sum -c weights.sha256` checks a
-folder too. `from_pretrained` of a local folder that has the record checks every file it names and refuses one whose
-bytes changed; a folder without it (saved before the record, or an opus-mt / T5 one) loads as before. safetensors
-checks the header of a file, not its data: a flipped bit in a weight otherwise loads silently.
+folder too. Every read of a local folder that has the record checks it (`from_pretrained`, resuming the Trainer from
+a checkpoint, checkpoint averaging) and refuses, by name, a weights file whose bytes changed, a file the record names
+that is gone, and a weights file it does not name; a folder without it (saved before the record, or an opus-mt / T5
+one) loads as before. safetensors checks the header of a file, not its data: a flipped bit in a weight otherwise
+loads silently.
 
 The whole save is written beside the folder and swapped in when complete (`atomic_saves.staged_folder`): a save
 that stops leaves the folder as it was, and a folder never holds the weights of two saves.
@@ -35,11 +37,16 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def weights_files(folder: Path) -> list[str]:
+    """The names of the weights files in `folder` ([`WEIGHTS_PATTERNS`]), sorted."""
+    return sorted({path.name for pattern in WEIGHTS_PATTERNS for path in folder.glob(pattern) if path.is_file()})
+
+
 def write_weights_checksums(folder: str | os.PathLike) -> Path | None:
     """Write `weights.sha256` in `folder` for the weights files it holds; returns its path, or None (and removes an
     earlier record) when the folder holds no weights file."""
     folder = Path(folder)
-    names = sorted({path.name for pattern in WEIGHTS_PATTERNS for path in folder.glob(pattern) if path.is_file()})
+    names = weights_files(folder)
     record = folder / CHECKSUMS_NAME
     if not names:
         record.unlink(missing_ok=True)
@@ -70,30 +77,40 @@ def read_weights_checksums(record: Path) -> dict[str, str]:
 
 def verify_weights_checksums(folder: str | os.PathLike) -> list[str]:
     """Check the weights files of a saved `folder` against its `weights.sha256` record; returns the names checked
-    (none when the folder has no record). A file the record names but the folder lacks is left to the loader.
+    (none when the folder has no record).
 
     Raises:
-        ValueError: naming the first file whose SHA-256 differs from the record's.
+        ValueError: naming the file, when a file the record names is missing, a weights file of the folder is not in
+        the record (a loader would read it unchecked: a record naming only a missing shard let a damaged
+        `model.safetensors` load), or a file's SHA-256 differs from the record's.
     """
     folder = Path(folder)
     record = folder / CHECKSUMS_NAME
     if not record.is_file():
         return []
-    checked = []
-    for name, expected in read_weights_checksums(record).items():
-        path = folder / name
+    checksums = read_weights_checksums(record)
+    for name in checksums:
         if Path(name).name != name:
             raise ValueError(f"{record} names {name!r}, which is not a file of the folder.")
-        if not path.is_file():
-            continue
-        actual = file_sha256(path)
+    advice = "save or download the folder again, or delete the record to load it unchecked."
+    missing = [name for name in checksums if not (folder / name).is_file()]
+    if missing:
+        raise ValueError(f"{folder / missing[0]} is missing: {CHECKSUMS_NAME} records the weights saved as "
+                         f"{', '.join(checksums)}. The folder does not hold the weights that were saved: {advice}")
+    unlisted = [name for name in weights_files(folder) if name not in checksums]
+    if unlisted:
+        raise ValueError(f"{folder / unlisted[0]} is not in {record}, which records the weights saved as "
+                         f"{', '.join(checksums) or 'no file'}: it was not written by that save. Move it out, or "
+                         f"{advice}")
+    for name, expected in checksums.items():
+        actual = file_sha256(folder / name)
         if actual != expected:
             raise ValueError(
-                f"{path} does not hold the weights that were saved: its SHA-256 is {actual}, {CHECKSUMS_NAME} "
-                f"records {expected}. The file was changed or damaged after saving: save or download it again."
+                f"{folder / name} does not hold the weights that were saved: its SHA-256 is {actual}, "
+                f"{CHECKSUMS_NAME} records {expected}. The file was changed or damaged after saving: save or download "
+                "it again."
             )
-        checked.append(name)
-    return checked
+    return list(checksums)
 
 
 def check_generation_config(folder: str | os.PathLike) -> None:

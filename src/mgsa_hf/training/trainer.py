@@ -45,6 +45,7 @@ from ..evaluation import encoder_token_spread
 from ..modeling_loss import caller_adds_tag_loss, with_tag_loss
 from ..syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 from ..target_tokens import at_least_one, target_token_count
+from ..weights_checksums import verify_weights_checksums
 
 
 logger = logging.getLogger(__name__)
@@ -371,6 +372,19 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
             raise ValueError(f"{damaged[0]} cannot be read ({type(error).__name__}: {error}): it was cut short or "
                              "damaged (a save that stopped?). Resume from an earlier checkpoint.") from error
 
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        """`Trainer._load_from_checkpoint`, the checkpoint's weights first checked against its `weights.sha256`
+        ([`verify_weights_checksums`]): the Trainer reads them with safetensors, which checks a file's header, not its
+        data, so a damaged checkpoint trained on without a word."""
+        _check_saved_weights(resume_from_checkpoint, "resuming from", "Resume from an earlier checkpoint.")
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+    def _load_best_model(self) -> None:
+        """`Trainer._load_best_model` (`load_best_model_at_end`), the best checkpoint's weights checked first."""
+        _check_saved_weights(self.state.best_model_checkpoint, "loading the best model of",
+                             "Train again, or load another checkpoint.")
+        super()._load_best_model()
+
     def get_train_dataloader(self) -> DataLoader:
         if self.max_tokens_per_batch is None:
             return super().get_train_dataloader()
@@ -530,6 +544,14 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
                 pairs = int(self.accelerator.reduce(torch.tensor(pairs, device=self.args.device), reduction="sum"))
             logs["train_samples_per_second"] = round(pairs / logs["train_runtime"], 3)
         super().log(logs, *args, **kwargs)
+
+
+def _check_saved_weights(checkpoint: str, doing: str, advice: str) -> None:
+    """[`verify_weights_checksums`] of a checkpoint folder, its error saying what was being done."""
+    try:
+        verify_weights_checksums(checkpoint)
+    except ValueError as error:
+        raise ValueError(f"{doing} {checkpoint}: {error} {advice}") from None
 
 
 def batch_samplers(loader) -> list:
