@@ -483,9 +483,7 @@ def load_or_train_tokenizer(config, train_split, is_main: bool = True, corpus_ke
     if not is_main:
         _wait_for_tokenizer(folder, wanted, bool(config.resume_from_checkpoint))
         return AutoTokenizer.from_pretrained(folder)
-    failed = folder.with_name(folder.name + ".failed")
-    failed.unlink(missing_ok=True)
-    try:
+    with building(folder):  # a failure leaves `tokenizer.failed`, which ends the other processes' wait
         if folder.exists():
             trained_for = _tokenizer_record(folder)
             if _record_serves(trained_for, wanted, bool(config.resume_from_checkpoint)):
@@ -510,10 +508,6 @@ def load_or_train_tokenizer(config, train_split, is_main: bool = True, corpus_ke
                                   vocab_size=config.vocab_size)
             (staging / "trained_for.json").write_text(json.dumps(wanted) + "\n")
         return AutoTokenizer.from_pretrained(folder)
-    except BaseException as error:
-        failed.parent.mkdir(parents=True, exist_ok=True)
-        failed.write_text(f"{type(error).__name__}: {error}\n", encoding="utf-8")
-        raise
 
 
 def _tokenizer_record(folder: Path) -> dict | None:
@@ -527,21 +521,13 @@ def _tokenizer_record(folder: Path) -> dict | None:
 def _wait_for_tokenizer(folder: Path, wanted: dict, resuming: bool) -> None:
     """Wait until the main process has the run's tokenizer for `wanted` (a resumed run's, recorded or not: the main
     process takes it as it is) in `folder` (see [`wait_for`])."""
-    failed = folder.with_name(folder.name + ".failed")
-    started = reported = time.monotonic()
-    while True:
+
+    def trained() -> bool:
         record = _tokenizer_record(folder)
-        if _record_serves(record, wanted, resuming) and (record == wanted
-                                                         or (folder / "tokenizer_config.json").is_file()):
-            return
-        if failed.is_file():
-            raise RuntimeError(f"the main process failed to train the tokenizer ({folder}): "
-                               f"{failed.read_text(encoding='utf-8').strip()}")
-        if time.monotonic() - reported >= REPORT_SECONDS:
-            reported = time.monotonic()
-            logger.warning("still waiting for the main process to train the tokenizer (%.0f min): %s",
-                           (reported - started) / 60, folder)
-        time.sleep(POLL_SECONDS)
+        return _record_serves(record, wanted, resuming) and (record == wanted
+                                                             or (folder / "tokenizer_config.json").is_file())
+
+    wait_for_builder(folder, "the run's tokenizer", trained, POLL_SECONDS, REPORT_SECONDS)
 
 
 def prepare(config, is_main: bool = True, num_proc: int | None = None):
