@@ -1,7 +1,12 @@
-"""A new user's first commands from any folder: the recipes, `mgsa-hf evaluate` and the benchmark scripts find
-Multi30k through `MGSA_HF_DATA`, and without it the error says what to do; the `threads` setting reaches torch."""
+"""A new user's first hour: the recipes, `mgsa-hf evaluate` and the benchmark scripts find Multi30k through
+`MGSA_HF_DATA` from any folder, and without it the error says what to do; the `threads` setting reaches torch; the
+API reference's `Seq2SeqTrainer` example runs as written."""
 
+import ast
+import dataclasses
+import inspect
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -81,3 +86,39 @@ def test_threads_reaches_torch_before_training(tmp_path):
         torch.set_num_threads(before)
     with pytest.raises(ValueError, match="`threads` must be a whole number >= 1"):
         train(load_train_config("tiny", [f"data={MULTI30K_DIR}", f"output_dir={tmp_path / 'bad'}", "threads=0"]))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_seq2seq_trainer_example_of_the_api_reference_runs(tmp_path, monkeypatch, capsys):
+    """The Python example of docs/reference/training.md, run as it stands: `Seq2SeqTrainer` trains 40 steps and the
+    saved folder translates as the trained model does."""
+    from transformers import pipeline
+
+    page = (REPO / "docs" / "reference" / "training.md").read_text()
+    (example,) = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MGSA_HF_DATA", str(DATA_ROOT))
+    namespace = {}
+    exec(compile(example, "docs/reference/training.md", "exec"), namespace)
+    assert namespace["trainer"].state.global_step == 40
+    printed = ast.literal_eval(capsys.readouterr().out.strip().splitlines()[-1])
+    translator = pipeline("translation", model=str(tmp_path / "runs" / "example" / "model"), device="cpu")
+    (row,) = translator(["A dog runs in the snow."], num_beams=4, max_new_tokens=20)
+    assert len(printed) == 1 and row["translation_text"] == " ".join(printed[0].split())  # the pipeline's spacing
+
+
+def test_the_configuration_reference_documents_every_encoder_field():
+    """docs/reference/configuration.md renders `MgsaVariantConfig`'s docstring (assembled from the variants' modules,
+    so read by inspection): one parameter entry for each of its fields, the shared and every variant's."""
+    griffe = pytest.importorskip("griffe")
+    from mgsa_hf.configuration_mgsa import MgsaVariantConfig
+
+    page = (REPO / "docs" / "reference" / "configuration.md").read_text()
+    assert re.search(r"::: mgsa_hf\.configuration_mgsa\.MgsaVariantConfig\n    options:\n      force_inspection: true",
+                     page)
+    sections = griffe.Docstring(inspect.cleandoc(MgsaVariantConfig.__doc__), parser="google").parse()
+    documented = [parameter.name for section in sections if section.kind is griffe.DocstringSectionKind.parameters
+                  for parameter in section.value]
+    fields = [field.name for field in dataclasses.fields(MgsaVariantConfig)]
+    assert len(fields) > 30 and {"pr_glance", "rhe_layers", "hybrid_window", "phrase_partition"} <= set(fields)
+    assert sorted(documented) == sorted(fields)

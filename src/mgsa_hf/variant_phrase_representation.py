@@ -34,9 +34,12 @@ class PhraseRepresentationConfigFields:
         pr_segmentation (`str`, defaults to `"fixed"`):
             PR: `"fixed"` phrases of ntok = max(min(`pr_max_phrase_tokens`, len / `pr_length_ratio`),
             `pr_min_phrase_tokens`) tokens, or `"parse"` (Algorithm 1 phrases from the processor).
-        pr_max_phrase_tokens (`int`, defaults to 8), pr_min_phrase_tokens (`int`, defaults to 3), pr_length_ratio
-        (`int`, defaults to 6):
-            PR: the fixed segmentation rule above.
+        pr_max_phrase_tokens (`int`, defaults to 8):
+            PR: the longest phrase of the fixed segmentation rule above, in tokens.
+        pr_min_phrase_tokens (`int`, defaults to 3):
+            PR: the shortest phrase of the fixed segmentation rule above, in tokens.
+        pr_length_ratio (`int`, defaults to 6):
+            PR: the fixed segmentation rule's divisor of the sentence length.
         pr_glance (`str`, defaults to `"max"`):
             PR: glance vector of a phrase: `"max"` or `"mean"` pooling.
         pr_attentive (`bool`, defaults to `True`):
