@@ -110,6 +110,45 @@ def test_a_run_folder_in_use_refuses_a_second_run(tmp_path):
         assert claim.checkpoints(run_folder(tmp_path) / "checkpoints") == []
 
 
+def test_a_symbolic_link_to_a_used_output_dir_names_the_same_run(tmp_path):
+    """`output_dir=link` (a symbolic link to `real`) while a run holds `real`: one run folder and one lock, so the
+    second run is refused (both ran, each in its own run folder, one model folder holding the other's model)."""
+    from mgsa_hf.training.ownership import own_run_folders
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    assert run_folder(tmp_path / "link") == run_folder(tmp_path / "real") == tmp_path.resolve() / "real-run"
+    with own_run_folders(tmp_path / "real"):
+        with pytest.raises(FileExistsError, match="in use by another run") as caught:
+            with own_run_folders(tmp_path / "link"):
+                pass
+        assert str(tmp_path.resolve() / "real-run") in str(caught.value)
+    assert not (tmp_path / "link-run").exists()
+    with own_run_folders(tmp_path / "link"):  # free again once the first ends
+        pass
+
+
+def test_a_killed_tokenizer_save_does_not_block_the_next_run(tmp_path):
+    """A run killed while saving its tokenizer leaves `.tokenizer.saving-<pid>-<random>` (and its preparation's
+    records) in the run folder: the next run starts; they blocked every rerun with "holds another run". A checkpoint
+    beside them still counts as a run."""
+    from mgsa_hf.atomic_saves import STAGING_MARK
+    from mgsa_hf.training.ownership import own_run_folders
+
+    run_dir = run_folder(tmp_path / "model")
+    for name in (f".tokenizer{STAGING_MARK}4194303-0a1b2c3d", f".tokenizer{STAGING_MARK}4194303-0a1b2c3d-old"):
+        (run_dir / name).mkdir(parents=True)
+        (run_dir / name / "tokenizer.json").write_text("{}")
+    (run_dir / "tokenizer.building").write_text("{}")
+    (run_dir / "tokenizer.building.4194303.partial").write_text("{")
+    with own_run_folders(tmp_path / "model"):
+        pass
+    (run_dir / "checkpoints").mkdir()
+    with pytest.raises(FileExistsError, match="holds another run"):
+        with own_run_folders(tmp_path / "model"):
+            pass
+
+
 def _still_running(pids: list[int], timeout: float) -> list[int]:
     """The processes of `pids` still running (not a zombie) after up to `timeout` seconds, which are then killed (a
     failing test leaves none behind either)."""

@@ -4,9 +4,14 @@ A run holds the run folder's lock (`run.lock`, with its holder's process id, hos
 from before its first piece of work to its end, so two runs never write into one folder at once; and it starts only
 where no other run has left its files, unless it resumes that run (`resume_from_checkpoint`) or is told to replace it
 (`overwrite_output_dir`), which removes the earlier run's files first. Checkpoint averaging then reads only the run's
-own checkpoints ([`RunClaim.checkpoints`]).
+own checkpoints ([`RunClaim.checkpoints`]). Replacing a run's model folder removes the files a run writes there
+([`model_folder_files`]), not the folder's other files.
+
+The commands that write a folder of their own (`mgsa-hf convert`, `export onnx`, `export ct2`) refuse one that holds
+files unless told to replace them (`--overwrite`), and never write into the folder they read ([`check_output_folder`]).
 """
 
+import fnmatch
 import json
 import os
 import re
@@ -20,10 +25,59 @@ LOCK_FILE = "run.lock"
 HOLDER_FILE = "run.lock.json"
 # what `mgsa-hf prepare` (or a run's preparation) leaves in the run folder: the corpus prepared on disk and the run's
 # tokenizer, each named or recorded by what it holds; they are not a run of their own, and a new run reuses them
-PREPARATION = ("prepared", "tokenizer", "prepared.failed", "tokenizer.failed")
+PREPARATION = ("prepared", "tokenizer", "prepared.failed", "tokenizer.failed", "tokenizer.building")
 _KEPT = (LOCK_FILE, HOLDER_FILE, *PREPARATION)
+# the mark of a save's staging folder (`atomic_saves.STAGING_MARK`; this module imports nothing of the package)
+_SAVING = ".saving-"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model_fsdp_0/.metadata")
+OVERWRITE_OPTION = "--overwrite"
+
+
+def check_output_folder(output_dir: str | Path, source: str | Path | None = None, overwrite: bool = False,
+                        option: str = OVERWRITE_OPTION) -> None:
+    """
+    Refuse to write `output_dir` where the write would lose something without a word: into the folder `source` that
+    is read (or a folder holding it), always; into a folder that holds files, unless `overwrite`.
+
+    Args:
+        output_dir (`str` or `Path`): the folder a command writes.
+        source (`str` or `Path`, *optional*): the folder (or Hub id) it reads.
+        overwrite (`bool`): whether the command may replace what `output_dir` holds.
+        option (`str`): how the user says `overwrite`, named in the error.
+
+    Raises:
+        `ValueError`: `output_dir` is `source` or holds it.
+        `FileExistsError`: `output_dir` is a file, or a folder holding files, without `overwrite`.
+    """
+    output = Path(output_dir).expanduser()
+    if output.exists() and not output.is_dir():
+        raise FileExistsError(f"{output_dir} is a file, not a folder: not replaced. Name a folder to write.")
+    if source is not None and Path(source).expanduser().exists():
+        read, written = Path(source).expanduser().resolve(), output.resolve()
+        if read == written or read.is_relative_to(written):
+            where = "is" if read == written else "holds"
+            raise ValueError(f"the output folder {output_dir} {where} the folder read, {source}: writing it would "
+                             f"replace what is read while it is read. Name another output folder.")
+    if output.is_dir() and not overwrite:
+        held = sorted(path.name for path in output.iterdir())
+        if held:
+            shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+            raise FileExistsError(f"{output_dir} is not empty (it holds {shown}): not replaced. Name another folder, "
+                                  f"or pass {option} to replace what it holds (its files that the command does not "
+                                  "write are kept).")
+
+
+def model_folder_files(folder: Path) -> list[Path]:
+    """The files of `folder` that saving a run's model folder writes (and that replacing the run removes): the
+    model's and the processor's files, the model card and the package's code files that `save_pretrained` copies
+    beside the model. A file of the user's (notes, another tool's output) is none of them."""
+    from .. import atomic_saves
+
+    code = {path.name for path in Path(atomic_saves.__file__).parent.glob("*.py") if path.name != "__init__.py"}
+    patterns = (*atomic_saves.MODEL_FILES, *atomic_saves.PROCESSOR_FILES, "README.md")
+    return sorted(path for path in folder.iterdir() if path.is_file() and (
+        path.name in code or any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns)))
 
 
 def run_folder(output_dir: str | Path) -> Path:
@@ -31,10 +85,18 @@ def run_folder(output_dir: str | Path) -> Path:
     The folder beside the model folder `output_dir` where a run keeps what is not part of the model: `checkpoints/`
     (what `resume_from_checkpoint` reads), `tokenizer/` (the joint vocabulary trained for the run), `results.json`
     and `<split>.hyp.<target_lang>`, the translations the scores were computed from. `runs/mgsa-multi30k` →
-    `runs/mgsa-multi30k-run`.
+    `<cwd>/runs/mgsa-multi30k-run`. It is taken beside the folder's real path, so every name of one model folder (a
+    symbolic link to it, a relative path) names one run folder and one lock.
     """
-    output_dir = Path(output_dir)
+    output_dir = Path(output_dir).resolve()  # one run folder (and lock) for every name of the model folder
     return output_dir.with_name(f"{output_dir.name}-run")
+
+
+def _kept(name: str) -> bool:
+    """Whether an entry of the run folder is the lock or the preparation, or what a preparation stopped while saving
+    left beside it (a `.tokenizer.saving-*` folder, a record half-written): no run of its own."""
+    return name in _KEPT or any(name.startswith(f".{kept}{_SAVING}") or name.startswith(f"{kept}.")
+                                for kept in PREPARATION)
 
 
 def complete_checkpoints(folder: Path) -> list[Path]:
@@ -119,7 +181,7 @@ def earlier_run(output_dir: Path, run_dir: Path) -> list[str]:
     folders hold no run."""
     found = [str(output_dir / "config.json")] if (output_dir / "config.json").is_file() else []
     if run_dir.is_dir():
-        found += sorted(str(path) for path in run_dir.iterdir() if path.name not in _KEPT)
+        found += sorted(str(path) for path in run_dir.iterdir() if not _kept(path.name))
     return found
 
 
@@ -144,6 +206,7 @@ def _take(output_dir: Path, overwrite: bool, resume, keep: dict) -> RunClaim:
 
     from filelock import FileLock, Timeout
 
+    output_dir = output_dir.resolve()
     run_dir = run_folder(output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(run_dir / LOCK_FILE), timeout=0)
@@ -157,10 +220,13 @@ def _take(output_dir: Path, overwrite: bool, resume, keep: dict) -> RunClaim:
         resumes_here = resume is True or (isinstance(resume, str) and bool(resume) and _inside(Path(resume), run_dir))
         if earlier and overwrite:
             _check_overwrite(output_dir, run_dir, resume, keep)
-            if (output_dir / "config.json").is_file():
-                shutil.rmtree(output_dir)
+            if (output_dir / "config.json").is_file():  # the earlier run's files only: the user's are kept
+                for path in model_folder_files(output_dir):
+                    path.unlink()
+                if not any(output_dir.iterdir()):
+                    output_dir.rmdir()
             for path in run_dir.iterdir():
-                if path.name in _KEPT:
+                if _kept(path.name):
                     continue
                 if path.is_dir() and not path.is_symlink():
                     shutil.rmtree(path)
@@ -172,7 +238,8 @@ def _take(output_dir: Path, overwrite: bool, resume, keep: dict) -> RunClaim:
                 f"output_dir={str(output_dir)!r} holds another run ({shown}): a new run there would replace its model "
                 "and mix with its checkpoints. Train into another `output_dir`, continue that run with "
                 f"`resume_from_checkpoint=true`, or replace it with `overwrite_output_dir=true` (which first removes "
-                f"its model folder {output_dir} and the contents of {run_dir} but the prepared corpus and tokenizer)."
+                f"the model files in {output_dir} and the contents of {run_dir} but the prepared corpus and "
+                "tokenizer)."
             )
         resumed_step = None
         if resume is True:
