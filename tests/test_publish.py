@@ -342,7 +342,7 @@ def test_card_links_its_paper_names_its_base_model_and_what_its_code_needs(encod
     # the packages of the code path, named for the encoder type; the package itself only from its source or wheel
     install = "`pip install torch transformers" + (" 'spacy>=3.8.15,<3.9'`" if config.reads_source_syntax else "`")
     assert install in card.text and "pip install mgsa-hf" not in card.text
-    assert "mgsa-hf is on no package index" in card.text and "from its source repository" in card.text
+    assert "mgsa-hf is not published on a package index" in card.text and "from its source repository" in card.text
     # the tag and the parse's cost for the models that read the parse (not the transformer, hybrid or n-gram MG-SA)
     assert ("syntax-aware" in card.data.tags) == config.reads_source_syntax
     assert "syntax-aware" not in card.data.tags or encoder_type not in ("transformer", "hybrid")
