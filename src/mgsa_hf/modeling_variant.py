@@ -27,7 +27,7 @@ class Variant:
     """
     One encoder variant (a value of `config.encoder_type`): everything the configuration, both backbones and the
     outputs read about it. Each variant module defines one; `variants.py` registers them, and a new method is a new
-    module with its `Variant` plus a line there (see the README).
+    module with its `Variant` plus a line there (see docs/adding-a-variant.md).
 
     Attributes:
         name (`str`): the `encoder_type` value.

@@ -2,7 +2,7 @@
 
 Each variant is one module (`variant_<name>.py`) that defines its configuration fields, its layers and its `Variant`;
 the configuration, both backbones and the outputs read them from here. Adding a method is a new module and its line
-below (the README's "Adding a variant" says what the module holds).
+below (docs/adding-a-variant.md says what the module holds).
 """
 
 from .modeling_variant import Variant
