@@ -15,7 +15,9 @@ from huggingface_hub.errors import StrictDataclassError
 
 from ..training.catalogue import (
     ACCELERATE_CONFIGS,
+    DATA_ENV,
     FINETUNE_RECIPE,
+    SHARED_MULTI30K,
     accelerate_config_names,
     accelerate_config_path,
     recipe_names,
@@ -133,7 +135,9 @@ def train_epilog() -> str:
     lines.append(line)
     return "\n".join([
         "config keys (key=value; section.key=value inside model, processor, training), with the defaults of "
-        "TrainConfig (a recipe sets many of them):", *keys, "",
+        "TrainConfig (a recipe sets many of them):", *keys,
+        f"  (data: ${DATA_ENV}/multi30k where {DATA_ENV} is set, else {SHARED_MULTI30K} from the working directory; "
+        "threads: torch's CPU threads, 1 on a busy machine)", "",
         "recipes (recipe=NAME, or a YAML/JSON file's path as the first argument; default: `default`):", *recipes, "",
         f"init_from=FOLDER without a recipe fine-tunes with recipe={FINETUNE_RECIPE} (its learning rate and steps); "
         "with a from-scratch recipe named, that recipe's training settings are used and its model section is not.",
