@@ -47,7 +47,6 @@ MODELS = {
     "marian-hybrid": ("marian", "hybrid", {}, []),
     "marian-rhe": ("marian", "rhe", {}, RHE_FIELDS),
     "t5-transformer": ("t5", "transformer", {}, []),
-    "t5-phrase_memory-ngram": ("t5", "phrase_memory", NGRAM, []),
     "t5-phrase_memory-syntactic": ("t5", "phrase_memory", SYNTACTIC, ["phrase_ids"]),
     # two layers of each: PR's non-last encoder layer, three phrase levels, the caches of two decoder layers
     "t5-phrase_representation": ("t5", "phrase_representation",
