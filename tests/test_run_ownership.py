@@ -64,7 +64,8 @@ def test_a_second_run_into_a_used_output_dir_is_refused_before_any_work(tmp_path
 def test_resume_averages_its_own_checkpoints_and_overwrite_replaces_the_run(tmp_path):
     """A run resumed from checkpoint-2 of a run that went on to checkpoint-6 averages checkpoint-2 and its own
     checkpoint-4, not the left course's checkpoint-6; `overwrite_output_dir=true` removes the earlier run's model and
-    run files first, so that the new run's checkpoints and results are all that the folders hold."""
+    run files first, so that the new run's checkpoints and results are all that the folders hold (a file of the
+    user's in the model folder is kept)."""
     checkpoints = run_folder(tmp_path) / "checkpoints"
     train(tiny_config(tmp_path, "training.max_steps=6"))
     assert sorted(path.name for path in checkpoints.iterdir()) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
@@ -77,7 +78,8 @@ def test_resume_averages_its_own_checkpoints_and_overwrite_replaces_the_run(tmp_
     results, _ = train(tiny_config(tmp_path, "training.max_steps=2", "overwrite_output_dir=true"))
     assert sorted(path.name for path in checkpoints.iterdir()) == ["checkpoint-2"]
     assert json.loads((run_folder(tmp_path) / "results.json").read_text())["global_step"] == 2
-    assert not (tmp_path / "stale.bin").exists() and (tmp_path / "config.json").is_file()
+    assert (tmp_path / "stale.bin").read_text() == "from the earlier model folder"
+    assert (tmp_path / "config.json").is_file()
     with pytest.raises(ValueError, match="overwrite_output_dir=true removes the checkpoints"):
         train(tiny_config(tmp_path, "overwrite_output_dir=true", "resume_from_checkpoint=true"))
 

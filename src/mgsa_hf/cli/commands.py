@@ -247,7 +247,7 @@ def run_convert(args) -> None:
     check_folder_or_hub_id(args.marian, "marian")
     report = convert_checkpoint(args.marian, args.output_dir, encoder_type=args.encoder_type,
                                 new_modules_init=args.new_modules_init, trust_remote_code=args.trust_remote_code,
-                                **parse_set_fields(args.set))
+                                overwrite=args.overwrite, **parse_set_fields(args.set))
     print(json.dumps(report, indent=2))
 
 
@@ -255,6 +255,8 @@ def run_convert(args) -> None:
 
 def add_export_arguments(parser) -> None:
     """The `onnx` and `ct2` subcommands of `mgsa-hf export` and their arguments."""
+    from ..training.conversion import add_overwrite_argument
+
     formats = parser.add_subparsers(dest="format", required=True, metavar="{onnx,ct2}",
                                     parser_class=type(parser))
     onnx = formats.add_parser(
@@ -265,6 +267,8 @@ def add_export_arguments(parser) -> None:
     onnx.add_argument("folder", help="saved model folder (model + processor)")
     onnx.add_argument("output_dir", help="the ONNX folder to write")
     onnx.add_argument("--int8", action="store_true", help="quantize the weights to int8 (dynamic quantization)")
+    add_overwrite_argument(onnx, "replace the ONNX export that output_dir holds (graphs, config, processor files; its "
+                                 "other files are kept)")
     onnx.set_defaults(export=_export_onnx)
     ct2 = formats.add_parser(
         "ct2", help="a CTranslate2 model (encoder_type transformer, Marian backbone)",
@@ -274,26 +278,38 @@ def add_export_arguments(parser) -> None:
     ct2.add_argument("output_dir", help="the CTranslate2 model folder to write")
     ct2.add_argument("--quantization", default=None,
                      help="CTranslate2 weight type: int8, int8_float32, int16, float16, bfloat16 (default float32)")
-    ct2.add_argument("--force", action="store_true", help="overwrite output_dir")
+    add_overwrite_argument(ct2, "replace the CTranslate2 model that output_dir holds (its other files are kept)")
+    ct2.add_argument("--force", action="store_true", dest="overwrite", help=argparse.SUPPRESS)  # the former name
     ct2.set_defaults(export=_export_ct2)
     for subparser in (onnx, ct2):
         subparser.add_argument("--debug", action="store_true", help="show the traceback of an error")
 
 
-def _export_onnx(args) -> dict:
-    onnx_generation = _onnx_generation("mgsa-hf export onnx")
+def _check_export_folders(args) -> None:
+    """The model folder exists, and the export folder is neither it nor one holding files without `--overwrite`:
+    checked before the model is read."""
+    from ..training.ownership import check_output_folder
+
     if not Path(args.folder).is_dir():
         raise FileNotFoundError(f"model folder {args.folder!r} does not exist.")
-    path = onnx_generation.export_generation_onnx(args.folder, args.output_dir, quantize=args.int8)
-    return {"model": args.folder, "output_dir": str(path or args.output_dir), "int8": args.int8}
+    check_output_folder(args.output_dir, source=args.folder, overwrite=args.overwrite)
+
+
+def _export_onnx(args) -> dict:
+    from ..export import ONNX_FOLDER_FILES, export_folder
+
+    onnx_generation = _onnx_generation("mgsa-hf export onnx")
+    _check_export_folders(args)
+    with export_folder(args.output_dir, args.folder, args.overwrite, ONNX_FOLDER_FILES) as staging:
+        onnx_generation.export_generation_onnx(args.folder, staging, quantize=args.int8)
+    return {"model": args.folder, "output_dir": str(args.output_dir), "int8": args.int8}
 
 
 def _export_ct2(args) -> dict:
     from ..export import export_ctranslate2
 
-    if not Path(args.folder).is_dir():
-        raise FileNotFoundError(f"model folder {args.folder!r} does not exist.")
-    path = export_ctranslate2(args.folder, args.output_dir, quantization=args.quantization, force=args.force)
+    _check_export_folders(args)
+    path = export_ctranslate2(args.folder, args.output_dir, quantization=args.quantization, overwrite=args.overwrite)
     return {"model": args.folder, "output_dir": str(path), "quantization": args.quantization or "float32"}
 
 

@@ -11,6 +11,10 @@ variants, whose encoders attend over phrases (MG-SA, PR), through a gated local 
 and redundant-head replacement (RHE), have no CTranslate2 form: they go to ONNX.
 
 Both need the `export` extra (`pip install "mgsa-hf[export]"`: onnx, onnxscript, onnxruntime, ctranslate2).
+
+An export folder is written beside its target and swapped in whole ([`export_folder`]): never into the model's own
+folder, and into a folder that holds files only when told to replace them (`overwrite`, `mgsa-hf export
+--overwrite`), which replaces an earlier export's files and keeps the others.
 """
 
 import contextlib
@@ -27,6 +31,32 @@ from torch import nn
 EXPORTABLE_SYNTAX_FIELDS = (
     "word_ids", "head_word_ids", "phrase_ids", "pr_phrase_ids", "local_phrase_start", "local_phrase_end", "tree_depth",
 )
+
+
+# what an export of each kind writes, and takes the place of in a folder it replaces
+ONNX_FOLDER_FILES = ("*.onnx", "*.onnx.data", "*.onnx_data", "onnx_generation.json", "config.json",
+                     "generation_config.json", "README.md", "weights.sha256")
+CT2_FOLDER_FILES = ("model.bin", "config.json", "*vocabulary.json", "*vocabulary.txt", "vmap.txt")
+
+
+@contextlib.contextmanager
+def export_folder(output_dir: str | Path, source: str | Path | None, overwrite: bool, replaces: tuple[str, ...]):
+    """
+    Write an export into the yielded folder, swapped in as `output_dir` when the block ends without an error.
+
+    Args:
+        output_dir: the export folder; refused when it is `source` or holds it, and when it holds files unless
+            `overwrite` ([`~mgsa_hf.training.ownership.check_output_folder`]).
+        source: the model folder exported (None for a model object).
+        overwrite: replace what `output_dir` holds: the files matching `replaces` go, the others are kept.
+        replaces: `fnmatch` patterns of an earlier export's files.
+    """
+    from ..atomic_saves import PROCESSOR_FILES, staged_folder
+    from ..training.ownership import check_output_folder
+
+    check_output_folder(output_dir, source=source, overwrite=overwrite)
+    with staged_folder(output_dir, replaces=(*replaces, *PROCESSOR_FILES)) as staging:
+        yield staging
 
 
 def onnx_syntax_fields(config) -> tuple[str, ...]:
@@ -286,7 +316,8 @@ def _marian_loader():
 
 
 def export_ctranslate2(
-    model_path: str | Path, output_dir: str | Path, *, quantization: str | None = None, force: bool = False
+    model_path: str | Path, output_dir: str | Path, *, quantization: str | None = None, overwrite: bool = False,
+    force: bool = False,
 ) -> Path:
     """
     Write a CTranslate2 model of the saved `encoder_type="transformer"` MGSA folder `model_path` (Marian backbone,
@@ -298,7 +329,9 @@ def export_ctranslate2(
         model_path: a folder written by `save_pretrained` (model and tokenizer, as `mgsa-hf train` saves them).
         output_dir: the CTranslate2 model folder to write.
         quantization: CTranslate2's weight type (`"int8"`, `"float16"`, ...; None keeps float32).
-        force: overwrite `output_dir` if it exists.
+        overwrite: replace the CTranslate2 model `output_dir` holds (its other files are kept); without it, a folder
+            that holds files is refused. Never the model folder itself ([`export_folder`]).
+        force: the former name of `overwrite`.
 
     Raises:
         ValueError: for another encoder type (they export to ONNX) or the T5 backbone.
@@ -339,7 +372,10 @@ def export_ctranslate2(
             with torch.no_grad():
                 return loader(marian, tokenizer)
 
-    return Path(MarianModelConverter().convert(str(output_dir), quantization=quantization, force=force))
+    with export_folder(output_dir, model_path, overwrite or force, CT2_FOLDER_FILES) as staging:
+        # CTranslate2 removes the folder it writes before writing: its staging folder, not `output_dir`
+        MarianModelConverter().convert(str(staging), quantization=quantization, force=True)
+    return Path(output_dir)
 
 
 def translate_ctranslate2(

@@ -52,7 +52,7 @@ MANIFEST = "onnx_generation.json"
 GRAPHS = {"encoder": "encoder_model.onnx", "decoder": "decoder_model.onnx",
           "decoder_with_past": "decoder_with_past_model.onnx"}
 # the model folder's files that the ONNX folder keeps (every file but the weights and the model code)
-SKIPPED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".onnx", ".data")
+SKIPPED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".onnx", ".data", ".sha256")
 # sentences to trace with: three sentences of different lengths, so that no dynamic axis has size 1 or equals another
 EXAMPLES = [
     "A man in a blue shirt is standing on a ladder cleaning windows.",
@@ -203,6 +203,10 @@ def export_generation_onnx(
     Returns:
         `output_dir`.
     """
+    if not isinstance(model_or_folder, nn.Module):  # the graphs never go into the folder they are made from
+        from ..training.ownership import check_output_folder
+
+        check_output_folder(output_dir, source=model_or_folder, overwrite=True)
     model, processor, folder = _load_model_and_processor(model_or_folder, processor)
     if processor is None:
         raise ValueError("export_generation_onnx needs the model's processor: pass `processor=` with a model object.")

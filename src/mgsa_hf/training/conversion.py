@@ -123,27 +123,36 @@ def saved_processor_settings(folder: str | None, given: dict | None = None, trus
 
 
 def convert_checkpoint(path: str, output_dir: str, encoder_type: str | None = None, new_modules_init: str = "identity",
-                       trust_remote_code: bool = False, **overrides):
+                       trust_remote_code: bool = False, overwrite: bool = False, **overrides):
     """Write `output_dir` with the MGSA model and, when the source has a tokenizer, an [`MgsaProcessor`] around it
     (the source processor's settings, or the defaults; it parses only for encoder types that read syntax); return a
     report. Source processor settings that name code are refused unless `trust_remote_code`
-    ([`saved_processor_settings`])."""
+    ([`saved_processor_settings`]).
+
+    `output_dir` must be empty or new, unless `overwrite`: then the model folder it holds (model, processor, card and
+    code files) is replaced whole and its other files are kept. It is never the source folder
+    ([`~ownership.check_output_folder`])."""
     from transformers import AutoTokenizer
 
+    from ..atomic_saves import staged_folder
     from ..processing_mgsa import MgsaProcessor
+    from .ownership import check_output_folder, model_folder_patterns
 
+    check_output_folder(output_dir, source=path, overwrite=overwrite)
     saved = saved_processor_settings(path, trust_remote_code=trust_remote_code,
                                      option="trust_remote_code=True` (`--trust-remote-code`")
     model, new_modules = load_as_mgsa(path, encoder_type, new_modules_init, **overrides)
-    model.save_pretrained(output_dir)  # with the model's code, the translation pipeline's included
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError):  # the source has no tokenizer files
         tokenizer = None
-    if tokenizer is not None:
-        # the source processor's settings, if it has one; the parse only where the encoder reads syntax
-        settings = {**saved, "with_syntax": model.config.reads_source_syntax}
-        MgsaProcessor(tokenizer, **settings).save_pretrained(output_dir)
+    # model and processor swapped in together, in place of an earlier model folder's files (its processor included)
+    with staged_folder(output_dir, replaces=model_folder_patterns()) as staging:
+        model.save_pretrained(staging)  # with the model's code, the translation pipeline's included
+        if tokenizer is not None:
+            # the source processor's settings, if it has one; the parse only where the encoder reads syntax
+            settings = {**saved, "with_syntax": model.config.reads_source_syntax}
+            MgsaProcessor(tokenizer, **settings).save_pretrained(staging)
     return {
         "source": str(path),
         "output_dir": str(output_dir),
@@ -163,6 +172,9 @@ variant's own initialisation (`random`). The tokenizer (and the MGSA processor, 
 beside the model so the folder is ready for fine-tuning:
 
     mgsa-hf convert path/to/opus-mt-en-de out/opus-mt-en-de-rhe --encoder-type rhe
+
+An output folder that holds files is refused unless --overwrite, which replaces the model folder there whole (its
+other files are kept); the source folder itself is never written.
 """
 
 
@@ -174,6 +186,8 @@ def add_convert_arguments(parser) -> None:
                         help="the encoder to build (default: the checkpoint's own)")
     parser.add_argument("--new-modules-init", choices=["identity", "random"], default="identity",
                         help="how the variant's new modules start (default: as an identity where the variant allows)")
+    add_overwrite_argument(parser, "replace the model folder that output_dir holds (model, processor, card and code "
+                                   "files; its other files are kept)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="keep the source processor's settings that name code to run (a tree_parser import path, "
                              "parser_code)")
@@ -181,6 +195,14 @@ def add_convert_arguments(parser) -> None:
         "--set", nargs="*", default=[], metavar="FIELD=JSON",
         help="extra MgsaConfig fields, e.g. --set rhe_mode='\"sea_all\"' rhe_layers='[0,1]'",
     )
+
+
+def add_overwrite_argument(parser, replaces: str) -> None:
+    """`--overwrite`, the one option of every command that writes a folder: without it, a folder that holds files is
+    refused ([`~ownership.check_output_folder`])."""
+    parser.add_argument("--overwrite", action="store_true",
+                        help=f"{replaces} (default: a non-empty output_dir is refused; the folder read never is "
+                             "written)")
 
 
 def parse_set_fields(items: list[str]) -> dict:

@@ -68,16 +68,22 @@ def check_output_folder(output_dir: str | Path, source: str | Path | None = None
                                   "write are kept).")
 
 
-def model_folder_files(folder: Path) -> list[Path]:
-    """The files of `folder` that saving a run's model folder writes (and that replacing the run removes): the
-    model's and the processor's files, the model card and the package's code files that `save_pretrained` copies
-    beside the model. A file of the user's (notes, another tool's output) is none of them."""
+def model_folder_patterns() -> tuple[str, ...]:
+    """`fnmatch` patterns of the files a model folder's save writes: the model's and the processor's files, the model
+    card and the package's code files that `save_pretrained` copies beside the model. A file of the user's (notes,
+    another tool's output) matches none."""
     from .. import atomic_saves
 
-    code = {path.name for path in Path(atomic_saves.__file__).parent.glob("*.py") if path.name != "__init__.py"}
-    patterns = (*atomic_saves.MODEL_FILES, *atomic_saves.PROCESSOR_FILES, "README.md")
-    return sorted(path for path in folder.iterdir() if path.is_file() and (
-        path.name in code or any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns)))
+    code = sorted(path.name for path in Path(atomic_saves.__file__).parent.glob("*.py") if path.name != "__init__.py")
+    return (*atomic_saves.MODEL_FILES, *atomic_saves.PROCESSOR_FILES, "README.md", *code)
+
+
+def model_folder_files(folder: Path) -> list[Path]:
+    """The files of `folder` that saving a run's model folder writes ([`model_folder_patterns`]), which replacing
+    the run removes."""
+    patterns = model_folder_patterns()
+    return sorted(path for path in folder.iterdir()
+                  if path.is_file() and any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns))
 
 
 def run_folder(output_dir: str | Path) -> Path:

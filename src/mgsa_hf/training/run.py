@@ -253,8 +253,9 @@ def train(config: TrainConfig, callbacks: list | None = None):
     `collapse_check_step`, a run whose encoder has collapsed by that step starts again with the next seed, at most
     `collapse_restarts` times (the results list them under `restarts`). With `training.push_to_hub` the saved model
     folder is uploaded to the Hub repository `training.hub_model_id` (else one named after the folder; the results
-    name it as `hub_repo_id`), its card naming the model by that id. The run holds its folders from its checks on
-    ([`own_run_folders`]): another run in them stops it at once."""
+    name it as `hub_repo_id`), its card naming the model by that id: last, once the model folder and `results.json`
+    are saved, so that a Hub out of reach loses nothing (the error says how to publish the saved folder). The run
+    holds its folders from its checks on ([`own_run_folders`]): another run in them stops it at once."""
     training_args = _training_arguments(config)  # validates the `training` section before any work
     _check_run_settings(config)
     validate_model_section(config)
@@ -341,12 +342,15 @@ def _train(config: TrainConfig, training_args, callbacks, claim):
         results["scores"] = [{k: v for k, v in row.items() if k != "predictions"} for row in scores]
         _save(config, trainer, processor, corpus, results, scores, build_model_card)
     trainer.accelerator.wait_for_everyone()
+    if config.training.get("push_to_hub") and trainer.is_world_process_zero():
+        _publish(config, results)  # every process done and everything saved: a failure here loses nothing
     return results, trainer.model
 
 
 def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores: list[dict], build_model_card):
-    """Write the model folder (model, processor, card: swapped in whole; uploaded when `training.push_to_hub`), then
-    the run's files in the run folder: the splits' translations (`<split>.hyp.<target_lang>`) and `results.json`."""
+    """Write the model folder (model, processor, card: swapped in whole), then the run's files in the run folder: the
+    splits' translations (`<split>.hyp.<target_lang>`) and `results.json`. With `training.push_to_hub`, the card names
+    the repository `training.hub_model_id` where it is `org/name`, else a placeholder that [`_publish`] replaces."""
     from ..atomic_saves import MODEL_FILES, PROCESSOR_FILES, staged_folder
     from .model_card import card_dataset, card_repo_id, describe_tree_source
 
@@ -357,13 +361,8 @@ def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores
     if config.max_tokens_per_batch:  # the batch is counted in tokens, not sentences
         hyperparameters.pop("per_device_train_batch_size", None)
         hyperparameters["max_tokens_per_batch"] = config.max_tokens_per_batch
-    hub, hub_repo_id = None, None
-    if config.training.get("push_to_hub"):  # the repository first: the card names the model by its id
-        from huggingface_hub import HfApi
-
-        hub = HfApi(token=config.training.get("hub_token"))
-        hub_repo_id = hub.create_repo(config.training.get("hub_model_id") or output_dir.name, exist_ok=True,
-                                      private=config.training.get("hub_private_repo")).repo_id
+    hub_model_id = config.training.get("hub_model_id") if config.training.get("push_to_hub") else None
+    hub_repo_id = hub_model_id if hub_model_id and "/" in hub_model_id else None  # known before the Hub is reached
     dataset = card_dataset(config.data, config.source_lang, config.target_lang, config.splits.values())
     card = build_model_card(
         trainer.model.config,
@@ -393,14 +392,46 @@ def _save(config: TrainConfig, trainer, processor, corpus, results: dict, scores
         processor.tokenizer.model_max_length = source_position_limit(config) or processor.tokenizer.model_max_length
         processor.save_pretrained(staging)
         card.save(staging / "README.md")
-    if hub_repo_id:  # the whole model folder, as `hf upload` would
-        hub.upload_folder(repo_id=hub_repo_id, folder_path=str(output_dir), commit_message="Upload model")
-        results["hub_repo_id"] = hub_repo_id
     run_dir = run_folder(output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     for row in scores:
         (run_dir / f"{row['split']}.hyp.{config.target_lang}").write_text("\n".join(row["predictions"]) + "\n")
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+def _publish(config: TrainConfig, results: dict) -> None:
+    """Upload the saved model folder whole to the Hub repository `training.hub_model_id` (made if missing; else one
+    named after the folder), as `hf upload` would, its card first made to name the repository; `results.json` then
+    records it as `hub_repo_id`.
+
+    Raises:
+        `OSError`: naming the saved folder and the command that publishes it later, when the Hub cannot be reached or
+        refuses the upload.
+    """
+    import os
+
+    from huggingface_hub import HfApi
+
+    from ..modeling_common import card_for_repository
+
+    output_dir, results_file = Path(config.output_dir), run_folder(config.output_dir) / "results.json"
+    name = config.training.get("hub_model_id") or output_dir.name
+    try:
+        hub = HfApi(token=config.training.get("hub_token"))
+        repo_id = hub.create_repo(name, exist_ok=True, private=config.training.get("hub_private_repo")).repo_id
+        card_file = output_dir / "README.md"
+        card = card_file.read_text(encoding="utf-8")
+        if card_for_repository(card, repo_id) != card:  # the placeholder id, now that the repository's is known
+            card_file.with_name(".README.md.publishing").write_text(card_for_repository(card, repo_id),
+                                                                    encoding="utf-8")
+            os.replace(card_file.with_name(".README.md.publishing"), card_file)
+        hub.upload_folder(repo_id=repo_id, folder_path=str(output_dir), commit_message="Upload model")
+    except Exception as error:
+        raise OSError(f"training.push_to_hub: publishing to the Hub repository {name} failed ({type(error).__name__}: "
+                      f"{error}). Nothing is lost: the model is saved at {output_dir} and the run's results at "
+                      f"{results_file}; publish it later with `hf upload {name} {output_dir}`.") from error
+    results["hub_repo_id"] = repo_id
+    results_file.write_text(json.dumps(results, indent=2) + "\n")
 
 
 def translate_examples(output_dir: str | Path, sentences: list[str], **generate_kwargs) -> list[str]:
