@@ -6,8 +6,10 @@ step, on corpora made from Multi30k (train repeated, each copy's lines made dist
         --output benchmarks/data-path-cpu.json
 
 Measured:
-* `prepare`: `mgsa-hf prepare` of an RHE recipe (spaCy parse + tokenizer) with 1 and 2 worker processes: seconds,
-  CPU seconds, pairs per second, the peak memory of each process;
+* `prepare`: `mgsa-hf prepare` of an RHE recipe (spaCy parse + tokenizer) and a transformer's (tokenizer only) with
+  `--workers` processes: seconds, CPU seconds of the whole process tree (per source word), the peak memory of each
+  process, the prepared folder's peak and final size, and the processed splits' bytes a pair, as stored and in the
+  earlier int64 layout;
 * `launch`: for each corpus size, a first launch (the main process trains the tokenizer and prepares the tokenized
   corpus, the other waits) and a second one of the same recipe (`overwrite_output_dir=true`: both processes read what
   the first prepared), each process's seconds to its first training step and peak memory: a transformer (no parse)
@@ -20,16 +22,70 @@ import os
 import platform
 import shutil
 import sys
+from itertools import product
 from pathlib import Path
 
 import torch
 
-from mgsa_hf.benchmarking.data import first_step_command, make_corpus, measure_command
+from mgsa_hf.benchmarking.data import first_step_command, folder_bytes, make_corpus, measure_command
+from mgsa_hf.tokenization_utils import read_lines
+
+
+def int64_layout_bytes(processed: Path) -> int:
+    """The bytes of a prepared folder's processed splits in the layout before the narrow types: every syntax field
+    and the labels int64, the token ids int32, and the all-ones `attention_mask` (int8) stored."""
+    import tempfile
+
+    from datasets import Features, Sequence, Value
+
+    from mgsa_hf.syntax_fields import LEVELLED_SYNTAX_FIELDS
+    from mgsa_hf.training.corpus import load_processed
+
+    total = 0
+    for data in load_processed(processed).values():
+        wide = Features({column: (Sequence(Sequence(Value("int64"))) if column in LEVELLED_SYNTAX_FIELDS else
+                                  Sequence(Value("int32" if column == "input_ids" else "int64")))
+                         for column in data.column_names})
+        with_mask = Features({**wide, "attention_mask": Sequence(Value("int8"))})
+        data = data.cast(wide).map(lambda rows: {"attention_mask": [[1] * len(ids) for ids in rows["input_ids"]]},
+                                   batched=True, features=with_mask)
+        with tempfile.TemporaryDirectory() as folder:
+            data.save_to_disk(folder)
+            total += sum(path.stat().st_size for path in Path(folder).glob("*.arrow"))
+    return total
 
 
 RECIPE = ["vocab_size=8000", "max_eval_samples=8", "max_test_samples=8", "training.max_steps=1",
           "training.eval_strategy=no", "training.save_strategy=no", "training.per_device_train_batch_size=32",
           "reuse_cpu_memory=false"]
+
+
+# WMT14 En-De's training corpus: 4.5M pairs, 116M English words (Luong et al., 2015)
+WMT14_PAIRS, WMT14_SOURCE_WORDS = 4_500_000, 116_000_000
+
+
+def extrapolate(results: dict, args) -> None:
+    """WMT14's processed step (tokens, and the parse for a type that reads syntax) from the CPU time a source word
+    costs: the slope between the two largest `--parse-pairs` runs (what a word adds, without the fixed start-up), on
+    one node of 16 cores and on 8 such nodes, assuming the work spreads evenly over the workers of every node."""
+    sizes = sorted(args.parse_pairs)[-2:]
+    if len(sizes) < 2:
+        return
+    for encoder_type, workers in product(args.prepare_types, args.workers):
+        runs = [results.get(f"prepare/{encoder_type}/{pairs}/workers-{workers}") for pairs in sizes]
+        if None in runs:
+            continue
+        slope = (runs[1]["cpu_seconds"] - runs[0]["cpu_seconds"]) / (runs[1]["source_words"] - runs[0]["source_words"])
+        cpu_minutes = slope * WMT14_SOURCE_WORDS / 60
+        results[f"extrapolation/{encoder_type}/workers-{workers}"] = {
+            "cpu_ms_per_source_word": round(1000 * slope, 4), "wmt14_cpu_minutes": round(cpu_minutes, 1),
+            "one_node_16_cores_minutes": round(cpu_minutes / 16, 1),
+            "eight_nodes_minutes": round(cpu_minutes / 128, 1),
+            "bytes_per_pair": runs[1]["processed_bytes_per_pair"],
+            "bytes_per_pair_int64": runs[1]["processed_bytes_per_pair_int64"],
+            "wmt14_processed_gb": round(runs[1]["processed_bytes_per_pair"] * WMT14_SOURCE_WORDS
+                                        / runs[1]["source_words"] * runs[1]["pairs"] / 1e9, 2),
+        }
 
 
 def parse_args():
@@ -38,9 +94,12 @@ def parse_args():
     parser.add_argument("--work", type=Path, required=True, help="scratch folder for the corpora and runs")
     parser.add_argument("--output", type=Path, required=True, help="JSON results file")
     parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 100_000, 290_000], help="corpus pairs")
-    parser.add_argument("--parse-pairs", type=int, default=4000, help="pairs of the parse throughput runs")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker processes of the parse runs")
-    parser.add_argument("--launch-types", nargs="+", default=["transformer", "rhe"],
+    parser.add_argument("--parse-pairs", type=int, nargs="+", default=[5000, 20000],
+                        help="pairs of the prepare runs (two sizes: the CPU a word is the slope between them)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[2], help="worker processes of the prepare runs")
+    parser.add_argument("--prepare-types", nargs="+", default=["rhe", "transformer"],
+                        help="encoder types of the prepare runs (rhe: its corpus is parsed)")
+    parser.add_argument("--launch-types", nargs="*", default=["transformer", "rhe"],
                         help="encoder types of the launches (rhe: its corpus is parsed)")
     parser.add_argument("--parse-sizes", type=int, nargs="+", default=[20_000, 100_000],
                         help="corpus sizes of the launches of types that parse")
@@ -58,21 +117,31 @@ def main():
     def save():
         args.output.write_text(json.dumps(results, indent=2) + "\n")
 
-    corpus = make_corpus(args.multi30k, args.work / f"corpus-{args.parse_pairs}", args.parse_pairs)
-    for workers in args.workers:
-        key = f"prepare/rhe/{args.parse_pairs}/workers-{workers}"
+    for (pairs, encoder_type, workers) in product(args.parse_pairs, args.prepare_types, args.workers):
+        corpus = make_corpus(args.multi30k, args.work / f"corpus-{pairs}", pairs)
+        words = sum(len(line.split()) for line in read_lines(corpus / "train.en.gz"))
+        key = f"prepare/{encoder_type}/{pairs}/workers-{workers}"
         if key in results:
             continue
-        run = args.work / f"prepare-{workers}"
+        run = args.work / f"prepare-{encoder_type}-{pairs}-{workers}"
         shutil.rmtree(run.parent / f"{run.name}-run", ignore_errors=True)
+        prepared = run.parent / f"{run.name}-run" / "prepared"
         measured = measure_command([sys.executable, "-m", "mgsa_hf.cli", "prepare", f"data={corpus}",
-                                    f"output_dir={run}", "model.encoder_type=rhe", *RECIPE[:3], "--num-proc",
-                                    str(workers)], env=env, cwd=args.work)
+                                    f"output_dir={run}", f"model.encoder_type={encoder_type}", *RECIPE[:3],
+                                    "--num-proc", str(workers)], env=env, cwd=args.work, watch=prepared)
         measured.pop("output")
-        results[key] = {**measured, "pairs_per_second": round(args.parse_pairs / measured["seconds"], 1),
-                        "cpu_seconds_per_pair": round(measured["cpu_seconds"] / args.parse_pairs, 5)}
+        processed = next(prepared.glob("processed-*[!d]"))
+        rows = sum(json.loads((processed / "prepared.json").read_text())["rows"].values())
+        results[key] = {**measured, "pairs": pairs, "source_words": words,
+                        "pairs_per_second": round(pairs / measured["seconds"], 1),
+                        "cpu_ms_per_source_word": round(1000 * measured["cpu_seconds"] / words, 4),
+                        "final_disk_mb": round(folder_bytes(prepared) / 2**20, 1),
+                        "processed_bytes_per_pair": round(folder_bytes(processed) / rows, 1),
+                        "processed_bytes_per_pair_int64": round(int64_layout_bytes(processed) / rows, 1)}
         save()
         print(key, results[key])
+    extrapolate(results, args)
+    save()
     runs = [(encoder_type, size) for encoder_type in args.launch_types
             for size in (args.sizes if encoder_type in ("transformer", "hybrid") else args.parse_sizes)]
     for encoder_type, size in runs:

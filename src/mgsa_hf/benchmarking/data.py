@@ -2,8 +2,9 @@
 
 * [`make_corpus`]: a folder corpus of N pairs, Multi30k train repeated with each copy's lines made distinct (copy k
   starts its sentences with `k`), validation and test as they are.
-* [`measure_command`]: wall time, CPU time and the peak resident memory of each process of a command's tree
-  (sampled every 0.2 s with psutil: a peak between samples can be missed).
+* [`measure_command`]: wall time, the CPU time of a command's whole process tree, the peak resident memory of each
+  of its processes (sampled every 0.2 s with psutil: a peak between samples can be missed) and the peak size of a
+  folder it writes.
 * [`first_step_command`]: `accelerate launch` with two CPU processes of the training recipe stopped at its first
   step, each process writing its seconds to that step and its peak memory.
 """
@@ -36,37 +37,59 @@ def make_corpus(multi30k: Path, folder: Path, pairs: int) -> Path:
     return folder
 
 
-def measure_command(command: list[str], env: dict | None = None, cwd: Path | None = None) -> dict:
-    """Run `command`; its wall seconds, CPU seconds (the whole tree) and each process's peak resident memory (MB),
-    the largest first. Raises `RuntimeError` with the end of its output when it fails."""
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the files under `folder` (0 when it does not exist)."""
+    total = 0
+    for path in Path(folder).rglob("*"):
+        try:
+            total += path.stat().st_size if path.is_file() else 0
+        except OSError:  # removed while walking (a staging folder renamed into place)
+            continue
+    return total
+
+
+def measure_command(command: list[str], env: dict | None = None, cwd: Path | None = None,
+                    watch: Path | None = None) -> dict:
+    """Run `command`; its wall seconds, the CPU seconds of its whole process tree (user + system of every process
+    it started, workers and their children included, from `getrusage(RUSAGE_CHILDREN)`: exact, as each process is
+    reaped by its parent), each process's peak resident memory (MB, sampled every 0.2 s with psutil: a peak between
+    samples can be missed), the largest first, and with `watch` the peak bytes of that folder while it ran. Raises
+    `RuntimeError` with the end of its output when it fails."""
+    import resource
     import tempfile
 
     import psutil
 
+    def children_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
     log = tempfile.TemporaryFile(mode="w+")
-    started = time.perf_counter()
+    started, cpu_before = time.perf_counter(), children_cpu()
     process = subprocess.Popen(command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, text=True)
     root = psutil.Process(process.pid)
-    peaks, cpu = {}, {}
+    peaks, disk = {}, 0
     while process.poll() is None:
         for member in [root, *root.children(recursive=True)]:
             try:
-                with member.oneshot():
-                    peaks[member.pid] = max(peaks.get(member.pid, 0), member.memory_info().rss)
-                    times = member.cpu_times()
-                    cpu[member.pid] = times.user + times.system
+                peaks[member.pid] = max(peaks.get(member.pid, 0), member.memory_info().rss)
             except psutil.Error:
                 continue
+        if watch is not None:
+            disk = max(disk, folder_bytes(watch))
         time.sleep(0.2)
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, children_cpu() - cpu_before
     log.seek(0)
     output = log.read()
     log.close()
     if process.returncode != 0:
         raise RuntimeError(f"{' '.join(command[:4])} ... failed: {output[-3000:]}")
-    return {"seconds": round(seconds, 1), "cpu_seconds": round(sum(cpu.values()), 1),
-            "peak_rss_mb": sorted((round(rss / 2**20) for rss in peaks.values()), reverse=True)[:6],
-            "output": output[-2000:]}
+    measured = {"seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
+                "peak_rss_mb": sorted((round(rss / 2**20) for rss in peaks.values()), reverse=True)[:6],
+                "output": output[-2000:]}
+    if watch is not None:
+        measured["peak_disk_mb"] = round(max(disk, folder_bytes(watch)) / 2**20, 1)
+    return measured
 
 
 def first_step_command(records: Path, recipe: list[str], port: int) -> list[str]:
