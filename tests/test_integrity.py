@@ -108,6 +108,10 @@ def test_resuming_from_a_damaged_checkpoint_is_refused_by_name(tmp_path):
         trainer_for(tmp_path / "other", 2).train(resume_from_checkpoint=str(checkpoint))
     with pytest.raises(ValueError, match=message):
         trainer_for(tmp_path, 2).train(resume_from_checkpoint=True)
+    trainer = trainer_for(tmp_path / "other", 2)  # `load_best_model_at_end` reads the best checkpoint the same way
+    trainer.state.best_model_checkpoint = str(checkpoint)
+    with pytest.raises(ValueError, match=rf"loading the best model of {named(checkpoint)}: .*does not hold"):
+        trainer._load_best_model()
 
 
 # --- commands that write a folder refuse one holding something else ---
