@@ -45,7 +45,7 @@ def test_prepared_once_equal_to_mapping_in_memory(tmp_path, monkeypatch):
     config = recipe(tmp_path)
     corpus, processor, processed = prepare(config)
     folders = sorted(path.name.split("-")[0] for path in (tmp_path / "model-run" / "prepared").iterdir())
-    assert folders == ["corpus", "processed"]
+    assert folders == ["corpus", "parsed", "processed"]
     in_memory = load_parallel_corpus(DATA, "en", "de", config.splits)
     in_memory = in_memory.__class__({split: data.select(range(min(len(data), limit))) for (split, data), limit
                                      in zip(in_memory.items(), (40, 8, 8), strict=True)})
@@ -71,6 +71,7 @@ def test_prepared_once_equal_to_mapping_in_memory(tmp_path, monkeypatch):
 
     monkeypatch.setattr(preparation, "build_corpus", no_build)
     monkeypatch.setattr(preparation, "build_processed", no_build)
+    monkeypatch.setattr(preparation, "build_parsed", no_build)
     started = time.perf_counter()
     _, _, again = prepare(config)
     assert time.perf_counter() - started < 10 and again["train"][:] == processed["train"][:]

@@ -100,3 +100,11 @@ def check_tree_batch(trees, texts, is_batched) -> list[str | None] | None:
         if tree is not None and not isinstance(tree, str):
             raise TypeError(f"`trees[{i}]` must be a PTB bracketed string or None, got {type(tree).__name__}.")
     return list(trees)
+
+
+def check_text_lengths(texts: list[str], limit: int) -> None:
+    """Raises a `ValueError` naming the first text longer than the parser takes (`limit` characters)."""
+    for i, source in enumerate(texts):
+        if len(source) > limit:
+            raise ValueError(f"text[{i}] has {len(source):,} characters, more than the parser takes ({limit:,}, "
+                             "spaCy's `max_length`): split it into sentences.")

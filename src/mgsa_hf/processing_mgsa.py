@@ -18,7 +18,7 @@ from .atomic_saves import PROCESSOR_FILES, staged_folder
 from .configuration_mgsa import MgsaConfig, MgsaT5Config
 from .constituency_conversion import MODEL_FILE
 from .data_collator import pad_batch
-from .input_checks import as_text_batch, check_tree_batch, check_unicode
+from .input_checks import as_text_batch, check_text_lengths, check_tree_batch, check_unicode
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 from .syntax_parser import SyntaxParser
 from .syntax_spacy import package_version, refuse_saved_code
@@ -34,6 +34,8 @@ CONVERSION_FILE = MODEL_FILE.name
 SPACY_MAX_CHARACTERS = 1_000_000  # spaCy's default `nlp.max_length`
 # readings of the PR paper's Algorithm 1: n in words, at most n per phrase; or its pseudo-code as printed
 PR_SEGMENTATION_BUDGETS = ("words", "tokens_as_printed")
+# the syntax modules that turn an analysis into token fields: not part of a parse (`parse_fingerprint`)
+TOKEN_FIELD_MODULES = ("syntax_fields.py", "syntax_token_fields.py")
 
 
 class MgsaProcessor(ProcessorMixin):
@@ -311,12 +313,27 @@ class MgsaProcessor(ProcessorMixin):
         trees = check_tree_batch(tree, [text], is_batched=False)
         return next(self.parser.pipe([text], trees, self.parser_batch_size, self.n_process))
 
+    def parse(self, text: str | list[str], trees: str | list[str | None] | None = None) -> list[dict[str, list]]:
+        """Each sentence's parse, the part of its analysis that depends on neither the tokenizer nor the field
+        settings ([`~mgsa_hf.syntax_trees.SentenceSyntax.to_parse`] dicts). `__call__(text, parses=...)` gives from
+        them the fields of `__call__(text, trees=trees)`: a cache of parses serves every vocabulary and field setting
+        (keyed by [`~MgsaProcessor.parse_fingerprint`])."""
+        if not self.with_syntax:
+            raise ValueError("this processor makes no syntax fields (with_syntax=False): there is nothing to parse.")
+        texts, is_batched = as_text_batch(text, "text")
+        tree_list = check_tree_batch(trees, texts, is_batched)
+        check_text_lengths(texts, SPACY_MAX_CHARACTERS)
+        with cyclic_gc_paused():
+            return [syntax.to_parse() for syntax in self.parser.pipe(texts, tree_list, self.parser_batch_size,
+                                                                        self.n_process)]
+
     def __call__(
         self,
         text: str | list[str] | None = None,
         text_target: str | list[str] | None = None,
         trees: str | list[str | None] | None = None,
         *,
+        parses: list[dict] | None = None,
         max_length: int | None = None,
         max_target_length: int | None = None,
         truncation: bool | None = None,
@@ -335,6 +352,8 @@ class MgsaProcessor(ProcessorMixin):
                 words and must spell the text: each starts at the next non-space character after the previous one
                 (PTB escapes such as `-LRB-` and `` `` `` stand for `(` and `"`), and no text may be left over (see
                 [`~mgsa_hf.syntax_trees.match_words`]).
+            parses (`list[dict]`, *optional*): the sentences' parses from [`~MgsaProcessor.parse`] (with the same
+                parser and trees), used instead of parsing them again; the fields are those of a call without.
             max_length, truncation: as for the tokenizer, applied to source and (unless `max_target_length` is
                 given) target.
             padding (`bool` or `"longest"` / `"max_length"`, *optional*): pad to the longest sentence (or to
@@ -369,16 +388,17 @@ class MgsaProcessor(ProcessorMixin):
                             ("pad_to_multiple_of", pad_to_multiple_of)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}.")
+        if parses is not None:
+            if not self.with_syntax or tree_list is not None or len(parses) != len(texts):
+                raise ValueError(f"parses= gives the syntax of a processor with_syntax=True, instead of trees=: one "
+                                 f"per sentence (got {len(parses)} for {len(texts)} sentences).")
+            parses = [SentenceSyntax.from_parse(source, parse, i)
+                      for i, (source, parse) in enumerate(zip(texts, parses, strict=True))]
         if self.with_syntax:
-            for i, source in enumerate(texts):
-                if len(source) > SPACY_MAX_CHARACTERS:
-                    raise ValueError(
-                        f"text[{i}] has {len(source):,} characters, more than the parser takes "
-                        f"({SPACY_MAX_CHARACTERS:,}, spaCy's `max_length`): split it into sentences."
-                    )
+            check_text_lengths(texts, SPACY_MAX_CHARACTERS)
 
         with cyclic_gc_paused():
-            encoding = self._encode_source(texts, tree_list, max_length, truncation)
+            encoding = self._encode_source(texts, tree_list, max_length, truncation, parses)
         if targets is not None:
             target_length = max_target_length if max_target_length is not None else max_length
             encoding["labels"] = self.tokenizer(
@@ -393,11 +413,13 @@ class MgsaProcessor(ProcessorMixin):
             encoding = {name: values[0] for name, values in encoding.items()}
         return BatchEncoding(encoding, tensor_type=return_tensors)
 
-    def _encode_source(self, texts, trees, max_length, truncation) -> dict[str, list]:
-        """Tokenizes and parses the sources; each analysis is turned into token fields (and dropped) as the parse
-        goes, which keeps few objects alive for the garbage collector. The parse starts first: a long batch is parsed
-        beside this thread (see [`~mgsa_hf.syntax_parser.SyntaxParser.pipe`]) while the tokenizer runs here."""
-        syntaxes = self.parser.pipe(texts, trees, self.parser_batch_size, self.n_process) if self.with_syntax else None
+    def _encode_source(self, texts, trees, max_length, truncation, syntaxes=None) -> dict[str, list]:
+        """Tokenizes and parses the sources (unless `syntaxes` gives their analyses); each analysis is turned into
+        token fields (and dropped) as the parse goes, which keeps few objects alive for the garbage collector. The
+        parse starts first: a long batch is parsed beside this thread (see
+        [`~mgsa_hf.syntax_parser.SyntaxParser.pipe`]) while the tokenizer runs here."""
+        if self.with_syntax and syntaxes is None:
+            syntaxes = self.parser.pipe(texts, trees, self.parser_batch_size, self.n_process)
         fast = self.tokenizer.is_fast
         encoding = self.tokenizer(
             texts,
@@ -541,13 +563,14 @@ class MgsaProcessor(ProcessorMixin):
             desc=desc,
         )
 
-    def _map_batch(self, batch, indices, source_column, target_column, tree_column, **processor_kwargs):
+    def _map_batch(self, batch, indices, source_column, target_column, tree_column, parses=None, **processor_kwargs):
         trees = [tree or None for tree in batch[tree_column]] if tree_column else None
         try:
             encoding = self(
                 batch[source_column],
                 text_target=batch[target_column] if target_column else None,
                 trees=trees,
+                parses=parses,
                 **processor_kwargs,
             )
         except TreeError as error:  # name the dataset's row, not the position in the batch
@@ -575,6 +598,21 @@ class MgsaProcessor(ProcessorMixin):
         digest.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
         digest.update(str(tokenizer.model_max_length).encode())
         return digest.hexdigest()
+
+    def parse_fingerprint(self) -> str:
+        """Hash of everything [`~MgsaProcessor.parse`] depends on besides the texts and trees: the parser's settings,
+        the pipeline's name and version, spaCy's version, the plug-in's code, the parse code and the learned
+        conversion; not the tokenizer nor the field settings."""
+        Hasher, parser = import_datasets().fingerprint.Hasher, self.parser.resolved_name
+        here = Path(__file__).parent
+        modules = ["constituency_conversion.py", *sorted(path.name for path in here.glob("syntax_*.py")
+                                                         if path.name not in TOKEN_FIELD_MODULES)]
+        code = b"".join((here / name).read_bytes() for name in modules)
+        if self.uses_conversion:
+            code += self.conversion_path.read_bytes()
+        settings = [self.parser_name, self.tree_parser, self.parser_code]
+        return Hasher.hash([settings, parser, package_version(parser), importlib.metadata.version("spacy"),
+                            self.parser.code_fingerprint(), hashlib.sha256(code).hexdigest()])
 
     def _fingerprint(self) -> str:
         """Hash of everything the fields depend on besides the data."""

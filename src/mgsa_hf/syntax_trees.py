@@ -243,6 +243,37 @@ class SentenceSyntax:
         """The constituency tree as a PTB bracketed string."""
         return self.tree.to_ptb(self.words)
 
+    def to_parse(self) -> dict[str, list]:
+        """The analysis without its text, as plain lists ([`PARSE_FIELDS`]): `spans` (num_words, 2), `heads`
+        (num_words,), `paths` (num_words, depth of each word) and `labels` (num_nodes,). What a cache of parses
+        stores; [`SentenceSyntax.from_parse`] gives the analysis back."""
+        return {"spans": [list(span) for span in self.spans], "heads": list(self.heads),
+                "paths": [list(path) for path in self.tree.paths], "labels": list(self.tree.label)}
+
+    @classmethod
+    def from_parse(cls, text: str, parse: dict, index: int = 0) -> "SentenceSyntax":
+        """The analysis of `text` from its [`SentenceSyntax.to_parse`] dict (also as read back from Arrow).
+
+        Raises:
+            `ValueError` naming sentence `index` when `parse` lacks a field, its word fields differ in length or its
+            words reach past the end of `text` (the parse of another sentence)."""
+        missing = [name for name in PARSE_FIELDS if name not in parse]
+        if missing:
+            raise ValueError(f"parses[{index}] lacks {missing}: a parse holds {list(PARSE_FIELDS)} (see "
+                             "SentenceSyntax.to_parse).")
+        spans, heads, paths = parse["spans"], parse["heads"], parse["paths"]
+        if not len(spans) == len(heads) == len(paths):
+            raise ValueError(f"parses[{index}] has {len(spans)} spans, {len(heads)} heads and {len(paths)} paths: one "
+                             "of each per word.")
+        if spans and spans[-1][1] > len(text):
+            raise ValueError(f"parses[{index}] has words up to character {spans[-1][1]} of a text of {len(text)} "
+                             f"characters: it is the parse of another sentence ({text!r}).")
+        return cls(text, [tuple(span) for span in spans], list(heads), ConstituencyTree(paths, parse["labels"]))
+
+
+# the fields of a sentence's parse dict (`SentenceSyntax.to_parse`)
+PARSE_FIELDS = ("spans", "heads", "paths", "labels")
+
 
 # --------------------------------------------------------------------------------------------------------------------
 # Penn Treebank brackets

@@ -8,9 +8,13 @@ Preparing a corpus is two steps, each written to its own folder under `prepared_
    (each local file's name in its folder and the hash of its bytes, [`file_identity`]; a Hub id and configuration),
    the splits, languages, sample limits and tree files: the same corpus copied to another path or machine has the
    same key, and a file changed in place (even with its size and modification time restored) a new one.
-2. `processed-<key>`: the tokenized (and, for a model that reads syntax, parsed) splits, made by `num_proc` worker
-   processes (each with its own spaCy pipeline). The key adds the processor's fingerprint (its settings, its
-   tokenizer, the parser and this package's code) and the length limits.
+2. `parsed-<key>`, for a model that reads syntax: spaCy's parse of every source sentence (word spans, heads and
+   constituency tree, [`~mgsa_hf.processing_mgsa.MgsaProcessor.parse`]), made by `num_proc` worker processes (each
+   with its own spaCy pipeline). The key adds the parser's identity alone (`parse_fingerprint`: its settings, the
+   pipeline's and spaCy's versions, the parse code), not the tokenizer: another vocabulary or field setting reuses it.
+3. `processed-<key>`: the tokenized splits with the model's fields (derived from the parses, without spaCy). The key
+   adds the processor's fingerprint (its settings, its tokenizer, the parser and this package's code) and the
+   length limits.
 
 A folder is written beside its final name and renamed into place when complete, with `prepared.json` in it, so it
 is whole or absent; a second launch, a resume and every other process load it memory-mapped (`load_from_disk`) in
@@ -314,10 +318,11 @@ class _NarrowRows:
     `features` (a value out of range stops the step, naming the field, the row and the value) and without the fields
     that are not stored."""
 
-    def __init__(self, processor, features, split: str, **fn_kwargs):
+    def __init__(self, processor, features, split: str, parse_columns: tuple[str, ...] = (), **fn_kwargs):
         import numpy as np
 
         self.processor, self.split, self.fn_kwargs = processor, split, fn_kwargs
+        self.parse_columns = parse_columns  # columns of the batch that hold the sources' parses
         self.ranges = {}
         for column, feature in features.items():
             while hasattr(feature, "feature"):  # Sequence(Sequence(Value)) -> Value
@@ -330,7 +335,11 @@ class _NarrowRows:
 
         from ..syntax_fields import LEVELLED_SYNTAX_FIELDS
 
-        rows = self.processor._map_batch(batch, indices, **self.fn_kwargs)
+        parses = None
+        if self.parse_columns:
+            parses = [dict(zip(self.parse_columns, row, strict=True))
+                      for row in zip(*(batch[column] for column in self.parse_columns), strict=True)]
+        rows = self.processor._map_batch(batch, indices, parses=parses, **self.fn_kwargs)
         for column in UNSTORED_FIELDS:
             rows.pop(column, None)
         for column, values in rows.items():
@@ -349,18 +358,24 @@ class _NarrowRows:
         return rows
 
 
-def build_processed(processor, corpus, config, staging: Path, num_proc: int | None, limit: int | None) -> dict:
+def build_processed(processor, corpus, config, staging: Path, num_proc: int | None, limit: int | None,
+                    parsed=None) -> dict:
     """Write the tokenized (and parsed) splits of `corpus` into `staging` with `num_proc` worker processes; returns
-    their sizes and files. The training split is cut at `max_source_length` / `max_target_length`; the others, which
-    are scored, at the model's positions alone (`limit`; None: not at all). Each split is written once, straight into
-    its Arrow file(s) in `staging` (`<split>.arrow`, or one file per worker), with [`processed_features`]: no copy,
-    no type inference."""
+    their sizes and files. `parsed`, the splits' parses ([`build_parsed`]), stands for the parser (and the trees):
+    the fields are derived from them. The training split is cut at `max_source_length` / `max_target_length`; the
+    others, which are scored, at the model's positions alone (`limit`; None: not at all). Each split is written once,
+    straight into its Arrow file(s) in `staging` (`<split>.arrow`, or one file per worker), with
+    [`processed_features`]: no copy, no type inference."""
+    from datasets import concatenate_datasets
+
+    from ..syntax_fields import SOURCE_SYNTAX_PAD_VALUES
+    from ..syntax_trees import PARSE_FIELDS
     from .data import TREE_COLUMN
 
-    tree_column = TREE_COLUMN if TREE_COLUMN in corpus["train"].column_names else None
+    tree_column = TREE_COLUMN if TREE_COLUMN in corpus["train"].column_names and parsed is None else None
     source, target = f"translation.{config.source_lang}", f"translation.{config.target_lang}"
-    probe = processor(["a"], text_target=["a"])
-    columns = [column for column in probe if column not in UNSTORED_FIELDS]
+    # the processor's output fields, in its order, but those not stored
+    columns = ["input_ids", *(SOURCE_SYNTAX_PAD_VALUES if processor.with_syntax else ()), "labels"]
     features = processed_features(columns, len(processor.tokenizer))
     staging.mkdir(parents=True, exist_ok=True)
     files = {}
@@ -368,8 +383,13 @@ def build_processed(processor, corpus, config, staging: Path, num_proc: int | No
         lengths = (dict(max_length=config.max_source_length, max_target_length=config.max_target_length,
                         truncation=True) if split == "train" else
                    dict(max_length=limit, max_target_length=limit, truncation=limit is not None))
-        function = _NarrowRows(processor, features, split, source_column=source, target_column=target,
-                               tree_column=tree_column, **lengths)
+        if parsed is not None:
+            if len(parsed[split]) != len(data):
+                raise ValueError(f"the parsed {split} split holds {len(parsed[split])} rows for the {len(data)} of "
+                                 "the corpus: remove its folder from `prepared_dir` to parse it again.")
+            data = concatenate_datasets([data, parsed[split].select_columns(list(PARSE_FIELDS))], axis=1)
+        function = _NarrowRows(processor, features, split, parse_columns=PARSE_FIELDS if parsed is not None else (),
+                               source_column=source, target_column=target, tree_column=tree_column, **lengths)
         workers = num_proc if num_proc and num_proc > 1 and len(data) >= 10 * num_proc else None
         mapped = data.map(function, batched=True, with_indices=True, batch_size=1000, num_proc=workers,
                           remove_columns=data.column_names, features=features, load_from_cache_file=False,
@@ -378,6 +398,68 @@ def build_processed(processor, corpus, config, staging: Path, num_proc: int | No
         del mapped
     return {"step": "processed", "rows": {name: len(data) for name, data in corpus.items()}, "files": files,
             "features": {column: str(feature) for column, feature in features.items()}, "num_proc": num_proc or 1}
+
+
+# the Arrow types of a parse's fields (`SentenceSyntax.to_parse`)
+PARSE_TYPES = {"spans": ("int32", 2), "heads": ("int32", 1), "paths": ("int32", 2), "labels": ("string", 1)}
+
+
+def parsed_features():
+    """The `datasets.Features` of a parsed split: one list per sentence (of lists for `spans` and `paths`)."""
+    from datasets import Features, Sequence, Value
+
+    features = {}
+    for column, (dtype, depth) in PARSE_TYPES.items():
+        feature = Value(dtype)
+        for _ in range(depth):
+            feature = Sequence(feature)
+        features[column] = feature
+    return Features(features)
+
+
+class _ParseRows:
+    """The parser's `map` function over a batch of rows: the parse of each source sentence (with its given tree)."""
+
+    def __init__(self, processor, source_column: str, tree_column: str | None):
+        self.processor, self.source_column, self.tree_column = processor, source_column, tree_column
+
+    def __call__(self, batch, indices):
+        from ..syntax_trees import PARSE_FIELDS, TreeError
+
+        trees = [tree or None for tree in batch[self.tree_column]] if self.tree_column else None
+        try:
+            parses = self.processor.parse(batch[self.source_column], trees)
+        except TreeError as error:  # name the dataset's row, as `MgsaProcessor.map_dataset` does
+            where = f"column {self.tree_column!r}" if error.tree_parser is None else \
+                f"the tree that tree_parser={error.tree_parser!r} gave"
+            raise ValueError(f"Dataset row {indices[error.index]}, {where}: {error.reason}") from None
+        return {name: [parse[name] for parse in parses] for name in PARSE_FIELDS}
+
+
+def build_parsed(processor, corpus, config, staging: Path, num_proc: int | None) -> dict:
+    """Write the parse of every source sentence of `corpus` ([`MgsaProcessor.parse`], with the corpus's trees) into
+    `staging` with `num_proc` worker processes, as [`build_processed`] writes its fields; returns the splits' sizes
+    and files."""
+    from .data import TREE_COLUMN
+
+    tree_column = TREE_COLUMN if TREE_COLUMN in corpus["train"].column_names else None
+    function = _ParseRows(processor, f"translation.{config.source_lang}", tree_column)
+    staging.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for split, data in corpus.flatten().items():
+        workers = num_proc if num_proc and num_proc > 1 and len(data) >= 10 * num_proc else None
+        mapped = data.map(function, batched=True, with_indices=True, batch_size=1000, num_proc=workers,
+                          remove_columns=data.column_names, features=parsed_features(), load_from_cache_file=False,
+                          cache_file_name=str(staging / f"{split}.arrow"), desc=f"Parsing {split}")
+        files[split] = [Path(file["filename"]).name for file in mapped.cache_files]
+        del mapped
+    return {"step": "parsed", "rows": {name: len(data) for name, data in corpus.items()}, "files": files,
+            "parser": processor.parse_fingerprint(), "num_proc": num_proc or 1}
+
+
+def parsed_parts(corpus_key: str, processor) -> dict:
+    """What decides the parsed step's content, besides the corpus: the parser's identity alone."""
+    return {"corpus": corpus_key, "parser": processor.parse_fingerprint()}
 
 
 def load_processed(folder: Path):
@@ -563,8 +645,15 @@ def prepare(config, is_main: bool = True, num_proc: int | None = None):
     num_proc = num_proc if num_proc is not None else config.num_proc
     limit = source_position_limit(config)
     key = content_key(processed_parts(config, corpus_key, processor, limit))
+    parsed = None
+    if processor.with_syntax and not is_prepared(root / f"processed-{key}"):
+        parsed_folder = build_once(root / f"parsed-{content_key(parsed_parts(corpus_key, processor))}",
+                                   lambda staging: build_parsed(processor, corpus, config, staging, num_proc),
+                                   is_main, "the parsed corpus")
+        parsed = load_processed(parsed_folder)
     processed_folder = build_once(root / f"processed-{key}",
-                                  lambda staging: build_processed(processor, corpus, config, staging, num_proc, limit),
+                                  lambda staging: build_processed(processor, corpus, config, staging, num_proc, limit,
+                                                                  parsed),
                                   is_main, "the tokenized and parsed corpus" if processor.with_syntax else
                                   "the tokenized corpus")
     return corpus, processor, load_processed(processed_folder)
