@@ -129,9 +129,12 @@ def test_config_changed_after_construction():
     (["init_from={model}", "model.rhe_layer=[1]"], ValueError, "did you mean `rhe_layers`"),
 ])
 def test_train_cli_model_keys_are_checked_before_any_work(saved_tiny_model, tmp_path, overrides, error, match):
-    """The corpus does not exist: an error about it would mean the model section was checked after work began."""
+    """The corpus folder is empty: an error about its files would mean the model section was checked after work
+    began."""
     overrides = [override.format(model=saved_tiny_model) for override in overrides]
-    config = load_train_config(None, [f"data={tmp_path / 'no-corpus'}", f"output_dir={tmp_path / 'run'}", *overrides])
+    (tmp_path / "empty-corpus").mkdir()
+    config = load_train_config(None, [f"data={tmp_path / 'empty-corpus'}", f"output_dir={tmp_path / 'run'}",
+                                      *overrides])
     with pytest.raises(error, match=f"(?s){match}"):
         train(config)
 

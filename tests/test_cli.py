@@ -43,7 +43,8 @@ def test_a_user_error_is_one_line(tmp_path):
     result = run_cli("train", f"data={tmp_path}/no-corpus", f"output_dir={tmp_path}/run", cwd=tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith(f"mgsa-hf train: error: corpus {tmp_path}/no-corpus does not exist")
+    assert line.startswith(f"mgsa-hf train: error: corpus '{tmp_path}/no-corpus' does not exist")
+    assert "data=FOLDER" in line and "MGSA_HF_DATA" in line and "docs/getting-started.md#the-data" in line
     assert not (tmp_path / "run").exists()
     result = run_cli("train", "--debug", "recipe=no-such-recipe", cwd=tmp_path)
     assert result.returncode == 1 and "Traceback" in result.stderr and "FileNotFoundError" in result.stderr
@@ -58,7 +59,7 @@ def test_a_user_error_is_one_line(tmp_path):
     (["train", "recipe=tiny", "model.encoder_type=bogus", "data={data}", "output_dir={tmp}/run"],
      "encoder_type.*got bogus"),
     (["finetune", "tiny"], "takes key=value overrides only"),
-    (["evaluate", "{tmp}", "--data", "{tmp}/no-corpus"], "corpus folder '.*no-corpus' does not exist"),
+    (["evaluate", "{tmp}", "--data", "{tmp}/no-corpus"], "corpus '.*no-corpus' does not exist .*--data FOLDER"),
     (["convert", "{tmp}/no-marian", "{tmp}/out"], "marian='.*no-marian': no such folder"),
     (["export", "ct2", "{tmp}/no-model", "{tmp}/out"], "model folder '.*no-model' does not exist"),
     (["accelerate-config", "no_such"], "no packaged accelerate config 'no_such' \\(the configs: cpu_2proc, deepspeed"),

@@ -266,7 +266,8 @@ def _typed_training_values(section: dict) -> dict:
 
 def _check_run_settings(config: TrainConfig) -> None:
     """The settings that would otherwise fail deep inside a library, or do the wrong thing without a word, checked
-    before any work: the `tokenizer` and `init_from` folders, `average_last_checkpoints`, `resume_from_checkpoint`."""
+    before any work: `threads`, the `tokenizer` and `init_from` folders, `average_last_checkpoints`,
+    `resume_from_checkpoint`, and last a local `data` folder or file that does not exist."""
     from .conversion import check_folder_or_hub_id, saved_processor_settings
     from .trainer import checkpoint_folders
 
@@ -274,10 +275,6 @@ def _check_run_settings(config: TrainConfig) -> None:
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"`threads` must be a whole number >= 1 (torch's CPU threads per process) or null (torch's "
                          f"default), got {threads!r}.")
-    if not isinstance(config.data, str) or not config.data:
-        raise ValueError(f"`data` must be a folder, a file or a Hub dataset id, got {config.data!r}.")
-    if looks_local(config.data) and not Path(config.data).exists():
-        raise FileNotFoundError(missing_data_message(config.data))
     for key in ("tokenizer", "init_from"):
         value = getattr(config, key)
         if value is not None and not isinstance(value, str):
@@ -302,6 +299,10 @@ def _check_run_settings(config: TrainConfig) -> None:
             raise FileNotFoundError(f"resume_from_checkpoint={resume!r}: no such checkpoint folder.")
     elif resume not in (None, False):
         raise ValueError(f"`resume_from_checkpoint` must be true, false or a checkpoint folder, got {resume!r}.")
+    if not isinstance(config.data, str) or not config.data:
+        raise ValueError(f"`data` must be a folder, a file or a Hub dataset id, got {config.data!r}.")
+    if looks_local(config.data) and not Path(config.data).exists():
+        raise FileNotFoundError(missing_data_message(config.data))
 
 
 def gradient_accumulation_for_tokens(config: TrainConfig, world_size: int) -> int | None:
