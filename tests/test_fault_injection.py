@@ -9,6 +9,7 @@ import builtins
 import copy
 import errno
 import io
+import json
 import os
 import shutil
 import signal
@@ -482,3 +483,143 @@ def test_half_optimizer_file_is_named(trainer, tmp_path):
     (checkpoint / "optimizer.pt").write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match=rf"{checkpoint / 'optimizer.pt'} cannot be read .*cut short or damaged"):
         trainer._load_optimizer_and_scheduler(str(checkpoint))
+
+
+# --- a prepared folder's builder and its waiters ---
+
+
+def _forked_builder(folder: Path, build) -> int:
+    """A process (forked: the modules are loaded) that runs `build_once(folder, build)` as the main process; its pid,
+    once it has announced itself."""
+    import time
+
+    from mgsa_hf.training.builders import building_record
+    from mgsa_hf.training.corpus import build_once
+
+    pid = os.fork()
+    if pid == 0:
+        try:
+            build_once(folder, build, True, "the corpus")
+        finally:
+            os._exit(1)
+    deadline = time.monotonic() + 30
+    while not building_record(folder).is_file():
+        assert time.monotonic() < deadline, "the builder did not start"
+        time.sleep(0.05)
+    return pid
+
+
+def _slow_build(staging: Path) -> dict:
+    import time
+
+    staging.mkdir(parents=True)
+    time.sleep(600)
+    return {}
+
+
+@pytest.mark.parametrize("seen_from", ["this host", "another host"])
+def test_a_killed_builder_ends_the_wait_naming_it(tmp_path, monkeypatch, seen_from):
+    """The process preparing a corpus is SIGKILLed: a process waiting for it stops with an error naming the builder's
+    host and process: at once on its host (the process is gone), and from another host once its beat has stopped for
+    `STALE_HEARTBEATS` periods (it waited for ever, "waiting for the main process")."""
+    import re
+    import socket
+    import threading
+    import time
+
+    from mgsa_hf.training import builders
+    from mgsa_hf.training.corpus import wait_for
+
+    monkeypatch.setattr(builders, "HEARTBEAT_SECONDS", 0.2)
+    folder = tmp_path / "prepared" / "corpus-0123"
+    pid = _forked_builder(folder, _slow_build)
+    host = socket.gethostname()
+    if seen_from == "another host":
+        monkeypatch.setattr(builders.socket, "gethostname", lambda: "another-host")
+    errors = []
+    waiting = threading.Thread(target=_record_error, args=(errors, wait_for, folder, "the corpus"),
+                               kwargs={"poll_seconds": 0.05})
+    try:
+        waiting.start()
+        time.sleep(1)
+        assert waiting.is_alive() and errors == []  # the builder's beat goes on
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    killed = time.monotonic()
+    waiting.join(timeout=30)
+    took = time.monotonic() - killed
+    assert not waiting.is_alive() and [type(error) for error in errors] == [RuntimeError]
+    assert re.search(rf"process {pid} on {host} .*ended without finishing it", str(errors[0])), errors[0]
+    assert took < (1 if seen_from == "this host" else 0.2 * builders.STALE_HEARTBEATS + 2), took
+
+
+def test_an_earlier_attempts_failure_and_staging_do_not_stop_the_next(tmp_path, monkeypatch, caplog):
+    """A `.failed` left by an earlier attempt (a Ctrl-C, in the old one-line form or naming a process that has
+    ended) and a record of a killed builder do not end the wait of a process whose builder then succeeds (it read the
+    old failure before the main process cleared it); staging folders of ended processes are removed by the next
+    build, with a warning, and those of running processes kept. A failure of the current attempt still ends the
+    wait with its error."""
+    import socket
+    import threading
+    import time
+
+    from mgsa_hf.training import builders
+    from mgsa_hf.training.corpus import build_once, wait_for
+
+    monkeypatch.setattr(builders, "HEARTBEAT_SECONDS", 0.2)
+    ended = os.fork()
+    if ended == 0:
+        os._exit(0)
+    os.waitpid(ended, 0)  # a process id that has ended
+    host = socket.gethostname()
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    left = {name: prepared / name for name in (f"corpus-a.staging-{host}-{ended}", f"corpus-a.staging-{ended}",
+                                               f"corpus-a.staging-{host}-{ended}-text")}
+    running = prepared / f"corpus-a.staging-{host}-{os.getppid()}"
+    for path in (*left.values(), running):
+        path.mkdir()
+    earlier_failures = ["KeyboardInterrupt: \n",
+                        json.dumps({"error": "KeyboardInterrupt: ", "host": host, "pid": ended, "attempt": "e"})]
+    for folder, failure in zip((prepared / "corpus-a", prepared / "corpus-b"), earlier_failures, strict=True):
+        folder.with_name(folder.name + ".failed").write_text(failure)
+        folder.with_name(folder.name + ".building").write_text(json.dumps({"host": host, "pid": ended,
+                                                                           "attempt": "e", "beat": 3}))
+        errors = []
+        waiting = threading.Thread(target=_record_error, args=(errors, wait_for, folder, "the corpus"),
+                                   kwargs={"poll_seconds": 0.05})
+        with caplog.at_level("WARNING"):
+            waiting.start()
+            time.sleep(1)
+            assert waiting.is_alive(), errors
+            build_once(folder, lambda staging: staging.mkdir() or {"rows": 1}, True, "the corpus")
+            waiting.join(timeout=10)
+        assert not waiting.is_alive() and errors == []
+        assert (folder / "prepared.json").is_file() and not folder.with_name(folder.name + ".failed").exists()
+    assert "holds the error of an earlier attempt" in caplog.text
+    assert not any(path.exists() for path in left.values()) and running.is_dir()
+    assert all(str(path) in caplog.text for path in left.values())
+
+    failing = prepared / "corpus-c"
+    errors = []
+    waiting = threading.Thread(target=_record_error, args=(errors, wait_for, failing, "the corpus"),
+                               kwargs={"poll_seconds": 0.05})
+    waiting.start()
+    time.sleep(0.3)
+
+    def broken(staging):
+        raise ValueError("no file for split train")
+
+    with pytest.raises(ValueError):
+        build_once(failing, broken, True, "the corpus")
+    waiting.join(timeout=10)
+    assert [type(error) for error in errors] == [RuntimeError]
+    assert "failed to prepare the corpus" in str(errors[0]) and "no file for split train" in str(errors[0])
+
+
+def _record_error(errors: list, function, *args, **kwargs) -> None:
+    try:
+        function(*args, **kwargs)
+    except Exception as error:
+        errors.append(error)

@@ -95,7 +95,9 @@ def _write(path: Path, record: dict) -> None:
 
 
 def _describe(record: dict) -> str:
-    return f"process {record.get('pid', '?')} on {record.get('host', '?')}"
+    if "pid" not in record:
+        return "a process it does not name"
+    return f"process {record['pid']} on {record.get('host', '?')}"
 
 
 @contextlib.contextmanager
@@ -172,7 +174,7 @@ def wait_for(folder: Path, what: str, done: Callable[[], bool], poll_seconds: fl
     watched, beat, moved_at, current, warned = None, None, started, False, set()
     while not done():
         failure = _read(failed)
-        if failure and (failure != ignored_failure or (watched is not None and failure.get("attempt") == watched)):
+        if failure and (failure != ignored_failure or (current and failure.get("attempt") == watched)):
             raise RuntimeError(f"the main process failed to prepare {what} ({folder}): {failure.get('error')}")
         if failure and ignored_failure and "failure" not in warned:
             warned.add("failure")
