@@ -92,7 +92,9 @@ class TrainConfig:
     pairs kept, as Moses' `clean-corpus-n.perl` keeps them (fairseq's WMT14 preparation: 1, 250, 1.5): both sides of
     `clean_min_words`..`clean_max_words` whitespace-separated words, and neither side more than `clean_max_ratio`
     times as many words as the other (null: no such filter); the dropped counts are in the corpus step's
-    `prepared.json` and the run's `results.json`.
+    `prepared.json` and the run's `results.json`. `prepare_in_shards: true`: under `accelerate launch` every process
+    tokenizes and parses its share of the corpus into `prepared_dir`, which every machine must then share
+    ([`~mgsa_hf.training.shards`]); by default rank 0 prepares it alone while the others wait.
     """
 
     data: str = field(default_factory=default_data)
@@ -134,6 +136,7 @@ class TrainConfig:
     clean_min_words: int | None = None
     clean_max_words: int | None = None
     clean_max_ratio: float | None = None
+    prepare_in_shards: bool = False
 
 
 class _Yaml12Loader(yaml.SafeLoader):

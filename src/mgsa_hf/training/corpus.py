@@ -38,6 +38,7 @@ from transformers.utils import logging
 
 from .builders import building, remove_dead_staging, staging_folder
 from .builders import wait_for as wait_for_builder
+from .shards import build_shard, launch_shard, parse_shard, shard_splits
 
 
 logger = logging.get_logger(__name__)
@@ -612,10 +613,14 @@ def _wait_for_tokenizer(folder: Path, wanted: dict, resuming: bool) -> None:
     wait_for_builder(folder, "the run's tokenizer", trained, POLL_SECONDS, REPORT_SECONDS)
 
 
-def prepare(config, is_main: bool = True, num_proc: int | None = None):
+def prepare(config, is_main: bool = True, num_proc: int | None = None, shard: tuple[int, int] | None = None,
+            wait: bool = True):
     """The corpus, the processor and the processed splits of a recipe ([`TrainConfig`]), prepared once (see the
     module's docstring) and loaded memory-mapped. `is_main`: this process prepares what is missing (the others wait
     for it). The corpus is parsed only when the model reads syntax (set `processor.with_syntax` to choose).
+    `shard=(i, n)`: this process makes shard `i` of `n` of the processed step ([`~mgsa_hf.training.shards`]; by
+    default the recipe's `prepare_in_shards` under a launch), then waits for the others' (`wait`), or returns `None`
+    for the processed splits while shards are missing (`mgsa-hf prepare --shard I/N`).
 
     Returns:
         `(corpus, processor, processed)`: `DatasetDict`s of the raw pairs (a `translation` column, and the given trees
@@ -645,17 +650,31 @@ def prepare(config, is_main: bool = True, num_proc: int | None = None):
     num_proc = num_proc if num_proc is not None else config.num_proc
     limit = source_position_limit(config)
     key = content_key(processed_parts(config, corpus_key, processor, limit))
+    processed_folder = root / f"processed-{key}"
+    parsed_folder = root / f"parsed-{content_key(parsed_parts(corpus_key, processor))}"
+    what = "the tokenized and parsed corpus" if processor.with_syntax else "the tokenized corpus"
+    shard = shard if shard is not None else launch_shard(config)
+    if shard is not None and not is_prepared(processed_folder):  # this process's part of the parse, then its fields
+        parsed = None
+        if processor.with_syntax:
+            build_shard(parsed_folder, shard,
+                        lambda staging, cut: build_parsed(processor, cut(corpus), config, staging, num_proc))
+            parsed = shard_splits(parsed_folder, shard, load_processed)
+        complete = build_shard(processed_folder, shard, lambda staging, cut: build_processed(
+            processor, cut(corpus), config, staging, num_proc, limit, parsed))
+        if not complete:
+            if not wait:
+                return corpus, processor, None
+            wait_for(processed_folder, what)
+        return corpus, processor, load_processed(processed_folder)
     parsed = None
-    if processor.with_syntax and not is_prepared(root / f"processed-{key}"):
-        parsed_folder = build_once(root / f"parsed-{content_key(parsed_parts(corpus_key, processor))}",
-                                   lambda staging: build_parsed(processor, corpus, config, staging, num_proc),
-                                   is_main, "the parsed corpus")
+    if processor.with_syntax and not is_prepared(processed_folder):
+        build_once(parsed_folder, lambda staging: build_parsed(processor, corpus, config, staging, num_proc),
+                   is_main, "the parsed corpus")
         parsed = load_processed(parsed_folder)
-    processed_folder = build_once(root / f"processed-{key}",
-                                  lambda staging: build_processed(processor, corpus, config, staging, num_proc, limit,
-                                                                  parsed),
-                                  is_main, "the tokenized and parsed corpus" if processor.with_syntax else
-                                  "the tokenized corpus")
+    build_once(processed_folder,
+               lambda staging: build_processed(processor, corpus, config, staging, num_proc, limit, parsed),
+               is_main, what)
     return corpus, processor, load_processed(processed_folder)
 
 
@@ -672,10 +691,14 @@ def run_prepare(args) -> dict:
     _check_run_settings(config)
     validate_model_section(config)
     started = time.perf_counter()
-    corpus, processor, processed = prepare(config, is_main=True, num_proc=args.num_proc)
+    shard = parse_shard(args.shard) if args.shard else None
+    corpus, processor, processed = prepare(config, is_main=True, num_proc=args.num_proc, shard=shard, wait=False)
     summary = {"prepared_dir": str(prepared_dir(config)),
-               "rows": {name: len(data) for name, data in processed.items()},
+               "rows": {name: len(data) for name, data in processed.items()} if processed is not None else None,
                "parsed": processor.with_syntax, "seconds": round(time.perf_counter() - started, 1)}
+    if shard is not None:
+        summary["shard"] = args.shard
+        summary["complete"] = processed is not None  # else: the other shards' jobs are still to finish
     print(json.dumps(summary, indent=2))
     return summary
 
@@ -687,3 +710,7 @@ def add_prepare_arguments(parser) -> None:
     add_train_arguments(parser)
     parser.add_argument("--num-proc", type=positive_int, default=None,
                         help="worker processes that tokenize and parse (default: the recipe's `num_proc`, else 1)")
+    parser.add_argument("--shard", default=None, metavar="I/N",
+                        help="make shard I of N (from 0) of the tokenized and parsed splits, one job a shard with "
+                             "the same recipe and prepared_dir (e.g. on a CPU cluster); the last to finish joins "
+                             "them")
