@@ -24,6 +24,7 @@ from .catalogue import (
     recipe_path,
 )
 from .ownership import run_folder
+from .recipe_values import check_recipe_values, check_training_ranges
 
 
 logger = logging.getLogger(__name__)
@@ -222,7 +223,10 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] = ())
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(f"unknown training config key(s) {unknown} in {path}; allowed: {sorted(known)}.")
-    return TrainConfig(**raw)
+    config = TrainConfig(**raw)
+    check_recipe_values(config)  # every key's type and range, named (`recipe_values`)
+    config.training = check_training_ranges(_typed_training_values(config.training))
+    return config
 
 
 def _typed_training_values(section: dict) -> dict:
