@@ -22,7 +22,8 @@ seconds. Under `accelerate launch` only the main process of the whole run (rank 
 wait for the folder by looking at the disk every few seconds, which no process-group timeout bounds (a barrier
 would: `ddp_timeout`); a builder that dies ends their wait with an error naming it ([`~builders.wait_for`]). On
 several machines `prepared_dir` must be a folder they share, or each machine prepares it beforehand with `mgsa-hf
-prepare` (the tokenizer's training gives the same vocabulary from the same corpus on every machine); the run compares what every process prepared before it trains (`distributed.check_same_inputs`).
+prepare` (the tokenizer's training gives the same vocabulary from the same corpus on every machine); the run compares
+what every process prepared before it trains (`distributed.check_same_inputs`).
 """
 
 import hashlib
