@@ -1,6 +1,6 @@
 """A training corpus prepared once, on disk, for every process of a run and every later launch.
 
-Preparing a corpus is two steps, each written to its own folder under `prepared_dir` (by default the run folder's
+Preparing a corpus is three steps, each written to its own folder under `prepared_dir` (by default the run folder's
 `prepared/`) and named by a key of everything that decides its content:
 
 1. `corpus-<key>`: the corpus's splits as Arrow files (`datasets`' `save_to_disk`), read from a folder of text files
@@ -12,18 +12,20 @@ Preparing a corpus is two steps, each written to its own folder under `prepared_
    constituency tree, [`~mgsa_hf.processing_mgsa.MgsaProcessor.parse`]), made by `num_proc` worker processes (each
    with its own spaCy pipeline). The key adds the parser's identity alone (`parse_fingerprint`: its settings, the
    pipeline's and spaCy's versions, the parse code), not the tokenizer: another vocabulary or field setting reuses it.
-3. `processed-<key>`: the tokenized splits with the model's fields (derived from the parses, without spaCy). The key
-   adds the processor's fingerprint (its settings, its tokenizer, the parser and this package's code) and the
-   length limits.
+3. `processed-<key>`: the tokenized splits with the model's fields (derived from the parses, without spaCy), in the
+   narrowest integer types that hold them ([`FIELD_TYPES`], checked as written), without the all-ones attention
+   mask, written straight into the folder. The key adds the processor's fingerprint (its settings, its tokenizer,
+   the parser and this package's code) and the length limits.
 
 A folder is written beside its final name and renamed into place when complete, with `prepared.json` in it, so it
-is whole or absent; a second launch, a resume and every other process load it memory-mapped (`load_from_disk`) in
-seconds. Under `accelerate launch` only the main process of the whole run (rank 0 of machine 0) prepares; the others
-wait for the folder by looking at the disk every few seconds, which no process-group timeout bounds (a barrier
-would: `ddp_timeout`); a builder that dies ends their wait with an error naming it ([`~builders.wait_for`]). On
-several machines `prepared_dir` must be a folder they share, or each machine prepares it beforehand with `mgsa-hf
-prepare` (the tokenizer's training gives the same vocabulary from the same corpus on every machine); the run compares
-what every process prepared before it trains (`distributed.check_same_inputs`).
+is whole or absent; a second launch, a resume and every other process load it memory-mapped in seconds. Under
+`accelerate launch` only the main process of the whole run (rank 0 of machine 0) prepares; the others wait for the
+folder by looking at the disk every few seconds, which no process-group timeout bounds (a barrier would:
+`ddp_timeout`); a builder that dies ends their wait with an error naming it ([`~builders.wait_for`]). Steps 2 and 3
+can be made in shards by every process, or by one job a shard ([`~mgsa_hf.training.shards`]). On several machines
+`prepared_dir` must be a folder they share, or each machine prepares it beforehand with `mgsa-hf prepare` (the
+tokenizer's training gives the same vocabulary from the same corpus on every machine); the run compares what every
+process prepared before it trains (`distributed.check_same_inputs`).
 """
 
 import hashlib
