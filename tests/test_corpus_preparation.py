@@ -298,7 +298,7 @@ def test_scored_splits_are_translated_whole(tmp_path):
     saved = json.loads((tmp_path / "model-run" / "results.json").read_text())
     assert saved["scores"][1]["cut_sources"] == longer
     # the card names the split as the Hub's copy of Multi30k does (bentrevett/multi30k: test)
-    assert f"{longer} of test's were longer than the model's 24 positions" in \
+    assert f"{longer} of test_2016_flickr's were longer than the model's 24 positions" in \
         (tmp_path / "model" / "README.md").read_text()
 
 
