@@ -209,9 +209,8 @@ def test_tokens_per_update_sets_gradient_accumulation_for_the_processes(tmp_path
 def test_tokens_per_update_errors_name_the_keys(tmp_path, overrides, expected):
     """`tokens_per_update` with an explicit `training.gradient_accumulation_steps` that disagrees, without token
     batches, or not a positive count stops before any work, naming the keys."""
-    config = tiny_config(tmp_path, "max_tokens_per_batch=300", "tokens_per_update=2000", *overrides)
-    with pytest.raises(ValueError, match=expected):
-        _training_arguments(config)
+    with pytest.raises(ValueError, match=expected):  # when the recipe is loaded, or when the run's arguments are made
+        _training_arguments(tiny_config(tmp_path, "max_tokens_per_batch=300", "tokens_per_update=2000", *overrides))
 
 
 class CountBatches(TrainerCallback):
