@@ -345,6 +345,15 @@ def test_two_cpu_processes_with_accelerate(tmp_path, batching):
     assert all(rank["world_size"] == 2 and rank["global_step"] == 3 for rank in ranks)
     assert ranks[0]["digest"] == ranks[1]["digest"]
     AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    if batching == ["training.per_device_train_batch_size=8"]:
+        # the two processes shared the test split's translation: the saved model gives the same, alone
+        from mgsa_hf.tokenization_utils import read_lines
+        from mgsa_hf.training.ownership import run_folder
+        from mgsa_hf.training.run import translate_examples
+
+        sources = list(read_lines(DATA / "test_2016_flickr.en.gz", 8))
+        shared = (run_folder(tmp_path) / "test.hyp.de").read_text(encoding="utf-8").splitlines()
+        assert shared == translate_examples(tmp_path, sources, truncation=True)
 
 
 @pytest.mark.parametrize("use_cpu", [True, False], ids=["use_cpu", "without_use_cpu"])
@@ -619,3 +628,31 @@ def test_jsonl_tree_column(tmp_path):
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(record) for record in records) + "\n")
     with pytest.raises(ValueError, match=r"train.jsonl: the 'tree' tree of record 2 .*left over after the last leaf"):
         load_parallel_corpus(tmp_path / "train.jsonl", "en", "de", {"train": "train"}, tree_column="tree")
+
+
+def test_scored_splits_come_back_in_corpus_order(multi30k_processor, tiny_config):
+    """`_score_split` decodes longest first and, shared by processes, every n-th sentence each; the translations come
+    back in corpus order: each equals that sentence's own greedy translation (a random model, whose outputs differ)."""
+    from types import SimpleNamespace
+
+    from datasets import Dataset, DatasetDict
+
+    from mgsa_hf import MgsaDataCollator, MgsaForConditionalGeneration
+    from mgsa_hf.training.run import _score_split
+
+    torch.manual_seed(0)
+    model = MgsaForConditionalGeneration(tiny_config(multi30k_processor, "transformer", init_std=0.5)).eval()
+    model.generation_config.update(num_beams=1, max_new_tokens=6)
+    sources = ["A dog runs.", "Two men in blue shirts play chess in a park near the river.", "A woman sings.",
+               "Children are playing outside on a sunny day with their parents.", "A cat."]
+    processed = DatasetDict({"test": Dataset.from_dict(dict(multi30k_processor(sources, text_target=sources)))})
+    corpus = DatasetDict({"test": Dataset.from_dict({"translation": [{"en": s, "de": s} for s in sources]})})
+    config = SimpleNamespace(target_lang="de", source_lang="en", backbone="marian",
+                             model={"max_position_embeddings": 512}, init_from=None, max_source_length=128,
+                             max_target_length=128)
+    trainer = SimpleNamespace(model=model, data_collator=MgsaDataCollator(tokenizer=multi30k_processor.tokenizer),
+                              args=SimpleNamespace(per_device_eval_batch_size=2, process_index=0, world_size=1))
+    row = _score_split(trainer, processed, corpus, "test", config, multi30k_processor.tokenizer)
+    alone = [multi30k_processor.batch_decode(model.generate(**multi30k_processor([source], return_tensors="pt")),
+                                             skip_special_tokens=True)[0] for source in sources]
+    assert row["predictions"] == alone and len(set(alone)) > 1

@@ -173,23 +173,36 @@ def _set_generation_settings(model, args) -> None:
         model.generation_config.max_length = args.generation_max_length
 
 
-def _score_split(trainer, processed, corpus, split: str, config: TrainConfig, tokenizer) -> dict:
-    """Translate a whole split in corpus order with the model's generation config (see [`_set_generation_settings`])
-    and score the detokenized output against the raw references. The sources are whole (`max_source_length` cuts
-    the training split only), but for those longer than the model's positions: their number is `cut_sources`."""
+def _score_split(trainer, processed, corpus, split: str, config: TrainConfig, tokenizer, shared: bool = False) -> dict:
+    """Translate a whole split with the model's generation config (see [`_set_generation_settings`]) and score the
+    detokenized output, in corpus order, against the raw references. Sentences are decoded longest first, in batches
+    of similar lengths; with `shared` every process of the run (each holding the whole model) decodes every n-th of
+    them and all gather the translations, so no process waits for another's whole split. The sources are whole
+    (`max_source_length` cuts the training split only), but for those longer than the model's positions: their number
+    is `cut_sources`."""
+    import numpy as np
     import torch
 
     from ..evaluation import decode_token_ids, translation_scores
+    from .trainer import column_lengths
 
     model, args = trainer.model.eval(), trainer.args
     targets = [column for column in ("labels", "decoder_attention_mask") if column in processed[split].column_names]
     data = processed[split].remove_columns(targets)
-    predictions = []
+    order = np.argsort(-column_lengths(data, "input_ids"), kind="stable")
+    rank, world = (trainer.args.process_index, trainer.args.world_size) if shared else (0, 1)
+    mine = order[rank::world]
+    predictions = {}
     with torch.no_grad():
-        for start in range(0, len(data), args.per_device_eval_batch_size):
-            rows = data.select(range(start, min(start + args.per_device_eval_batch_size, len(data))))
-            batch = trainer.data_collator(list(rows)).to(model.device)
-            predictions.extend(decode_token_ids(tokenizer, model.generate(**batch).cpu()))
+        for start in range(0, len(mine), args.per_device_eval_batch_size):
+            indices = mine[start:start + args.per_device_eval_batch_size].tolist()
+            batch = trainer.data_collator(list(data.select(indices))).to(model.device)
+            predictions.update(zip(indices, decode_token_ids(tokenizer, model.generate(**batch).cpu()), strict=True))
+    if world > 1:
+        everyone = [None] * world
+        torch.distributed.all_gather_object(everyone, predictions)
+        predictions = {index: text for part in everyone for index, text in part.items()}
+    predictions = [predictions[index] for index in range(len(data))]
     scores = translation_scores(predictions, _references(corpus[split], config.target_lang))
     # validation and test are prepared whole, but for sources longer than the model's positions
     limit = source_position_limit(config)
@@ -198,10 +211,11 @@ def _score_split(trainer, processed, corpus, split: str, config: TrainConfig, to
     return {"split": split, **scores, "cut_sources": cut, "source_limit": limit, "predictions": predictions}
 
 
-def _maybe_average(trainer, config: TrainConfig, processed, corpus, tokenizer, claim) -> dict:
+def _maybe_average(trainer, config: TrainConfig, processed, corpus, tokenizer, claim, shared: bool = False) -> dict:
     """Average the run's last N checkpoints ([`RunClaim.checkpoints`]: safetensors, or FSDP's sharded state dict);
     keep the average when it scores at least as well as the selected model. Where it cannot average, it says why:
-    a warning, and `{"skipped": reason}` for the results."""
+    a warning, and `{"skipped": reason}` for the results. With `shared`, every process averages and scores (the
+    translations gathered, so every process keeps the same choice)."""
     from ..evaluation import average_checkpoints, load_checkpoint_state
     from .trainer import checkpoint_folders
 
@@ -225,10 +239,10 @@ def _maybe_average(trainer, config: TrainConfig, processed, corpus, tokenizer, c
     if reason:
         logger.warning("checkpoint averaging skipped: %s. The selected model is kept.", reason)
         return {"skipped": reason}
-    selected = _score_split(trainer, processed, corpus, "validation", config, tokenizer)
+    selected = _score_split(trainer, processed, corpus, "validation", config, tokenizer, shared)
     selected_state = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     load_checkpoint_state(trainer.model, average_checkpoints(checkpoints), f"the average of {checkpoints[0].parent}")
-    averaged = _score_split(trainer, processed, corpus, "validation", config, tokenizer)
+    averaged = _score_split(trainer, processed, corpus, "validation", config, tokenizer, shared)
     kept = averaged["bleu"] >= selected["bleu"]
     if not kept:
         trainer.model.load_state_dict(selected_state)
@@ -274,7 +288,13 @@ def _train(config: TrainConfig, training_args, callbacks, claim):
 
     from ..data_collator import MgsaDataCollator
     from ..evaluation import build_compute_metrics
-    from .distributed import check_same_inputs, ddp_find_unused_parameters, inputs_fingerprint, model_for_main_process
+    from .distributed import (
+        check_same_inputs,
+        ddp_find_unused_parameters,
+        fsdp_modules,
+        inputs_fingerprint,
+        model_for_main_process,
+    )
     from .model_card import build_model_card
     from .trainer import MgsaSeq2SeqTrainer
 
@@ -331,15 +351,18 @@ def _train(config: TrainConfig, training_args, callbacks, claim):
         results["restarts"] = restarts
     if (cleaned := corpus_record(config).get("dropped")) is not None:
         results["cleaning"] = cleaned
+    # every process holds the whole model (DDP): they share the translation of validation and test; under FSDP only
+    # the main process holds it whole (gathered) and translates alone
+    shared = training_args.world_size > 1 and not fsdp_modules(trainer.model)
     trainer.model = model_for_main_process(trainer.model, training_args.device)  # every process: FSDP gathers it
-    if trainer.is_world_process_zero():
-        # the main process translates validation and test in corpus order and saves; the others are done
+    if shared or trainer.is_world_process_zero():
         _set_generation_settings(trainer.model, training_args)
         if config.average_last_checkpoints:
-            results["averaging"] = _maybe_average(trainer, config, processed, corpus, tokenizer, claim)
-        scores = [_score_split(trainer, processed, corpus, split, config, tokenizer)
+            results["averaging"] = _maybe_average(trainer, config, processed, corpus, tokenizer, claim, shared)
+        scores = [_score_split(trainer, processed, corpus, split, config, tokenizer, shared)
                   for split in ("validation", "test") if split in processed]
         results["scores"] = [{k: v for k, v in row.items() if k != "predictions"} for row in scores]
+    if trainer.is_world_process_zero():
         _save(config, trainer, processor, corpus, results, scores, build_model_card)
     trainer.accelerator.wait_for_everyone()
     if config.training.get("push_to_hub") and trainer.is_world_process_zero():
