@@ -623,3 +623,35 @@ def _record_error(errors: list, function, *args, **kwargs) -> None:
         function(*args, **kwargs)
     except Exception as error:
         errors.append(error)
+
+
+def test_an_earlier_tokenizer_failure_does_not_stop_the_next_launch(train_split, tmp_path, caplog):
+    """`tokenizer.failed` left by a run stopped with Ctrl-C: a process that waits for the run's tokenizer (it read the
+    marker before the main process cleared it) loads the tokenizer the main process then trains."""
+    import threading
+    import time
+
+    from mgsa_hf.training.corpus import load_or_train_tokenizer as _load_or_train_tokenizer
+    from mgsa_hf.training.ownership import run_folder
+
+    output_dir = tmp_path / "model"
+    run_folder(output_dir).mkdir(parents=True)
+    (run_folder(output_dir) / "tokenizer.failed").write_text("KeyboardInterrupt: \n")
+    loaded, errors = [], []
+
+    def other_process():
+        try:
+            loaded.append(_load_or_train_tokenizer(tokenizer_config(output_dir, 120), train_split, is_main=False,
+                                                   corpus_key=CORPUS_KEY))
+        except Exception as error:
+            errors.append(error)
+
+    waiting = threading.Thread(target=other_process)
+    with caplog.at_level("WARNING"):
+        waiting.start()
+        time.sleep(1)
+        assert waiting.is_alive(), errors
+        main = _load_or_train_tokenizer(tokenizer_config(output_dir, 120), train_split, corpus_key=CORPUS_KEY)
+        waiting.join(timeout=30)
+    assert errors == [] and len(loaded) == 1 and loaded[0].get_vocab() == main.get_vocab()
+    assert "holds the error of an earlier attempt" in caplog.text
