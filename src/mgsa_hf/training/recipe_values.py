@@ -37,6 +37,7 @@ class Value:
     text: str = ""
 
     def fits(self, value) -> bool:
+        """Whether `value` is one this key may hold."""
         if value is None:
             return self.null
         if value in self.also and not isinstance(value, bool):
@@ -51,6 +52,7 @@ class Value:
                 and (self.maximum is None or value <= self.maximum) and (self.below is None or value < self.below))
 
     def describe(self) -> str:
+        """What the key must be, in words (`"a whole number >= 1 or null (null: all)"`)."""
         if self.text:
             return self.text
         if self.choices:
