@@ -69,3 +69,23 @@ def test_a_launch_shards_only_when_the_recipe_says_so(tmp_path):
     """Without `prepare_in_shards` (or in one process) the main process prepares alone."""
     assert launch_shard(recipe(tmp_path, "p")) is None
     assert launch_shard(recipe(tmp_path, "p", "prepare_in_shards=true")) is None  # one process: nothing to share
+
+
+def test_prepare_clean_removes_what_the_recipe_does_not_read(tmp_path):
+    """`mgsa-hf prepare --clean`: after preparing, the folders of another vocabulary and a stopped build's staging
+    folder are removed and listed; the recipe's own folders stay and load."""
+    overrides = [str(TINY), f"data={MULTI30K_DIR}", f"output_dir={tmp_path / 'model'}",
+                 f"prepared_dir={tmp_path / 'prepared'}", "model.encoder_type=transformer", "max_train_samples=30",
+                 "max_eval_samples=4", "max_test_samples=4"]
+    prepare(load_train_config(overrides[0], [*overrides[1:], "vocab_size=120", f"output_dir={tmp_path / 'other'}"]))
+    (tmp_path / "prepared" / "processed-0123.staging-99999").mkdir()
+    done = subprocess.run([sys.executable, "-m", "mgsa_hf.cli", "prepare", *overrides, "--clean"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout[done.stdout.index("{"):])
+    removed = sorted(entry["name"].split("-")[0] for entry in summary["removed"])
+    assert removed == ["processed", "processed"]  # the other vocabulary's fields and the stopped build
+    left = sorted(path.name.split("-")[0] for path in (tmp_path / "prepared").iterdir())
+    assert left == ["corpus", "processed"]
+    _, _, processed = prepare(load_train_config(overrides[0], overrides[1:]))
+    assert len(processed["train"]) == 30

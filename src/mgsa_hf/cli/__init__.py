@@ -24,7 +24,7 @@ from ..training.catalogue import (
     row_names,
 )
 from ..training.config import TrainConfig, add_train_arguments
-from ..training.corpus import add_prepare_arguments, run_prepare
+from ..training.prepare_command import add_prepare_arguments, run_prepare
 from ..training.run import run_train
 from . import commands as cli_commands
 

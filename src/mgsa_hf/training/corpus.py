@@ -41,7 +41,7 @@ from transformers.utils import logging
 
 from .builders import building, remove_dead_staging, staging_folder
 from .builders import wait_for as wait_for_builder
-from .shards import build_shard, launch_shard, parse_shard, shard_splits
+from .shards import build_shard, launch_shard, shard_splits
 
 
 logger = logging.get_logger(__name__)
@@ -679,41 +679,3 @@ def prepare(config, is_main: bool = True, num_proc: int | None = None, shard: tu
                lambda staging: build_processed(processor, corpus, config, staging, num_proc, limit, parsed),
                is_main, what)
     return corpus, processor, load_processed(processed_folder)
-
-
-def run_prepare(args) -> dict:
-    """Entry point of `mgsa-hf prepare`: prepare a recipe's corpus, tokenizer and processed splits in this one
-    process, with `--num-proc` workers, before `mgsa-hf train` (or `accelerate launch`) with the same recipe."""
-    from .config import _check_run_settings, load_train_config, validate_model_section
-
-    config_path, overrides = args.config, list(args.overrides)
-    if config_path is not None and "=" in config_path and not Path(config_path).exists():
-        overrides.insert(0, config_path)
-        config_path = None
-    config = load_train_config(config_path, overrides)
-    _check_run_settings(config)
-    validate_model_section(config)
-    started = time.perf_counter()
-    shard = parse_shard(args.shard) if args.shard else None
-    corpus, processor, processed = prepare(config, is_main=True, num_proc=args.num_proc, shard=shard, wait=False)
-    summary = {"prepared_dir": str(prepared_dir(config)),
-               "rows": {name: len(data) for name, data in processed.items()} if processed is not None else None,
-               "parsed": processor.with_syntax, "seconds": round(time.perf_counter() - started, 1)}
-    if shard is not None:
-        summary["shard"] = args.shard
-        summary["complete"] = processed is not None  # else: the other shards' jobs are still to finish
-    print(json.dumps(summary, indent=2))
-    return summary
-
-
-def add_prepare_arguments(parser) -> None:
-    """The command line of `mgsa-hf prepare`: the recipe as for `mgsa-hf train`, and `--num-proc`."""
-    from .config import add_train_arguments, positive_int
-
-    add_train_arguments(parser)
-    parser.add_argument("--num-proc", type=positive_int, default=None,
-                        help="worker processes that tokenize and parse (default: the recipe's `num_proc`, else 1)")
-    parser.add_argument("--shard", default=None, metavar="I/N",
-                        help="make shard I of N (from 0) of the tokenized and parsed splits, one job a shard with "
-                             "the same recipe and prepared_dir (e.g. on a CPU cluster); the last to finish joins "
-                             "them")
