@@ -212,27 +212,31 @@ def test_two_processes_prepare_past_a_10_second_group_timeout(tmp_path):
     assert time.perf_counter() - started > 14  # 28 sentences at 0.5 s: the parse alone outlasts the timeout
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [rank["global_step"] for rank in ranks] == [2, 2]
-    assert ranks[0]["built"] == [True, True] and ranks[1]["built"] == [False, False]
+    # the corpus, the parse and the fields
+    assert ranks[0]["built"] == [True, True, True] and ranks[1]["built"] == [False, False, False]
     assert ranks[0]["vocabulary"] == ranks[1]["vocabulary"]
 
 
 def test_two_machines_share_one_tokenizer(tmp_path):
-    """Two machine ranks (one process each, on this host, with a shared folder): only the run's main process trains
-    the tokenizer and prepares the corpus; both train with the same vocabulary."""
+    """Two machine ranks (one process each, on this host, with a shared folder) and `prepare_in_shards`: only the
+    run's main process trains the tokenizer and reads the corpus; each process tokenizes its half of it, joined into
+    one prepared folder; both train with the same vocabulary."""
     common = ["--num_machines", "2", "--num_processes", "2", "--main_process_ip", "127.0.0.1",
               "--main_process_port", "29575", "--rdzv_backend", "static", "--same_network"]
     script = [str(REPO / "tests" / "scripts" / "train_and_record_tokenizer.py"), str(TINY), f"data={DATA}",
               f"output_dir={tmp_path / 'model'}", "model.encoder_type=transformer", "max_train_samples=200",
               "vocab_size=400", "training.max_steps=2", "training.eval_strategy=no", "training.save_strategy=no",
-              "max_eval_samples=2", "max_test_samples=2"]
+              "max_eval_samples=2", "max_test_samples=2", "prepare_in_shards=true"]
     machines = [subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", *common,
                                   "--machine_rank", str(rank), *script], cwd=tmp_path, env=LAUNCH_ENV,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     outputs = [machine.communicate(timeout=600) for machine in machines]
     assert [machine.returncode for machine in machines] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-    assert ranks[0]["built"] == [True, True] and ranks[1]["built"] == [False, False]
+    assert ranks[0]["built"] == [True] and ranks[1]["built"] == [False]  # the corpus step; the fields in shards
     assert ranks[0]["vocabulary"] == ranks[1]["vocabulary"]
+    records = list((tmp_path / "model-run" / "prepared").glob("processed-*/prepared.json"))
+    assert len(records) == 1 and json.loads(records[0].read_text())["shards"] == 2
 
 
 @pytest.mark.parametrize(("data", "port"), [("same", 29577), ("one line differs", 29579)])
