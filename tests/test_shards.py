@@ -2,8 +2,6 @@
 the rows the unsharded step gives, under the same key; a shard alone leaves the corpus incomplete and says so."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -45,18 +43,23 @@ def test_shards_join_into_the_unsharded_rows(tmp_path):
     assert again["train"][:] == whole["train"][:]
 
 
-def test_the_shard_command(tmp_path):
+def run_prepare_command(arguments, capsys) -> dict:
+    """`mgsa-hf prepare ARGUMENTS` in this process; its printed summary."""
+    from mgsa_hf.cli import main
+
+    capsys.readouterr()
+    main(["prepare", *arguments])
+    printed = capsys.readouterr().out
+    return json.loads(printed[printed.index("{"):])
+
+
+def test_the_shard_command(tmp_path, capsys):
     """`mgsa-hf prepare --shard I/N` makes its shard and says whether the corpus is complete; a bad I/N is refused by
     the option's name."""
     overrides = [str(TINY), f"data={MULTI30K_DIR}", f"output_dir={tmp_path / 'model'}",
                  f"prepared_dir={tmp_path / 'prepared'}", "model.encoder_type=transformer", "max_train_samples=30",
                  "max_eval_samples=4", "max_test_samples=4"]
-    summaries = []
-    for shard in ("1/2", "0/2"):
-        done = subprocess.run([sys.executable, "-m", "mgsa_hf.cli", "prepare", *overrides, "--shard", shard],
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-        summaries.append(json.loads(done.stdout[done.stdout.index("{"):]))
+    summaries = [run_prepare_command([*overrides, "--shard", shard], capsys) for shard in ("1/2", "0/2")]
     assert [summary["complete"] for summary in summaries] == [False, True]
     assert summaries[1]["rows"] == {"train": 30, "validation": 4, "test": 4}
     for bad in ("2/2", "a/b", "1"):
@@ -71,7 +74,7 @@ def test_a_launch_shards_only_when_the_recipe_says_so(tmp_path):
     assert launch_shard(recipe(tmp_path, "p", "prepare_in_shards=true")) is None  # one process: nothing to share
 
 
-def test_prepare_clean_removes_what_the_recipe_does_not_read(tmp_path):
+def test_prepare_clean_removes_what_the_recipe_does_not_read(tmp_path, capsys):
     """`mgsa-hf prepare --clean`: after preparing, the folders of another vocabulary and a stopped build's staging
     folder are removed and listed; the recipe's own folders stay and load."""
     overrides = [str(TINY), f"data={MULTI30K_DIR}", f"output_dir={tmp_path / 'model'}",
@@ -79,10 +82,7 @@ def test_prepare_clean_removes_what_the_recipe_does_not_read(tmp_path):
                  "max_eval_samples=4", "max_test_samples=4"]
     prepare(load_train_config(overrides[0], [*overrides[1:], "vocab_size=120", f"output_dir={tmp_path / 'other'}"]))
     (tmp_path / "prepared" / "processed-0123.staging-99999").mkdir()
-    done = subprocess.run([sys.executable, "-m", "mgsa_hf.cli", "prepare", *overrides, "--clean"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout[done.stdout.index("{"):])
+    summary = run_prepare_command([*overrides, "--clean"], capsys)
     removed = sorted(entry["name"].split("-")[0] for entry in summary["removed"])
     assert removed == ["processed", "processed"]  # the other vocabulary's fields and the stopped build
     left = sorted(path.name.split("-")[0] for path in (tmp_path / "prepared").iterdir())
