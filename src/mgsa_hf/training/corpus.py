@@ -654,12 +654,14 @@ def prepare(config, is_main: bool = True, num_proc: int | None = None, shard: tu
     limit = source_position_limit(config)
     key = content_key(processed_parts(config, corpus_key, processor, limit))
     processed_folder = root / f"processed-{key}"
-    parsed_folder = root / f"parsed-{content_key(parsed_parts(corpus_key, processor))}"
+    # the parse's folder, for fields to make that read syntax (its key names the parser, which loads spaCy)
+    parsing = processor.with_syntax and not is_prepared(processed_folder)
+    parsed_folder = root / f"parsed-{content_key(parsed_parts(corpus_key, processor))}" if parsing else None
     what = "the tokenized and parsed corpus" if processor.with_syntax else "the tokenized corpus"
     shard = shard if shard is not None else launch_shard(config)
     if shard is not None and not is_prepared(processed_folder):  # this process's part of the parse, then its fields
         parsed = None
-        if processor.with_syntax:
+        if parsing:
             build_shard(parsed_folder, shard,
                         lambda staging, cut: build_parsed(processor, cut(corpus), config, staging, num_proc))
             parsed = shard_splits(parsed_folder, shard, load_processed)
@@ -671,7 +673,7 @@ def prepare(config, is_main: bool = True, num_proc: int | None = None, shard: tu
             wait_for(processed_folder, what)
         return corpus, processor, load_processed(processed_folder)
     parsed = None
-    if processor.with_syntax and not is_prepared(processed_folder):
+    if parsing:
         build_once(parsed_folder, lambda staging: build_parsed(processor, corpus, config, staging, num_proc),
                    is_main, "the parsed corpus")
         parsed = load_processed(parsed_folder)
