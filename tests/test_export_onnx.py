@@ -1,7 +1,7 @@
-"""ONNX export (`mgsa_hf.export.export_onnx`) of every encoder type: onnxruntime's logits equal PyTorch's on real
-processor batches, at the batch size and lengths the graph was traced with and at others; the graph takes exactly the
-syntax fields its encoder reads (MG-SA's default with its ON-LSTM too); settings that cannot export and bad examples
-get clear errors."""
+"""ONNX export of the whole model (`mgsa_hf.export.export_onnx`): onnxruntime's logits equal PyTorch's on real
+processor batches, at the batch size and lengths the graph was traced with and at others, for the plain model, T5 and
+RHE (every encoder type's modules export as generation graphs in `test_onnx_generation.py`); the graph takes exactly
+the syntax fields its encoder reads; settings that cannot export and bad examples get clear errors."""
 
 import json
 import runpy
@@ -25,13 +25,9 @@ TOKENS = ["input_ids", "attention_mask", "decoder_input_ids"]
 # variant -> (config fields, the syntax inputs its graph must take); the syntax-reading form of each variant
 MARIAN_VARIANTS = {
     "transformer": ({"encoder_type": "transformer"}, []),
-    # the default (Table 3 row 6): the ON-LSTM interaction exports as an ONNX Scan (`phrase_recurrence.py`)
-    "phrase_memory (default)": ({"encoder_type": "phrase_memory"}, ["phrase_ids"]),
-    "phrase_representation (parse)": (
-        {"encoder_type": "phrase_representation", "pr_segmentation": "parse"}, ["pr_phrase_ids"]
-    ),
-    # MG-SA's syntactic phrases without the ON-LSTM, and hybrid, export as generation graphs (test_onnx_generation.py),
-    # which trace the same modules: the whole-model graph adds nothing their tests do not check
+    # every other encoder type exports as generation graphs (test_onnx_generation.py, MG-SA's ON-LSTM Scan in
+    # test_onnx_recurrent.py), which trace the same modules; the whole-model graph is checked on the plain model, on
+    # T5 (`test_onnx_t5_backbone`) and on RHE's five syntax inputs (`test_export_script`)
 }  # RHE: through the script (`test_export_script`)
 RHE_INPUTS = ["word_ids", "head_word_ids", "local_phrase_start", "local_phrase_end", "tree_depth"]
 
