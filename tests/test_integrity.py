@@ -51,14 +51,17 @@ def saved(tmp_path) -> Path:
     return folder
 
 
+def assert_refused_on_load_and_averaging(saved, message: str) -> None:
+    for read in (MgsaForConditionalGeneration.from_pretrained, lambda folder: average_checkpoints([folder])):
+        with pytest.raises(ValueError, match=message):
+            read(saved)
+
+
 def test_a_flipped_byte_is_refused_by_name_on_load_and_averaging(saved):
     MgsaForConditionalGeneration.from_pretrained(saved)  # intact: loads
     flip_a_weight_byte(saved / "model.safetensors")
-    message = rf"{named(saved / 'model.safetensors')} does not hold the weights that were saved"
-    with pytest.raises(ValueError, match=message):
-        MgsaForConditionalGeneration.from_pretrained(saved)
-    with pytest.raises(ValueError, match=message):
-        average_checkpoints([saved])
+    assert_refused_on_load_and_averaging(
+        saved, rf"{named(saved / 'model.safetensors')} does not hold the weights that were saved")
 
 
 def test_a_record_naming_only_a_missing_shard_does_not_let_a_damaged_file_load(saved):
@@ -66,11 +69,7 @@ def test_a_record_naming_only_a_missing_shard_does_not_let_a_damaged_file_load(s
     it loaded; now the missing shard is named, on load and in averaging."""
     (saved / "weights.sha256").write_text(f"{'0' * 64}  model-00001-of-00002.safetensors\n")
     flip_a_weight_byte(saved / "model.safetensors")
-    message = rf"{named(saved / 'model-00001-of-00002.safetensors')} is missing"
-    with pytest.raises(ValueError, match=message):
-        MgsaForConditionalGeneration.from_pretrained(saved)
-    with pytest.raises(ValueError, match=message):
-        average_checkpoints([saved])
+    assert_refused_on_load_and_averaging(saved, rf"{named(saved / 'model-00001-of-00002.safetensors')} is missing")
 
 
 def test_a_weights_file_the_record_does_not_name_is_refused(saved):
