@@ -15,6 +15,7 @@ the training arguments do not join (each trains alone, without a word), and a da
 processor's syntax fields (an obscure error at the first batch).
 """
 
+import contextlib
 import gc
 import inspect
 import json
@@ -112,6 +113,29 @@ def missing_checkpoint_files(checkpoint: str | Path, args, sharded: bool = False
     if not any(checkpoint.glob("rng_state*.pth")):
         missing.append("rng_state.pth")
     return missing
+
+
+@contextlib.contextmanager
+def _cpu_map_location(args):
+    """While the Trainer loads a checkpoint's optimizer state in a run of several CPU processes: `torch.load` maps it
+    to `"cpu"`. The Trainer maps it to `args.device` whenever the world size is above 1, which under accelerate 1.3 is
+    `cpu:0` for a CPU process, a location `torch.load` cannot restore ("don't know how to restore data location"):
+    resuming such a run failed there."""
+    if not (args.world_size > 1 and args.device.type == "cpu"):
+        yield
+        return
+    load = torch.load
+
+    def load_on_cpu(*arguments, map_location=None, **kwargs):
+        if str(map_location).startswith("cpu"):
+            map_location = "cpu"
+        return load(*arguments, map_location=map_location, **kwargs)
+
+    torch.load = load_on_cpu
+    try:
+        yield
+    finally:
+        torch.load = load
 
 
 def logged_training_loss(log_history: list[dict], global_step: int, from_step: int = 0) -> float | None:
@@ -361,9 +385,11 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         """`Trainer._load_optimizer_and_scheduler`; a file cut short or damaged (`optimizer.pt`, `scheduler.pt`: not
-        the zip archive `torch.save` writes) raises a `ValueError` naming it."""
+        the zip archive `torch.save` writes) raises a `ValueError` naming it. Several CPU processes load the optimizer
+        state onto the CPU ([`_cpu_map_location`])."""
         try:
-            super()._load_optimizer_and_scheduler(checkpoint)
+            with _cpu_map_location(self.args):
+                super()._load_optimizer_and_scheduler(checkpoint)
         except Exception as error:
             damaged = [Path(checkpoint) / name for name in (OPTIMIZER_NAME, SCHEDULER_NAME)
                        if (Path(checkpoint) / name).is_file() and not zipfile.is_zipfile(Path(checkpoint) / name)]
