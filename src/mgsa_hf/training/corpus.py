@@ -41,7 +41,7 @@ from transformers.utils import logging
 
 from .builders import building, remove_dead_staging, staging_folder
 from .builders import wait_for as wait_for_builder
-from .shards import build_shard, launch_shard, shard_splits
+from .shards import build_shard, launch_shard, load_listed, shard_splits
 
 
 logger = logging.get_logger(__name__)
@@ -467,16 +467,9 @@ def parsed_parts(corpus_key: str, processor) -> dict:
 
 
 def load_processed(folder: Path):
-    """The processed splits of a prepared folder, memory-mapped: a `DatasetDict` of the Arrow files its record
-    lists."""
-    from datasets import Dataset, DatasetDict, concatenate_datasets
-
-    record = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    splits = {}
-    for split, names in record["files"].items():
-        parts = [Dataset.from_file(str(folder / name)) for name in names]
-        splits[split] = parts[0] if len(parts) == 1 else concatenate_datasets(parts)
-    return DatasetDict(splits)
+    """The processed (or parsed) splits of a prepared folder, memory-mapped: a `DatasetDict` of the Arrow files its
+    record lists ([`~mgsa_hf.training.shards.load_listed`])."""
+    return load_listed(folder)
 
 
 def processed_parts(config, corpus_key: str, processor, limit: int | None) -> dict:
@@ -664,7 +657,7 @@ def prepare(config, is_main: bool = True, num_proc: int | None = None, shard: tu
         if parsing:
             build_shard(parsed_folder, shard,
                         lambda staging, cut: build_parsed(processor, cut(corpus), config, staging, num_proc))
-            parsed = shard_splits(parsed_folder, shard, load_processed)
+            parsed = shard_splits(parsed_folder, shard)
         complete = build_shard(processed_folder, shard, lambda staging, cut: build_processed(
             processor, cut(corpus), config, staging, num_proc, limit, parsed))
         if not complete:

@@ -5,7 +5,7 @@ Shard `i` of `n` is the `i`-th contiguous `n`-th of every split (`datasets`' `Da
 The parse (`parsed-<key>`, for a model that reads syntax) and the tokens and fields (`processed-<key>`) are each made
 shard by shard into `<folder>.shards/shard-<i>-of-<n>/`, with a record of its rows. The process that writes the last
 record joins them: it lists every shard's files in shard order in the folder's `prepared.json` and renames the folder
-to the one an unsharded preparation writes. Read back (`load_processed`), the shards concatenate to exactly the rows
+to the one an unsharded preparation writes. Read back ([`load_listed`]), the shards concatenate to exactly the rows
 the unsharded step gives, in the same order, so the key is the same and a run cannot tell how its corpus was
 prepared.
 
@@ -90,23 +90,31 @@ def build_shard(folder: Path, shard: tuple[int, int], build) -> bool:
     return join_shards(folder, count)
 
 
-def shard_splits(folder: Path, shard: tuple[int, int], load):
-    """Shard `shard = (i, n)` of a step's splits, once this process has built it ([`build_shard`]): from its own files
-    while the other shards are still being made, or, from a folder made whole, its part of each split. `load(folder)`
-    reads a complete folder (`corpus.load_processed`)."""
+def load_listed(folder: Path, record: str = MARKER):
+    """The splits a prepared step's record lists (`record` in `folder`: the step's `prepared.json`, or a shard's
+    record), memory-mapped: a `DatasetDict` of its Arrow files, a split's files concatenated in order."""
     from datasets import Dataset, DatasetDict, concatenate_datasets
+
+    files = json.loads((folder / record).read_text(encoding="utf-8"))["files"]
+    splits = {}
+    for split, names in files.items():
+        parts = [Dataset.from_file(str(folder / name)) for name in names]
+        splits[split] = parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+    return DatasetDict(splits)
+
+
+def shard_splits(folder: Path, shard: tuple[int, int]):
+    """Shard `shard = (i, n)` of a step's splits, once this process has built it ([`build_shard`]): from its own files
+    while the other shards are still being made, or, from a folder made whole, its part of each split."""
+    from datasets import DatasetDict
 
     index, count = shard
     name = f"shard-{index}-of-{count}"
     base = folder if (folder / MARKER).is_file() else shards_folder(folder)
     if not (base / f"{name}.json").is_file():  # made whole (not in shards): its part
-        return DatasetDict({split: data.shard(count, index, contiguous=True) for split, data in load(folder).items()})
-    record = json.loads((base / f"{name}.json").read_text(encoding="utf-8"))
-    splits = {}
-    for split, files in record["files"].items():
-        parts = [Dataset.from_file(str(base / file)) for file in files]
-        splits[split] = parts[0] if len(parts) == 1 else concatenate_datasets(parts)
-    return DatasetDict(splits)
+        return DatasetDict({split: data.shard(count, index, contiguous=True)
+                            for split, data in load_listed(folder).items()})
+    return load_listed(base, f"{name}.json")
 
 
 def join_shards(folder: Path, count: int) -> bool:
@@ -150,4 +158,5 @@ def launch_shard(config) -> tuple[int, int] | None:
     return (state.process_index, state.num_processes) if state.num_processes > 1 else None
 
 
-__all__ = ["build_shard", "join_shards", "launch_shard", "parse_shard", "shard_splits", "shards_folder"]
+__all__ = ["build_shard", "join_shards", "launch_shard", "load_listed", "parse_shard", "shard_splits",
+           "shards_folder"]
