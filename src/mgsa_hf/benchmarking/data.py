@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..tokenization_utils import read_lines
 from ..training.catalogue import accelerate_config_path
+from ..training.prepare_command import folder_bytes
 
 
 def make_corpus(multi30k: Path, folder: Path, pairs: int) -> Path:
@@ -35,17 +36,6 @@ def make_corpus(multi30k: Path, folder: Path, pairs: int) -> Path:
             if not target.exists():
                 target.symlink_to((multi30k / f"{split}.{lang}.gz").resolve())
     return folder
-
-
-def folder_bytes(folder: Path) -> int:
-    """The bytes of the files under `folder` (0 when it does not exist)."""
-    total = 0
-    for path in Path(folder).rglob("*"):
-        try:
-            total += path.stat().st_size if path.is_file() else 0
-        except OSError:  # removed while walking (a staging folder renamed into place)
-            continue
-    return total
 
 
 def measure_command(command: list[str], env: dict | None = None, cwd: Path | None = None,

@@ -15,6 +15,19 @@ from .shards import parse_shard
 PREPARED_PREFIXES = ("corpus-", "parsed-", "processed-")
 
 
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the files under `folder`, or of the file `folder` (0 when it does not exist)."""
+    if Path(folder).is_file():
+        return Path(folder).stat().st_size
+    total = 0
+    for path in Path(folder).rglob("*"):
+        try:
+            total += path.stat().st_size if path.is_file() else 0
+        except OSError:  # removed while walking (a staging folder renamed into place)
+            continue
+    return total
+
+
 def folders_in_use(config, processor) -> set[str]:
     """The names of the prepared folders `config`'s recipe reads (with `processor`, the one it prepared with)."""
     from .config import source_position_limit
@@ -34,8 +47,7 @@ def clean_prepared(config, processor) -> list[dict]:
     for path in sorted(root.iterdir()) if root.is_dir() else []:
         if not path.name.startswith(PREPARED_PREFIXES) or path.name in keep:
             continue
-        files = [item for item in path.rglob("*") if item.is_file()] if path.is_dir() else [path]
-        size = sum(item.stat().st_size for item in files)
+        size = folder_bytes(path)
         shutil.rmtree(path) if path.is_dir() else path.unlink()
         removed.append({"name": path.name, "mb": round(size / 2**20, 1)})
     return removed
