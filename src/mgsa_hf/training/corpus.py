@@ -41,13 +41,11 @@ from transformers.utils import logging
 
 from .builders import building, remove_dead_staging, staging_folder
 from .builders import wait_for as wait_for_builder
-from .shards import build_shard, launch_shard, load_listed, shard_splits
+from .shards import MARKER, build_shard, launch_shard, load_listed, shard_splits
 
 
 logger = logging.get_logger(__name__)
 
-# written last into a prepared folder: the folder is complete
-MARKER = "prepared.json"
 # the layout of the prepared folders and their keys; a change gives new keys
 FORMAT_VERSION = 2
 # how often a waiting process looks for the prepared folder, and how often it says that it still waits (seconds)

@@ -29,6 +29,7 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
+# written last into a prepared folder (a step, or a shard's joined folder): the folder is complete
 MARKER = "prepared.json"
 
 
