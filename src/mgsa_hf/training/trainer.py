@@ -448,7 +448,14 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
         """`Trainer._run_epoch`, the [`TokenBatchSampler`] told the epoch first. The Trainer tells its data loader
         and the batch sampler the loader holds; resuming in the middle of an epoch under several processes, it trains
         on a loader whose batch sampler is accelerate's `SkipBatchSampler` around its `BatchSamplerShard` around
-        ours, which then kept epoch 0 and dealt epoch 0's batches instead of the uninterrupted run's."""
+        ours, which then kept epoch 0 and dealt epoch 0's batches instead of the uninterrupted run's.
+
+        Resumed from a checkpoint at `max_steps` (a run stopped while saving its model after its last checkpoint), it
+        trains no step: the Trainer checks `max_steps` only after a step, and from a checkpoint in the middle of an
+        epoch went on with that epoch's next batch, one step past `max_steps`."""
+        if 0 < self.state.max_steps <= self.state.global_step:
+            self.control.should_training_stop = True
+            return None
         for sampler in batch_samplers(train_dataloader):
             if isinstance(sampler, TokenBatchSampler):
                 sampler.set_epoch(epoch)
