@@ -26,6 +26,7 @@ from transformers.utils import PROCESSOR_NAME, logging
 from .data_collator import MgsaDataCollator
 from .generation_arguments import check_counts, check_generation_arguments
 from .input_checks import check_tokenizer_fits
+from .saved_files import check_processor_files
 from .syntax_spacy import refuse_saved_code
 from .tokenization_utils import missing_tokenizer_files
 
@@ -91,6 +92,22 @@ def missing_processor_packages(folder) -> str | None:
     return None
 
 
+def reload_saved_processor(folder) -> None:
+    """Loads the processor saved in the local `folder` (its `processor_config.json`) again, for the error that made
+    the base class drop it: a `ValueError` naming the file, raised from that error. Nothing when it loads, or when
+    `folder` holds no saved processor."""
+    from transformers import AutoProcessor
+
+    path = Path(folder, PROCESSOR_NAME) if isinstance(folder, (str, os.PathLike)) else None
+    if path is None or not path.is_file():
+        return
+    try:
+        AutoProcessor.from_pretrained(folder)
+    except Exception as error:
+        raise ValueError(f"The processor saved in {folder} ({PROCESSOR_NAME}) did not load: "
+                         f"{type(error).__name__}: {error}") from error
+
+
 def check_batching(batch_size, num_workers) -> None:
     """A `ValueError` naming `batch_size` unless it is a positive integer, or `num_workers` unless it is a
     non-negative one (`None`: the pipeline's default)."""
@@ -153,6 +170,7 @@ class MgsaTranslationPipeline(Pipeline):
         super().__init__(*args, **kwargs)
         if self.processor is None:  # the base class drops a processor that fails to load: say why, if it is trust
             refuse_saved_processor_code(self.model.name_or_path)
+            check_processor_files(self.model.name_or_path)  # or a damaged file, named with its line
         # a config without the property is not an MgsaConfig (a plain MarianMTModel or T5): it reads no syntax fields,
         # and neither do the transformer, hybrid attention and n-gram MG-SA, which their tokenizer alone serves
         reads_syntax = getattr(self.model.config, "reads_source_syntax", False)
@@ -166,6 +184,9 @@ class MgsaTranslationPipeline(Pipeline):
             if missing is not None:
                 raise ImportError(f"The processor of {self.model.name_or_path} (tokenizer + parser) did not load: "
                                   f"{missing}")
+        if self.processor is None:  # a saved processor that did not load: its own error, not a tokenizer alone
+            reload_saved_processor(self.model.name_or_path)
+        if self.processor is None and reads_syntax:
             raise ValueError(
                 f"encoder_type={self.model.config.encoder_type!r} reads the source syntax, so the translation "
                 "pipeline needs the model's processor (tokenizer + parser): save it beside the model with "

@@ -19,6 +19,7 @@ from .configuration_mgsa import MgsaConfig, MgsaT5Config
 from .constituency_conversion import MODEL_FILE
 from .data_collator import pad_batch
 from .input_checks import as_text_batch, check_text_lengths, check_tree_batch, check_unicode
+from .saved_files import PROCESSOR_JSON_FILES, check_json_files, json_object_or_empty
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 from .syntax_parser import SyntaxParser
 from .syntax_spacy import package_version, refuse_saved_code
@@ -253,7 +254,8 @@ class MgsaProcessor(ProcessorMixin):
 
         Raises:
             OSError: naming the folder and the file when a local folder lacks a file its tokenizer is loaded from
-                (`tokenizer.json`, or a SentencePiece tokenizer's vocabulary files).
+                (`tokenizer.json`, or a SentencePiece tokenizer's vocabulary files); a `DamagedFileError` naming the
+                file and line when one of its JSON files (`tokenizer.json`, `processor_config.json`, ...) is damaged.
             UntrustedCodeError: for saved settings that name code.
         """
         from transformers.utils import cached_file
@@ -269,11 +271,12 @@ class MgsaProcessor(ProcessorMixin):
         if saved_config is None:
             kwargs = _settings_of_saved_model(find("config.json"), pretrained_model_name_or_path, kwargs)
         else:
-            refuse_saved_code(_read_json(saved_config), pretrained_model_name_or_path, kwargs,
+            refuse_saved_code(json_object_or_empty(saved_config), pretrained_model_name_or_path, kwargs,
                               kwargs.get("trust_remote_code") is True)
         try:
             processor = super().from_pretrained(pretrained_model_name_or_path, **kwargs)
-        except (OSError, ValueError, TypeError) as error:
+        except Exception as error:  # a damaged file, named with its line; else a file the folder lacks
+            check_json_files(find(name) for name in PROCESSOR_JSON_FILES)
             problem = missing_tokenizer_files(pretrained_model_name_or_path)
             if problem is None:
                 raise
@@ -687,22 +690,13 @@ def _drop_damaged_cache_files(dataset, fingerprint: str) -> None:
             file.unlink(missing_ok=True)
 
 
-def _read_json(path) -> dict:
-    """The object of a JSON file; {} for one that is not a JSON object (the processor's own loading then names the
-    problem)."""
-    try:
-        found = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
 def _settings_of_saved_model(config_file: str | None, folder, kwargs: dict) -> dict:
     """`kwargs` of `from_pretrained` for a folder without `processor_config.json`, completed from the MGSA model whose
     `config.json` is `config_file`: `with_syntax=False` for one that reads no syntax (`reads_source_syntax`),
     else its `phrase_levels`, with a warning that the other settings are the defaults. Settings given in `kwargs`
     stay; a folder without an MGSA model changes nothing."""
-    model_config = json.loads(Path(config_file).read_text()) if config_file else {}
+    check_json_files([config_file])  # a damaged one named, not a bare JSONDecodeError
+    model_config = json.loads(Path(config_file).read_text(encoding="utf-8")) if config_file else {}
     if model_config.get("model_type") not in ("mgsa", "mgsa_t5"):
         return kwargs
     config_class = MgsaConfig if model_config["model_type"] == "mgsa" else MgsaT5Config
