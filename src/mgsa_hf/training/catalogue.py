@@ -110,6 +110,7 @@ def row_fields(name_or_path: str) -> dict:
     """The model fields of a row: `<encoder_type>/<file stem>` (a packaged row), an encoder type alone (its default,
     `{"encoder_type": name}`), or the path of a JSON file of fields."""
     from ..configuration_mgsa import ENCODER_TYPES
+    from ..saved_files import check_json_file
 
     if name_or_path in ENCODER_TYPES:
         return {"encoder_type": name_or_path}
@@ -118,7 +119,8 @@ def row_fields(name_or_path: str) -> dict:
     if not path.is_file() or path.suffix != ".json":
         raise FileNotFoundError(f"model={name_or_path!r} is neither an encoder type, a packaged row (such as "
                                 "rhe/dea_rhe; `mgsa-hf train --help` lists them) nor a JSON file of model fields.")
-    fields = json.loads(path.read_text())
+    check_json_file(path)  # names the file and line of bad JSON
+    fields = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(fields, dict):
         raise ValueError(f"model={name_or_path!r}: {path} must hold a JSON object of model fields.")
     return fields

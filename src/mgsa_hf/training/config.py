@@ -164,6 +164,29 @@ def _load_yaml(text: str):
     return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 (a SafeLoader subclass)
 
 
+def read_recipe(path: Path):
+    """The YAML (or JSON) content of the recipe file `path`.
+
+    Raises:
+        ValueError: naming the file and the line (and column) where it stops being UTF-8 text or YAML (a binary
+            file, a bracket left open, ...), raised from the YAML reader's error.
+    """
+    data = path.read_bytes()
+    try:
+        return yaml.load(data, Loader=_Yaml12Loader)  # noqa: S506 (a SafeLoader subclass); bytes: it checks UTF-8
+    except yaml.reader.ReaderError as error:  # not UTF-8 (a byte position), or a control character (a character's)
+        text = data if error.encoding != "unicode" else data.decode("utf-8")
+        line = text.count(b"\n" if isinstance(text, bytes) else "\n", 0, error.position) + 1
+        character = f"byte {error.character:#04x}" if error.encoding != "unicode" else f"U+{error.character:04X}"
+        raise ValueError(f"training config {path}, line {line}: not a YAML or JSON text file ({character}: "
+                         f"{error.reason}).") from error
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or error
+        raise ValueError(f"training config {path}{where}: not valid YAML ({problem}).") from error
+
+
 def _parse_value(text: str):
     try:
         return _load_yaml(text)
@@ -204,7 +227,7 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] = ())
         if path == FINETUNE_RECIPE:
             logger.info("init_from without a recipe: the %s recipe (%s)", FINETUNE_RECIPE, RECIPES)
     path = recipe_path(path)
-    raw = _load_yaml(path.read_text()) or {}
+    raw = read_recipe(path) or {}
     if not isinstance(raw, dict):
         raise ValueError(f"training config {path} must be a mapping of keys to values.")
     # a file that does not name `init_from` describes a model to train from scratch: with `init_from` given as an
