@@ -35,7 +35,7 @@ EXPORTABLE_SYNTAX_FIELDS = (
 
 # what an export of each kind writes, and takes the place of in a folder it replaces
 ONNX_FOLDER_FILES = ("*.onnx", "*.onnx.data", "*.onnx_data", "onnx_generation.json", "config.json",
-                     "generation_config.json", "README.md", "weights.sha256")
+                     "generation_config.json", "README.md", "weights.sha256", "onnx_record.json")
 CT2_FOLDER_FILES = ("model.bin", "config.json", "*vocabulary.json", "*vocabulary.txt", "vmap.txt")
 
 

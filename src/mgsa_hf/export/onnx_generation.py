@@ -43,9 +43,12 @@ from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.processing_utils import ProcessorMixin
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from ..generation_arguments import check_generation_arguments, check_generation_length
 from ..input_checks import check_token_ids
-from ..modeling_common import OUTPUT_CACHE_FIELD, MgsaEncoderOutput
+from ..modeling_common import OUTPUT_CACHE_FIELD, MgsaEncoderOutput, check_length
+from ..weights_checksums import check_generation_config
 from . import check_onnx_exportable, onnx_syntax_fields
+from .onnx_record import read_onnx_record, verify_onnx_record, weights_digest, write_onnx_record
 
 
 MANIFEST = "onnx_generation.json"
@@ -159,7 +162,7 @@ def _onnx_export(module, args, dynamic_shapes, input_names, output_names, path, 
     program.save(path, external_data=False)
 
 
-def _load_model_and_processor(model_or_folder, processor):
+def _load_model_and_processor(model_or_folder, processor, trust_remote_code: bool = False):
     from transformers import AutoModelForSeq2SeqLM
 
     import mgsa_hf  # noqa: F401  (registers the model types)
@@ -174,7 +177,7 @@ def _load_model_and_processor(model_or_folder, processor):
         from ..processing_mgsa import MgsaProcessor
 
         try:
-            processor = MgsaProcessor.from_pretrained(folder)
+            processor = MgsaProcessor.from_pretrained(folder, trust_remote_code=trust_remote_code)
         except (OSError, ValueError, TypeError):
             if onnx_syntax_fields(model.config):
                 raise
@@ -185,6 +188,7 @@ def _load_model_and_processor(model_or_folder, processor):
 def export_generation_onnx(
     model_or_folder: "str | Path | PreTrainedModel", output_dir: str | Path, *, quantize: bool = False,
     opset: int | None = None, processor: ProcessorMixin | PreTrainedTokenizerBase | None = None,
+    trust_remote_code: bool = False,
 ) -> Path:
     """
     Write the encoder and the two decoder graphs of an MGSA translation model (any encoder type, Marian or T5
@@ -199,6 +203,8 @@ def export_generation_onnx(
         opset: the ONNX opset (None: the exporter's default).
         processor: the model's [`MgsaProcessor`] (or tokenizer, for a model that reads no syntax); read from the
             folder when `model_or_folder` is one.
+        trust_remote_code: load a saved processor whose settings name code to run (a `tree_parser` import path,
+            `parser_code`); without it such a processor is refused.
 
     Returns:
         `output_dir`.
@@ -207,7 +213,7 @@ def export_generation_onnx(
         from ..training.ownership import check_output_folder
 
         check_output_folder(output_dir, source=model_or_folder, overwrite=True)
-    model, processor, folder = _load_model_and_processor(model_or_folder, processor)
+    model, processor, folder = _load_model_and_processor(model_or_folder, processor, trust_remote_code)
     if processor is None:
         raise ValueError("export_generation_onnx needs the model's processor: pass `processor=` with a model object.")
     config = model.config
@@ -244,6 +250,9 @@ def export_generation_onnx(
     config_dict.pop("auto_map", None)  # no remote code beside the graphs
     (output_dir / "config.json").write_text(json.dumps(config_dict, indent=2))
     (output_dir / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    # last: the record of the graphs and config written, which loading checks them against
+    write_onnx_record(output_dir, {"model_type": config.model_type, "encoder_type": config.encoder_type,
+                                   "backbone": manifest["backbone"], "weights_sha256": weights_digest(model)})
     if quantize:
         quantize_generation_onnx(output_dir)
     return output_dir
@@ -257,9 +266,11 @@ def quantize_generation_onnx(folder: str | Path, output_dir: str | Path | None =
 
     folder = Path(folder)
     output_dir = Path(output_dir) if output_dir is not None else folder
+    manifest = json.loads((folder / MANIFEST).read_text())
+    verify_onnx_record(folder, manifest["graphs"])
+    record = read_onnx_record(folder)
     if output_dir != folder:
         shutil.copytree(folder, output_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.onnx"))
-    manifest = json.loads((folder / MANIFEST).read_text())
     if manifest.get("quantized"):
         raise ValueError(f"{folder} is already quantized ({manifest['quantized']}).")
     for name in manifest["graphs"].values():
@@ -276,6 +287,9 @@ def quantize_generation_onnx(folder: str | Path, output_dir: str | Path | None =
         quantized.replace(output_dir / name)
     manifest["quantized"] = "int8"
     (output_dir / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    if record is not None:  # a folder exported without a record stays without one
+        write_onnx_record(output_dir, {key: value for key, value in record["model"].items() if key != "config_sha256"},
+                          quantized="int8")
     return output_dir
 
 
@@ -374,10 +388,11 @@ class OrtEncoder(nn.Module):
 
     main_input_name = "input_ids"
 
-    def __init__(self, session, output_names: list[str], vocab_size: int):
+    def __init__(self, session, output_names: list[str], vocab_size: int, positions: int | None = None):
         super().__init__()
         self.session = session
         self.vocab_size = vocab_size
+        self.positions = positions  # `max_position_embeddings` (None: T5's relative positions)
         self.input_names = [graph_input.name for graph_input in session.get_inputs()]
         self.output_names = output_names
 
@@ -390,6 +405,8 @@ class OrtEncoder(nn.Module):
             raise ValueError("The ONNX encoder needs the source `attention_mask` (pass the processor's output).")
         fields = {name: value for name, value in locals().items() if name not in ("self", "kwargs")}
         check_token_ids(input_ids, self.vocab_size, "input_ids")
+        if self.positions is not None:
+            check_length(torch.as_tensor(input_ids), 0, self.positions, "source")
         missing = [name for name in self.input_names if fields.get(name) is None]
         if missing:
             raise ValueError(f"The ONNX encoder reads {missing}, which the inputs lack: pass the output of the "
@@ -424,7 +441,8 @@ class OrtMgsaForConditionalGeneration(PreTrainedModel, GenerationMixin):
         self.manifest = manifest
         self.generation_config = generation_config or GenerationConfig.from_model_config(config)
         self.sessions = sessions
-        self.encoder = OrtEncoder(sessions["encoder"], manifest["encoder_outputs"], config.vocab_size)
+        self.positions = getattr(config, "max_position_embeddings", None)
+        self.encoder = OrtEncoder(sessions["encoder"], manifest["encoder_outputs"], config.vocab_size, self.positions)
         self.decoder_inputs = {kind: [graph_input.name for graph_input in sessions[kind].get_inputs()]
                                for kind in ("decoder", "decoder_with_past")}
         num_self, num_cross = manifest["num_self_attention_layers"], manifest["num_cross_attention_layers"]
@@ -452,7 +470,14 @@ class OrtMgsaForConditionalGeneration(PreTrainedModel, GenerationMixin):
         if not (folder / MANIFEST).is_file():
             raise ValueError(f"{folder} has no {MANIFEST}: it is not a folder written by `export_generation_onnx` "
                              "(`mgsa-hf export onnx FOLDER OUT`).")
-        manifest = json.loads((folder / MANIFEST).read_text())
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"{folder / MANIFEST} is damaged: not valid JSON ({error}). Export the model again "
+                             "(`mgsa-hf export onnx FOLDER OUT --overwrite`).") from None
+        # before any session: every graph is the one exported with the others and with config.json
+        verify_onnx_record(folder, manifest["graphs"])
+        check_generation_config(folder)  # a damaged one would decode with defaults, as in the PyTorch path
         options = onnxruntime.SessionOptions()
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.inter_op_num_threads = 1
@@ -493,6 +518,17 @@ class OrtMgsaForConditionalGeneration(PreTrainedModel, GenerationMixin):
         """None: the embeddings are inside the graphs (the token ids are checked against `config.vocab_size`)."""
         return None
 
+    def generate(self, inputs=None, generation_config=None, **kwargs):
+        """`GenerationMixin.generate`, after the checks of the PyTorch models' `generate`: counting parameters of at
+        least 1 and a translation length within the decoder's positions ([`check_generation_length`])."""
+        check_generation_arguments(kwargs)
+        prefix, config_arguments = "model.generation_config.", vars(self.generation_config)
+        if generation_config is not None:
+            prefix, config_arguments = "generation_config.", vars(generation_config)
+        check_generation_arguments(config_arguments, prefix=prefix)
+        check_generation_length(kwargs, config_arguments, prefix, self.positions)
+        return super().generate(inputs, generation_config, **kwargs)
+
     def prepare_inputs_for_generation(self, input_ids, attention_mask=None, encoder_outputs=None, **kwargs) -> dict:
         """The step's inputs: all decoder tokens at the first step, the last one once there is a cache."""
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
@@ -514,6 +550,8 @@ class OrtMgsaForConditionalGeneration(PreTrainedModel, GenerationMixin):
         [`OrtSeq2SeqCache`].
         """
         cache = cache if cache is not None else past_key_values
+        if self.positions is not None:  # a clear error, not an index error inside the graph's position embedding
+            check_length(decoder_input_ids, 0 if cache is None else cache.get_seq_length(), self.positions, "target")
         if encoder_outputs is None:
             encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         values = {
