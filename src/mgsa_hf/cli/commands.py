@@ -3,6 +3,7 @@ is an `add_*_arguments(parser)` and a `run_*(args)`; `mgsa_hf.cli` wires them up
 """
 
 import argparse
+import contextlib
 import importlib
 import io
 import json
@@ -24,6 +25,57 @@ def _onnx_generation(what: str):
     except ImportError as error:
         raise ImportError(ONNX_MISSING.format(what=what, error=error)) from error
     return onnx_generation
+
+
+def is_onnx_folder(folder: str | Path) -> bool:
+    """Whether `folder` is an ONNX folder (`mgsa-hf export onnx` wrote its `encoder_model.onnx`), not a model
+    folder."""
+    return (Path(folder) / "encoder_model.onnx").is_file()
+
+
+def add_trust_remote_code_argument(parser) -> None:
+    """`--trust-remote-code`: load a saved processor whose settings name code to run."""
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="load the folder's processor even where its settings name code to run (a tree_parser "
+                             "import path, parser_code); without it such a folder is refused")
+
+
+def check_processor_trust(folder: str | Path, args) -> None:
+    """Refuse the processor saved in `folder` when its settings name code to run, unless `--trust-remote-code`:
+    before anything is loaded, with the command line's advice."""
+    from ..training.conversion import saved_processor_settings
+
+    saved_processor_settings(str(folder), trust_remote_code=args.trust_remote_code, option="--trust-remote-code")
+
+
+def load_onnx_folder(folder: str | Path, args, what: str):
+    """The `OrtMgsaForConditionalGeneration` of an ONNX folder, checked against the export's record, and its
+    processor: what `translate` and `evaluate` run."""
+    from ..processing_mgsa import MgsaProcessor
+
+    onnx_generation = _onnx_generation(what)
+    check_processor_trust(folder, args)
+    model = onnx_generation.OrtMgsaForConditionalGeneration.from_pretrained(folder, threads=args.threads)
+    return model, MgsaProcessor.from_pretrained(folder, trust_remote_code=args.trust_remote_code)
+
+
+def translation_pipeline(folder: str, args, device: str = "cpu"):
+    """The translation pipeline of a model folder, or of an ONNX folder's onnxruntime model ([`load_onnx_folder`]);
+    a saved processor that names code is loaded only with `--trust-remote-code`."""
+    from transformers import pipeline
+
+    from .. import pipeline_translation  # noqa: F401  (registers the translation pipeline)
+
+    if is_onnx_folder(folder):
+        model, processor = load_onnx_folder(folder, args, "running an ONNX folder")
+        return pipeline("translation", model=model, processor=processor)
+    check_processor_trust(folder, args)
+    if args.trust_remote_code and (Path(folder) / "processor_config.json").is_file():
+        from ..processing_mgsa import MgsaProcessor
+
+        processor = MgsaProcessor.from_pretrained(folder, trust_remote_code=True)
+        return pipeline("translation", model=folder, processor=processor, device=device)
+    return pipeline("translation", model=folder, device=device)
 
 
 # translate ----------------------------------------------------------------------------------------------------
@@ -63,6 +115,7 @@ def add_translate_arguments(parser) -> None:
                              "where they are fewer (default: none is cut)")
     parser.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
     add_threads_argument(parser)
+    add_trust_remote_code_argument(parser)
 
 
 def add_threads_argument(parser) -> None:
@@ -90,9 +143,10 @@ def split_input_lines(source) -> list[str]:
 
 
 def _read_sources(path: str | None) -> list[str]:
-    if path:
-        with open(path, encoding="utf-8", newline="") as source:
-            return split_input_lines(source)
+    if path:  # lines as `split_input_lines` cuts them; bytes that are not UTF-8 named by file and line
+        from ..tokenization_utils import read_lines
+
+        return list(read_lines(path))
     if hasattr(sys.stdin, "buffer"):  # standard input, without Python's universal newlines
         return split_input_lines(io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline=""))
     return split_input_lines(sys.stdin)
@@ -100,11 +154,7 @@ def _read_sources(path: str | None) -> list[str]:
 
 def _onnx_translations(folder: str, sentences: list[str], args, options: dict):
     """Batches of an ONNX folder's translations through `OrtMgsaForConditionalGeneration.generate`."""
-    from ..processing_mgsa import MgsaProcessor
-
-    ort = _onnx_generation("translating an ONNX folder").OrtMgsaForConditionalGeneration
-    model = ort.from_pretrained(folder, threads=args.threads)
-    processor = MgsaProcessor.from_pretrained(folder)
+    model, processor = load_onnx_folder(folder, args, "translating an ONNX folder")
     cut = {"truncation": True, "max_length": options.pop("max_source_length")} if "max_source_length" in options \
         else {"truncation": options.pop("truncation", False)}
     for start in range(0, len(sentences), args.batch_size):
@@ -126,12 +176,10 @@ def run_translate(args) -> None:
                if getattr(args, name) is not None}
     if args.truncation:
         options["truncation"] = True
-    if (Path(args.model) / "encoder_model.onnx").is_file():
+    if is_onnx_folder(args.model):
         translations = _onnx_translations(args.model, sentences, args, options)
     else:
-        from transformers import pipeline
-
-        translator = pipeline("translation", model=args.model, device=args.device)
+        translator = translation_pipeline(args.model, args, args.device)
         # a generator in, translations streamed out as each batch is done
         rows = translator((sentence for sentence in sentences), batch_size=args.batch_size, **options)
         translations = (row["translation_text"] for (row,) in rows)
@@ -139,22 +187,42 @@ def run_translate(args) -> None:
     try:
         for translation in tqdm(translations, total=len(sentences), desc="translating", unit="sentence",
                                 disable=args.input is None):
-            output.write(translation + "\n")
+            _write(output, translation + "\n", args.output)
+        _write(output, None, args.output)  # flushed (and closed, a file): a full disk named there too
     except SourceTooLongError as error:
         line = sentences.index(error.sentence) + 1
         raise SystemExit(
             f"translate: error: {args.input or '<stdin>'}, line {line}: {error.num_tokens} tokens, more than the "
             f"model's {error.limit} positions: pass --truncation or --max-source-length {error.limit} to cut it."
         ) from None
-    output.flush()
+    finally:
+        if output is not sys.stdout:
+            with contextlib.suppress(OSError):  # after an error, which was named
+                output.close()
+
+
+def _write(output, text: str | None, path: str | None) -> None:
+    """Writes `text` to `output` (`None`: flushes it, and closes it unless it is standard output); an `OSError` (a
+    full disk, ...) names `path`, raised from the system's error."""
+    try:
+        if text is not None:
+            output.write(text)
+        elif output is sys.stdout:
+            output.flush()
+        else:
+            output.close()
+    except OSError as error:
+        raise OSError(error.errno, f"cannot write the translations to {path or '<stdout>'}: "
+                                   f"{error.strerror or error}") from error
 
 
 # evaluate ----------------------------------------------------------------------------------------------------
 
-EVALUATE_DESCRIPTION = """Score a saved model folder on a split of a corpus folder through the translation pipeline,
-with the folder's own decoding (its generation config) unless --num-beams says otherwise, and sources longer than the
-model's positions cut there (as training scores its splits): sacreBLEU's BLEU and chrF with the BLEU signature, the
-share of distinct translations, and the BLEU the folder's model card states for that split, printed as JSON.
+EVALUATE_DESCRIPTION = """Score a saved model folder (or an ONNX folder, written by `mgsa-hf export onnx`, run with
+onnxruntime) on a split of a corpus folder through the translation pipeline, with the folder's own decoding (its
+generation config) unless --num-beams says otherwise, and sources longer than the model's positions cut there (as
+training scores its splits): sacreBLEU's BLEU and chrF with the BLEU signature, the share of distinct translations,
+and the BLEU the folder's model card states for that split, printed as JSON.
 
     mgsa-hf evaluate runs/mgsa-multi30k --data path/to/multi30k --split test_2016_flickr
 """
@@ -165,7 +233,7 @@ def add_evaluate_arguments(parser) -> None:
     from ..training.catalogue import DATA_ENV, default_data
     from ..training.config import positive_int
 
-    parser.add_argument("folder", help="saved model folder (model + processor)")
+    parser.add_argument("folder", help="saved model folder (model + processor), or an ONNX folder")
     parser.add_argument("--data", default=default_data(),
                         help=f"corpus folder of {{split}}.{{lang}}[.gz] files (default: ${DATA_ENV}/multi30k where "
                              "set, else ../shared/data/multi30k; here %(default)s)")
@@ -177,13 +245,11 @@ def add_evaluate_arguments(parser) -> None:
     parser.add_argument("--batch-size", type=positive_int, default=100, help="(default: %(default)s)")
     parser.add_argument("--output", help="also write the report as JSON here")
     add_threads_argument(parser)
+    add_trust_remote_code_argument(parser)
 
 
 def run_evaluate(args) -> dict:
     """`mgsa-hf evaluate`: BLEU, chrF and the card's BLEU of the folder's model on a split; prints and returns them."""
-    from transformers import pipeline
-
-    from .. import pipeline_translation  # noqa: F401  (registers the translation pipeline)
     from ..evaluation import translation_scores
     from ..tokenization_utils import read_lines
     from ..training.catalogue import missing_data_message
@@ -200,7 +266,7 @@ def run_evaluate(args) -> dict:
         raise ValueError(f"split {args.split!r} of {args.data}: {len(sources)} source lines but {len(references)} "
                          "reference lines.")
     sources, references = sources[:args.max_samples], references[:args.max_samples]
-    translator = pipeline("translation", model=args.folder, device="cpu")
+    translator = translation_pipeline(args.folder, args)
     options = {"truncation": True, **({"num_beams": args.num_beams} if args.num_beams else {})}
     translations = [row["translation_text"] for row in translator(sources, batch_size=args.batch_size, **options)]
     scores = translation_scores(translations, references)
@@ -235,14 +301,15 @@ def _card_bleu(args) -> float | None:
 
 def add_convert_arguments(parser) -> None:
     """The arguments of `mgsa-hf convert` ([`conversion.add_convert_arguments`])."""
-    from ..training.conversion import add_convert_arguments as add
+    from .convert_arguments import add_convert_arguments as add
 
     add(parser)
 
 
 def run_convert(args) -> None:
     """`mgsa-hf convert`: a Marian checkpoint (folder or Hub id) to a model folder of another encoder type."""
-    from ..training.conversion import check_folder_or_hub_id, convert_checkpoint, parse_set_fields
+    from ..training.conversion import check_folder_or_hub_id, convert_checkpoint
+    from .convert_arguments import parse_set_fields
 
     check_folder_or_hub_id(args.marian, "marian")
     report = convert_checkpoint(args.marian, args.output_dir, encoder_type=args.encoder_type,
@@ -255,7 +322,7 @@ def run_convert(args) -> None:
 
 def add_export_arguments(parser) -> None:
     """The `onnx` and `ct2` subcommands of `mgsa-hf export` and their arguments."""
-    from ..training.conversion import add_overwrite_argument
+    from .convert_arguments import add_overwrite_argument
 
     formats = parser.add_subparsers(dest="format", required=True, metavar="{onnx,ct2}",
                                     parser_class=type(parser))
@@ -267,6 +334,7 @@ def add_export_arguments(parser) -> None:
     onnx.add_argument("folder", help="saved model folder (model + processor)")
     onnx.add_argument("output_dir", help="the ONNX folder to write")
     onnx.add_argument("--int8", action="store_true", help="quantize the weights to int8 (dynamic quantization)")
+    add_trust_remote_code_argument(onnx)
     add_overwrite_argument(onnx, "replace the ONNX export that output_dir holds (graphs, config, processor files; its "
                                  "other files are kept)")
     onnx.set_defaults(export=_export_onnx)
@@ -300,8 +368,10 @@ def _export_onnx(args) -> dict:
 
     onnx_generation = _onnx_generation("mgsa-hf export onnx")
     _check_export_folders(args)
+    check_processor_trust(args.folder, args)
     with export_folder(args.output_dir, args.folder, args.overwrite, ONNX_FOLDER_FILES) as staging:
-        onnx_generation.export_generation_onnx(args.folder, staging, quantize=args.int8)
+        onnx_generation.export_generation_onnx(args.folder, staging, quantize=args.int8,
+                                               trust_remote_code=args.trust_remote_code)
     return {"model": args.folder, "output_dir": str(args.output_dir), "int8": args.int8}
 
 
