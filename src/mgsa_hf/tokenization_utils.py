@@ -51,10 +51,10 @@ def read_lines(path: str | Path, max_lines: int | None = None) -> Iterator[str]:
                     yield line.removesuffix(b"\n").removesuffix(b"\r").decode("utf-8")
                 except UnicodeDecodeError as error:
                     raise ValueError(f"{path}, line {number}: not UTF-8 text (byte {line[error.start]:#04x} at byte "
-                                     f"{error.start + 1} of the line).") from None
+                                     f"{error.start + 1} of the line).") from error
         except (EOFError, OSError, zlib.error) as error:  # gzip.BadGzipFile is an OSError
             raise ValueError(f"{path}, line {number + 1}: the gzip file cannot be decompressed from here on "
-                             f"(corrupt or cut short: {error}).") from None
+                             f"(corrupt or cut short: {error}).") from error
 
 
 def train_joint_tokenizer(
