@@ -198,7 +198,7 @@ class DependencyToConstituency:
     @classmethod
     def load(cls, path=MODEL_FILE) -> "DependencyToConstituency":
         """The model saved in `path` (gzipped JSON, as [`save`] writes it); an `OSError` naming the file when it is not
-        one (cut short, overwritten, not gzipped)."""
+        one (cut short, overwritten, not gzipped, nested too deeply to read)."""
         try:
             with gzip.open(path, "rt", encoding="utf-8") as file:
                 data = json.load(file)
@@ -207,7 +207,7 @@ class DependencyToConstituency:
             return cls({feature: i for i, feature in enumerate(data["features"])}, weights, data["classes"])
         except FileNotFoundError:
             raise
-        except (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError) as error:
+        except (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError, RecursionError) as error:
             raise OSError(
                 f"The tree model file {path} is damaged ({type(error).__name__}: {error}): it is not the gzipped "
                 "JSON that `DependencyToConstituency.save` writes. Copy it again from where it was saved (a "
