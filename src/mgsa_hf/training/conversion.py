@@ -93,9 +93,12 @@ def load_as_mgsa(path: str, encoder_type: str | None = None, new_modules_init: s
     model, info = model_class.from_pretrained(path, config=config, output_loading_info=True,
                                               new_modules_init=new_modules_init)
     if info["unexpected_keys"] or info["mismatched_keys"]:
+        unexpected, mismatched = sorted(info["unexpected_keys"]), sorted(info["mismatched_keys"])
         raise ValueError(
-            f"{path} is not a {backbone} checkpoint this model can take: unexpected {info['unexpected_keys']}, "
-            f"mismatched {info['mismatched_keys']}."
+            f"{path} is not a {backbone} checkpoint this model can take ({backbone}: the `model_type` of its "
+            f"config.json): {len(unexpected)} weights it does not have ({unexpected[:3]}, ...), {len(mismatched)} of "
+            f"another shape ({mismatched[:3]}). A config.json that names another architecture than the weights does "
+            "this: put back the one saved with them."
         )
     return model, new_module_names(info["missing_keys"])
 
