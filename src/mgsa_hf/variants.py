@@ -5,6 +5,7 @@ the configuration, both backbones and the outputs read them from here. Adding a 
 below (docs/adding-a-variant.md says what the module holds).
 """
 
+from .encoder_types import ENCODER_TYPES
 from .modeling_variant import Variant
 from .variant_hybrid import HYBRID
 from .variant_phrase_memory import PHRASE_MEMORY
@@ -19,4 +20,5 @@ TRANSFORMER = Variant(name="transformer", summary="the plain Transformer.", pape
 VARIANTS: dict[str, Variant] = {
     variant.name: variant for variant in (TRANSFORMER, PHRASE_MEMORY, PHRASE_REPRESENTATION, HYBRID, RHE)
 }
-ENCODER_TYPES = tuple(VARIANTS)
+if tuple(VARIANTS) != ENCODER_TYPES:
+    raise ImportError(f"encoder_types.ENCODER_TYPES {ENCODER_TYPES} must name the variants {tuple(VARIANTS)}.")

@@ -24,8 +24,7 @@ from ..training.catalogue import (
     row_names,
 )
 from ..training.config import TrainConfig, add_train_arguments
-from ..training.prepare_command import add_prepare_arguments, run_prepare
-from ..training.run import run_train
+from ..training.prepare_command import add_prepare_arguments
 from . import commands as cli_commands
 
 
@@ -148,6 +147,20 @@ def train_epilog() -> str:
     ])
 
 
+def run_train(args) -> dict:
+    """`mgsa-hf train ...` (`training.run.run_train`, imported when the command runs)."""
+    from ..training.run import run_train
+
+    return run_train(args)
+
+
+def run_prepare(args) -> None:
+    """`mgsa-hf prepare ...` (`training.prepare_command.run_prepare`)."""
+    from ..training.prepare_command import run_prepare
+
+    run_prepare(args)
+
+
 def run_finetune(args) -> dict:
     """`mgsa-hf finetune ...` = `mgsa-hf train recipe=finetune ...`."""
     if args.config is not None and "=" not in args.config:
@@ -185,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = command("evaluate", cli_commands.run_evaluate, "score a saved folder on a corpus split (BLEU, chrF)",
                        cli_commands.EVALUATE_DESCRIPTION)
     cli_commands.add_evaluate_arguments(evaluate)
-    from ..training.conversion import CONVERT_DESCRIPTION
+    from .convert_arguments import CONVERT_DESCRIPTION
 
     convert = command("convert", cli_commands.run_convert, "upgrade a Marian or T5 folder with an encoder variant",
                       CONVERT_DESCRIPTION)

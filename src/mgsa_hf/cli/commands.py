@@ -300,7 +300,7 @@ def _card_bleu(args) -> float | None:
 # convert ----------------------------------------------------------------------------------------------------
 
 def add_convert_arguments(parser) -> None:
-    """The arguments of `mgsa-hf convert` ([`conversion.add_convert_arguments`])."""
+    """The arguments of `mgsa-hf convert` ([`convert_arguments.add_convert_arguments`])."""
     from .convert_arguments import add_convert_arguments as add
 
     add(parser)

@@ -11,9 +11,17 @@
 This package imports the model package (`mgsa_hf`'s top-level modules); the model never imports it.
 """
 
+import importlib
+
 from .config import TrainConfig, load_train_config
 from .ownership import run_folder
-from .run import run_train, train, translate_examples
+
+
+def __getattr__(name: str):
+    # the run (and with it transformers and torch) is imported when first used: `mgsa-hf --help` reads this package
+    if name in ("run_train", "train", "translate_examples"):
+        return getattr(importlib.import_module(".run", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["TrainConfig", "load_train_config", "run_folder", "run_train", "train", "translate_examples"]

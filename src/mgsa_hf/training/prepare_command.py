@@ -7,9 +7,6 @@ import shutil
 import time
 from pathlib import Path
 
-from .corpus import content_key, corpus_parts, parsed_parts, prepare, prepared_dir, processed_parts
-from .shards import parse_shard
-
 
 # the prepared folders (and what a stopped build leaves beside them) by their names' prefixes
 PREPARED_PREFIXES = ("corpus-", "parsed-", "processed-")
@@ -31,6 +28,7 @@ def folder_bytes(folder: Path) -> int:
 def folders_in_use(config, processor) -> set[str]:
     """The names of the prepared folders `config`'s recipe reads (with `processor`, the one it prepared with)."""
     from .config import source_position_limit
+    from .corpus import content_key, corpus_parts, parsed_parts, processed_parts
 
     corpus_key = content_key(corpus_parts(config))
     limit = source_position_limit(config)
@@ -42,6 +40,8 @@ def clean_prepared(config, processor) -> list[dict]:
     """Remove every prepared folder of `prepared_dir` that `config`'s recipe does not read (other corpora, vocabularies
     or settings; staging folders, shards and failure records of stopped builds); returns what was removed, with
     sizes. A `prepared_dir` shared by several recipes keeps only this one's."""
+    from .corpus import prepared_dir
+
     root, keep = prepared_dir(config), folders_in_use(config, processor)
     removed = []
     for path in sorted(root.iterdir()) if root.is_dir() else []:
@@ -58,6 +58,8 @@ def run_prepare(args) -> dict:
     process, with `--num-proc` workers, before `mgsa-hf train` (or `accelerate launch`) with the same recipe; with
     `--shard I/N` only that shard; with `--clean`, then remove what the recipe does not read."""
     from .config import _check_run_settings, load_train_config, validate_model_section
+    from .corpus import prepare, prepared_dir
+    from .shards import parse_shard
 
     config_path, overrides = args.config, list(args.overrides)
     if config_path is not None and "=" in config_path and not Path(config_path).exists():
