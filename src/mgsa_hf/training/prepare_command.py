@@ -70,7 +70,13 @@ def run_prepare(args) -> dict:
     validate_model_section(config)
     started = time.perf_counter()
     shard = parse_shard(args.shard) if args.shard else None
-    corpus, processor, processed = prepare(config, is_main=True, num_proc=args.num_proc, shard=shard, wait=False)
+    try:
+        corpus, processor, processed = prepare(config, is_main=True, num_proc=args.num_proc, shard=shard, wait=False)
+    except OSError as error:  # one that names no file (a full disk, in `datasets`' writers): the folder written
+        if error.filename is not None:
+            raise
+        message = f"preparing the data in {prepared_dir(config)} failed: {error.strerror or error}"
+        raise (OSError(error.errno, message) if error.errno else OSError(message)) from error
     summary = {"prepared_dir": str(prepared_dir(config)),
                "rows": {name: len(data) for name, data in processed.items()} if processed is not None else None,
                "parsed": processor.with_syntax, "seconds": round(time.perf_counter() - started, 1)}
