@@ -26,7 +26,7 @@ from transformers.utils import PROCESSOR_NAME, logging
 from .data_collator import MgsaDataCollator
 from .generation_arguments import check_counts, check_generation_arguments
 from .input_checks import check_tokenizer_fits
-from .saved_files import check_processor_files
+from .saved_files import check_processor_files, check_weights_fit_model
 from .syntax_spacy import refuse_saved_code
 from .tokenization_utils import missing_tokenizer_files
 
@@ -168,6 +168,7 @@ class MgsaTranslationPipeline(Pipeline):
     def __init__(self, *args, **kwargs):
         check_generation_arguments(kwargs)  # before the base class merges them into the generation config
         super().__init__(*args, **kwargs)
+        check_weights_fit_model(self.model)  # not a model of random weights under another model's config.json
         if self.processor is None:  # the base class drops a processor that fails to load: say why, if it is trust
             refuse_saved_processor_code(self.model.name_or_path)
             check_processor_files(self.model.name_or_path)  # or a damaged file, named with its line

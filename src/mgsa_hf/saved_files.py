@@ -77,3 +77,41 @@ def json_object_or_empty(path) -> dict:
     except (ValueError, UnicodeDecodeError, RecursionError):
         return {}
     return found if isinstance(found, dict) else {}
+
+
+def check_weights_fit_model(model) -> None:
+    """Refuses a model loaded from a local folder whose weights files hold under half of its weights: a folder whose
+    `config.json` names another architecture than its weights (a Marian model's weights under a T5 `config.json`),
+    which Transformers loads with the missing weights random, and a warning.
+
+    Raises:
+        ValueError: naming `config.json`'s `model_type` and the weights file, with a weight name of each side.
+    """
+    name = getattr(model, "name_or_path", None)
+    if not name or not callable(getattr(model, "state_dict", None)):  # a model made here, or an onnxruntime one
+        return
+    folder = Path(name)
+    index, single = folder / "model.safetensors.index.json", folder / "model.safetensors"
+    if not folder.is_dir() or not (index.is_file() or single.is_file()):
+        return
+    if index.is_file():
+        weights_file = index
+        saved = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}))
+    else:
+        from safetensors import safe_open
+
+        weights_file = single
+        with safe_open(str(single), framework="pt") as file:
+            saved = set(file.keys())
+    prefix = f"{model.base_model_prefix}." if getattr(model, "base_model_prefix", "") else ""
+    saved |= {name.removeprefix(prefix) for name in saved}
+    expected = list(model.state_dict())
+    found = [name for name in expected if name in saved or name.removeprefix(prefix) in saved]
+    if saved and len(found) < len(expected) / 2:
+        missing = next(name for name in expected if name not in found)
+        raise ValueError(
+            f"{weights_file} holds {len(found)} of the {len(expected)} weights of the model that "
+            f"{folder / 'config.json'} describes (model_type {model.config.model_type!r}): config.json names "
+            f"another architecture than its weights (it expects {missing!r}, the file holds {min(saved)!r}, ...). "
+            "Put back the config.json saved with these weights."
+        )
