@@ -16,9 +16,10 @@ optimum uses for seq2seq models:
   one position.
 
 Batch, source, target, cache and phrase lengths are dynamic. The folder also holds `config.json`,
-`generation_config.json`, the tokenizer / processor files and `onnx_generation.json`, which names the graphs' inputs
-and outputs. `quantize=True` quantizes the graphs' weights to int8 (onnxruntime's dynamic quantization;
-[`quantize_generation_onnx`] does it to an exported folder).
+`generation_config.json`, the tokenizer / processor files, `onnx_generation.json`, which names the graphs' inputs
+and outputs, and `onnx_record.json`, written last, the SHA-256 of each graph and of `config.json`
+([`~mgsa_hf.export.onnx_record`]), which loading checks them against. `quantize=True` quantizes the graphs'
+weights to int8 (onnxruntime's dynamic quantization; [`quantize_generation_onnx`] does it to an exported folder).
 
 [`OrtMgsaForConditionalGeneration`] loads such a folder into onnxruntime sessions behind transformers'
 `GenerationMixin`: `generate` (greedy, beam search, sampling, `num_return_sequences`, the saved generation config) and
@@ -455,12 +456,16 @@ class OrtMgsaForConditionalGeneration(PreTrainedModel, GenerationMixin):
     def from_pretrained(cls, folder: str | Path, *, threads: int | None = None, provider: str = "CPUExecutionProvider"
                         ) -> "OrtMgsaForConditionalGeneration":
         """
-        Load a folder written by [`export_generation_onnx`].
+        Load a folder written by [`export_generation_onnx`], its graphs checked against the export's record first.
 
         Args:
             folder: the ONNX folder.
             threads: onnxruntime's intra-op threads (None: onnxruntime's default, every core).
             provider: the onnxruntime execution provider.
+
+        Raises:
+            ValueError: naming the file, for a graph or `config.json` that is not the one exported with the others
+                ([`~mgsa_hf.export.onnx_record.verify_onnx_record`]) and for a damaged `generation_config.json`.
         """
         import onnxruntime
 

@@ -40,7 +40,7 @@ def weights_digest(model: torch.nn.Module) -> str:
     for name, tensor in model.state_dict().items():
         tensor = tensor.detach().cpu().contiguous()
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
