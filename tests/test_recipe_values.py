@@ -33,6 +33,10 @@ from mgsa_hf.training.recipe_values import RECIPE_VALUES, TRAINING_RANGES
     ("init_new_modules=zeros", r"`init_new_modules` must be one of 'identity', 'random', got 'zeros'"),
     ("overwrite_output_dir=yes", r"`overwrite_output_dir` must be true or false, got 'yes'"),
     ("training=5", r"`training` must be a mapping, got 5"),
+    ("generation.no_repeat_ngram=4", r"`generation.no_repeat_ngram` is no field .*'no_repeat_ngram_size'"),
+    ("generation.num_beams=4", r"`generation.num_beams`: set training.generation_num_beams instead"),
+    ("generation.no_repeat_ngram_size=-2", r"`generation.no_repeat_ngram_size` must be a whole number >= 0, got -2"),
+    ("generation.early_stopping=maybe", r"`generation` .*`early_stopping` must be a boolean or 'never'"),
 ])
 def test_a_value_that_means_nothing_is_refused_at_load(tmp_path, override, match):
     """Each value fails in `load_train_config`, naming its key, before any folder is made."""
@@ -43,7 +47,8 @@ def test_a_value_that_means_nothing_is_refused_at_load(tmp_path, override, match
 
 @pytest.mark.parametrize("override", ["training.max_steps=-1", "training.max_steps='7'", "training.warmup_steps=0.1",
                                       "tokenizer_max_sentences=null", "num_proc=2", "collapse_check_step=0",
-                                      "resume_from_checkpoint=false", "training.eval_steps=null"])
+                                      "resume_from_checkpoint=false", "training.eval_steps=null",
+                                      "generation.no_repeat_ngram_size=4"])
 def test_values_with_a_meaning_load(tmp_path, override):
     config = load_train_config("tiny", [f"output_dir={tmp_path / 'model'}", override])
     if override == "training.max_steps='7'":  # read as the Trainer's own parser reads it

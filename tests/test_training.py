@@ -89,10 +89,19 @@ def test_eval_strategy_no_trains(tmp_path):
 
 @pytest.fixture(scope="module")
 def trained_tiny(tmp_path_factory):
-    """A transformer trained for two steps: (results, output folder)."""
+    """A transformer trained for two steps, with a `generation` setting: (results, output folder)."""
     folder = tmp_path_factory.mktemp("tiny")
-    results, _ = train(tiny_config(folder, "training.max_steps=2"))
+    results, _ = train(tiny_config(folder, "training.max_steps=2", "generation.no_repeat_ngram_size=3"))
     return results, folder
+
+
+def test_the_generation_section_reaches_the_saved_generation_config(trained_tiny):
+    from transformers import GenerationConfig
+
+    _, folder = trained_tiny
+    saved = GenerationConfig.from_pretrained(folder)
+    assert saved.no_repeat_ngram_size == 3 and saved.num_beams == load_train_config(
+        "tiny", []).training.get("generation_num_beams", 1)
 
 
 def test_model_card_carries_scores(trained_tiny):

@@ -4,6 +4,7 @@ the `training` section as `Seq2SeqTrainingArguments`' own parser reads it, the f
 
 import argparse
 import dataclasses
+import difflib
 import logging
 import math
 import re
@@ -49,14 +50,18 @@ class TrainConfig:
     JSONL records (or the column of the Hub dataset) that holds them. A plug-in parser for every sentence is a
     `processor` setting instead (`processor: {tree_parser: "package.module:function"}`).
 
+    `generation`: fields of transformers' `GenerationConfig` (`no_repeat_ngram_size`, `length_penalty`, ...) written
+    into the model's generation config, so the run scores with them and the saved folder decodes with them; the beam
+    size and length bound are `training.generation_num_beams` and `training.generation_max_length`.
+
     The model is initialised after seeding with `training.seed` (as the Trainer seeds the data order and dropout), so
-    a run with a given `tokenizer` repeats the same numbers on the same machine and thread count; a joint vocabulary
-    trained anew can differ from run to run in a few dozen ids (`tokenizers`' unigram trainer sums its scores in
-    hash-map order), so two runs that each train one differ a little. `reuse_cpu_memory` (training on CPU, Linux
-    with glibc): freed memory stays in the process for the next step's tensors instead of being handed back to the
-    system and faulted in again ([`reuse_freed_cpu_memory`]); it holds the run's peak memory for the rest of the
-    process. `max_tokens_per_batch`: training batches of at most that many padded tokens per side and process, in
-    random order ([`TokenBatchSampler`]), instead of `training.per_device_train_batch_size` sentences.
+    a run repeats the same numbers on the same machine and thread count (the joint vocabulary's training is
+    deterministic too, [`~mgsa_hf.tokenization_utils.train_joint_tokenizer`]).
+    `reuse_cpu_memory` (training on CPU, Linux with glibc): freed memory stays in the process for the next step's
+    tensors instead of being handed back to the system and faulted in again ([`reuse_freed_cpu_memory`]); it holds
+    the run's peak memory for the rest of the process. `max_tokens_per_batch`: training batches of at most that many
+    padded tokens per side and process, in random order ([`TokenBatchSampler`]), instead of
+    `training.per_device_train_batch_size` sentences.
     `threads`: torch's CPU threads in each training process (`torch.set_num_threads`, applied before the model is
     built; unset: torch's default, one per core). On a machine whose cores are busy with other work, 1 is often much
     faster than the default ([`apply_threads`]).
@@ -117,6 +122,7 @@ class TrainConfig:
     model: dict = field(default_factory=dict)
     processor: dict = field(default_factory=dict)
     training: dict = field(default_factory=dict)
+    generation: dict = field(default_factory=dict)
     max_source_length: int = 128
     max_target_length: int = 128
     average_last_checkpoints: int = 0
@@ -249,6 +255,7 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] = ())
     config = TrainConfig(**raw)
     check_recipe_values(config)  # every key's type and range, named (`recipe_values`)
     config.training = check_training_ranges(_typed_training_values(config.training))
+    check_generation_section(config.generation, config.training.get("generation_num_beams"))
     return config
 
 
@@ -292,6 +299,38 @@ def _typed_training_values(section: dict) -> dict:
             raise ValueError(f"`training.{key}` must be one of {list(action.choices)} "
                              f"(Seq2SeqTrainingArguments.{key}), got {value!r}.")
     return typed
+
+
+# the generation settings the `training` section sets (and the run writes from there)
+GENERATION_KEYS_IN_TRAINING = {"num_beams": "generation_num_beams", "max_length": "generation_max_length"}
+
+
+# `generation` fields that are counts (GenerationConfig's own checks let -2 or "a" through)
+GENERATION_COUNTS = ("no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "min_length", "min_new_tokens",
+                     "max_new_tokens", "top_k", "num_return_sequences", "num_beam_groups")
+
+
+def check_generation_section(generation: dict, num_beams: int | None = None) -> None:
+    """The `generation` section: names of `GenerationConfig` fields (but the beam size and length bound, which are
+    `training` keys), counts that are whole numbers >= 0, and values `GenerationConfig.validate` accepts with the
+    recipe's beam size; a `ValueError` names `generation.<key>`."""
+    from transformers import GenerationConfig
+
+    fields = GenerationConfig().to_dict()
+    for key, value in generation.items():
+        if key in GENERATION_KEYS_IN_TRAINING:
+            raise ValueError(f"`generation.{key}`: set training.{GENERATION_KEYS_IN_TRAINING[key]} instead (the run "
+                             "scores and saves with it).")
+        if key not in fields:
+            near = difflib.get_close_matches(key, fields, n=1)
+            raise ValueError(f"`generation.{key}` is no field of transformers' GenerationConfig"
+                             + (f" (did you mean {near[0]!r}?)." if near else "."))
+        if key in GENERATION_COUNTS and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"`generation.{key}` must be a whole number >= 0, got {value!r}.")
+    try:
+        GenerationConfig(**{"num_beams": num_beams or 1, **generation}).validate(strict=True)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"`generation` {generation}: {' '.join(str(error).split())}") from error
 
 
 def _check_run_settings(config: TrainConfig) -> None:

@@ -106,6 +106,7 @@ RECIPE_VALUES = {
     "model": Value(MAPPING),
     "processor": Value(MAPPING),
     "training": Value(MAPPING),
+    "generation": Value(MAPPING),
     "max_source_length": Value(INT, minimum=1),
     "max_target_length": Value(INT, minimum=1),
     "average_last_checkpoints": Value(INT, minimum=0, meaning="the last N checkpoints; 0: no averaging"),

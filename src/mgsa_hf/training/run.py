@@ -164,13 +164,15 @@ def prepare(config: TrainConfig, training_args=None):
     return prepare_once(config, is_main=PartialState().is_main_process)
 
 
-def _set_generation_settings(model, args) -> None:
-    """Write the recipe's decoding settings (`generation_num_beams`, `generation_max_length`) into the model's
-    `generation_config`: the run scores with them, and the saved folder decodes with them wherever `generate` is
-    called without arguments. Without `generation_max_length` the generation config keeps its own length."""
+def _set_generation_settings(model, args, generation: dict) -> None:
+    """Write the recipe's decoding settings (`generation_num_beams`, `generation_max_length` and the `generation`
+    section) into the model's `generation_config`: the run scores with them, and the saved folder decodes with them
+    wherever `generate` is called without arguments. Without `generation_max_length` the generation config keeps its
+    own length."""
     model.generation_config.num_beams = args.generation_num_beams or 1
     if args.generation_max_length is not None:
         model.generation_config.max_length = args.generation_max_length
+    model.generation_config.update(**generation)
 
 
 def _score_split(trainer, processed, corpus, split: str, config: TrainConfig, tokenizer, shared: bool = False) -> dict:
@@ -356,7 +358,7 @@ def _train(config: TrainConfig, training_args, callbacks, claim):
     shared = training_args.world_size > 1 and not fsdp_modules(trainer.model)
     trainer.model = model_for_main_process(trainer.model, training_args.device)  # every process: FSDP gathers it
     if shared or trainer.is_world_process_zero():
-        _set_generation_settings(trainer.model, training_args)
+        _set_generation_settings(trainer.model, training_args, config.generation)
         if config.average_last_checkpoints:
             results["averaging"] = _maybe_average(trainer, config, processed, corpus, tokenizer, claim, shared)
         scores = [_score_split(trainer, processed, corpus, split, config, tokenizer, shared)
