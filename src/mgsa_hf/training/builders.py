@@ -155,54 +155,72 @@ def remove_dead_staging(folder: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+class _Watch:
+    """What a waiter knows of the builder of one folder (see the module's docstring): [`check`] raises when the
+    current attempt failed or its builder ended without finishing."""
+
+    def __init__(self, folder: Path, what: str, builder: str):
+        self.folder, self.what, self.builder = folder, what, builder
+        self.record_path, self.failed = building_record(folder), failure_marker(folder)
+        earlier = _read(self.failed)
+        # a failure there before this wait, by a process that has ended: an earlier attempt's
+        self.ignored_failure = earlier if earlier and _record_alive(earlier) is not True else None
+        self.seen_at_start = (_read(self.record_path) or {}).get("attempt")
+        self.watched, self.beat, self.moved_at, self.current, self.warned = None, None, time.monotonic(), False, set()
+
+    def check(self, now: float) -> None:
+        failure = _read(self.failed)
+        if failure and (failure != self.ignored_failure or (self.current and failure.get("attempt") == self.watched)):
+            raise RuntimeError(f"{self.builder} failed to prepare {self.what} ({self.folder}): {failure.get('error')}")
+        if failure and self.ignored_failure and "failure" not in self.warned:
+            self.warned.add("failure")
+            logger.warning("%s holds the error of an earlier attempt (%s, which has ended): %s; waiting for %s to "
+                           "prepare it again", self.failed, _describe(failure), failure.get("error"), self.builder)
+        record = _read(self.record_path)
+        if record and record.get("attempt") != self.watched:  # a new builder
+            self.watched, self.beat, self.moved_at = record.get("attempt"), record.get("beat"), now
+            self.current = self.watched != self.seen_at_start
+        elif record and record.get("beat") != self.beat:
+            self.beat, self.moved_at, self.current = record.get("beat"), now, True
+        if not record:
+            return
+        alive = _record_alive(record)
+        self.current = self.current or alive is True
+        period = float(record.get("every", HEARTBEAT_SECONDS))
+        if alive is False or (alive is None and now - self.moved_at > STALE_HEARTBEATS * period):
+            if self.current:
+                raise RuntimeError(
+                    f"the process preparing {self.what} ({self.folder}), {_describe(record)} (started "
+                    f"{record.get('started_at', '?')}), ended without finishing it"
+                    + (" (its beat stopped)" if alive is None else "") + ": the run cannot go on; start it again.")
+            if self.watched not in self.warned:
+                self.warned.add(self.watched)
+                logger.warning("%s names %s, which has ended: an earlier attempt; waiting for %s to prepare %s",
+                               self.record_path, _describe(record), self.builder, self.what)
+
+
 def wait_for(folder: Path, what: str, done: Callable[[], bool], poll_seconds: float, report_seconds: float,
-             advice: str = "") -> None:
+             advice: str = "", builders: Callable[[], list[tuple[Path, str]]] | None = None,
+             builder: str = "the main process") -> None:
     """
     Wait, looking at the disk every `poll_seconds`, until `done()`; say so every `report_seconds` (with `advice`).
+    `builders()`: the folders whose builders to watch and what each makes (by default `folder` itself, making
+    `what`), asked again at every look (the shards of a step still to make); `builder` names who makes them.
 
     Raises:
         `RuntimeError`: the build failed (its error, from `<folder>.failed`), or the process building `folder`
         ended without finishing it (naming its host and process id).
     """
-    record_path, failed = building_record(folder), failure_marker(folder)
     started = reported = time.monotonic()
-    earlier = _read(failed)
-    # a failure there before this wait, by a process that has ended: an earlier attempt's
-    ignored_failure = earlier if earlier and _record_alive(earlier) is not True else None
-    first = _read(record_path)
-    seen_at_start = (first or {}).get("attempt")
-    watched, beat, moved_at, current, warned = None, None, started, False, set()
+    watches = {}
     while not done():
-        failure = _read(failed)
-        if failure and (failure != ignored_failure or (current and failure.get("attempt") == watched)):
-            raise RuntimeError(f"the main process failed to prepare {what} ({folder}): {failure.get('error')}")
-        if failure and ignored_failure and "failure" not in warned:
-            warned.add("failure")
-            logger.warning("%s holds the error of an earlier attempt (%s, which has ended): %s; waiting for the main "
-                           "process to prepare it again", failed, _describe(failure), failure.get("error"))
-        record = _read(record_path)
         now = time.monotonic()
-        if record and record.get("attempt") != watched:  # a new builder
-            watched, beat, moved_at = record.get("attempt"), record.get("beat"), now
-            current = watched != seen_at_start
-        elif record and record.get("beat") != beat:
-            beat, moved_at, current = record.get("beat"), now, True
-        if record:
-            alive = _record_alive(record)
-            current = current or alive is True
-            period = float(record.get("every", HEARTBEAT_SECONDS))
-            if alive is False or (alive is None and now - moved_at > STALE_HEARTBEATS * period):
-                if current:
-                    raise RuntimeError(
-                        f"the process preparing {what} ({folder}), {_describe(record)} (started "
-                        f"{record.get('started_at', '?')}), ended without finishing it"
-                        + (" (its beat stopped)" if alive is None else "") + ": the run cannot go on; start it again.")
-                if watched not in warned:
-                    warned.add(watched)
-                    logger.warning("%s names %s, which has ended: an earlier attempt; waiting for the main process to "
-                                   "prepare %s", record_path, _describe(record), what)
+        for watched, making in builders() if builders else [(folder, what)]:
+            if watched not in watches:
+                watches[watched] = _Watch(watched, making, builder)
+            watches[watched].check(now)
         if now - reported >= report_seconds:
             reported = now
-            logger.warning("still waiting for the main process to prepare %s (%.0f min): %s.%s", what,
+            logger.warning("still waiting for %s to prepare %s (%.0f min): %s.%s", builder, what,
                            (now - started) / 60, folder, advice)
         time.sleep(poll_seconds)
