@@ -34,6 +34,7 @@ def test_another_corpus_or_sample_trains_the_tokenizer_again(splits, tmp_path, c
     folder = run_folder(output_dir) / "tokenizer"
     first = load_or_train_tokenizer(run_config(output_dir), splits[0], corpus_key="corpus-a")
     record = json.loads((folder / "trained_for.json").read_text())
+    assert "tokenizer.json" in record.pop("checksums")  # each file's size and SHA-256, checked on loading
     assert record == tokenizer_record(run_config(output_dir), "corpus-a") and record["corpus"] == "corpus-a"
     mtime = (folder / "tokenizer.json").stat().st_mtime_ns
     assert load_or_train_tokenizer(run_config(output_dir), splits[0], corpus_key="corpus-a").get_vocab() == \

@@ -18,14 +18,16 @@ Preparing a corpus is three steps, each written to its own folder under `prepare
    the parser and this package's code) and the length limits.
 
 A folder is written beside its final name and renamed into place when complete, with `prepared.json` in it, so it
-is whole or absent; a second launch, a resume and every other process load it memory-mapped in seconds. Under
-`accelerate launch` only the main process of the whole run (rank 0 of machine 0) prepares; the others wait for the
-folder by looking at the disk every few seconds, which no process-group timeout bounds (a barrier would:
-`ddp_timeout`); a builder that dies ends their wait with an error naming it ([`~builders.wait_for`]). Steps 2 and 3
-can be made in shards by every process, or by one job a shard ([`~mgsa_hf.training.shards`]). On several machines
-`prepared_dir` must be a folder they share, or each machine prepares it beforehand with `mgsa-hf prepare` (the
-tokenizer's training gives the same vocabulary from the same corpus on every machine); the run compares what every
-process prepared before it trains (`distributed.check_same_inputs`).
+is whole or absent. The record holds each file's size and SHA-256, which every load checks
+([`~mgsa_hf.training.file_records`]): a file cut short or damaged since is refused by name. A second launch, a
+resume and every other process load it memory-mapped in seconds. Under `accelerate launch` only the main process of
+the whole run (rank 0 of machine 0) prepares; the others wait for the folder by looking at the disk every few
+seconds, which no process-group timeout bounds (a barrier would: `ddp_timeout`); a builder that dies ends their
+wait with an error naming it ([`~builders.wait_for`]). Steps 2 and 3 can be made in shards by every process, or by
+one job a shard ([`~mgsa_hf.training.shards`]). On several machines `prepared_dir` must be a folder they share, or
+each machine prepares it beforehand with `mgsa-hf prepare` (the tokenizer's training gives the same vocabulary from
+the same corpus on every machine); the run compares what every process prepared before it trains
+(`distributed.check_same_inputs`).
 """
 
 import hashlib
@@ -41,7 +43,8 @@ from transformers.utils import logging
 
 from .builders import building, remove_dead_staging, staging_folder
 from .builders import wait_for as wait_for_builder
-from .shards import MARKER, build_shard, launch_shard, load_listed, shard_splits
+from .file_records import CHECKSUMS, check_files, file_digest, record_files
+from .shards import MARKER, build_shard, check_prepared, launch_shard, load_listed, shard_splits, wait_for_shards
 
 
 logger = logging.get_logger(__name__)
@@ -56,25 +59,6 @@ def content_key(parts: dict) -> str:
     """A short hash of `parts` (JSON-serialisable), the name of a prepared folder."""
     text = json.dumps({"format": FORMAT_VERSION, **parts}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
-
-
-# the digests of the files read in this process, by their identity on disk: a file is read once a process
-_DIGESTS: dict[tuple, str] = {}
-
-
-def file_digest(path: Path) -> str:
-    """The SHA-256 of a file's bytes (about a second a GB of one core). Kept for the process by the file's device,
-    inode, size, modification and change times: the change time (`st_ctime`) moves on every write and no copy tool
-    restores it, so a file rewritten with its size and modification time restored is read again."""
-    stat = path.stat()
-    identity = (str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-    if identity not in _DIGESTS:
-        digest = hashlib.sha256()
-        with open(path, "rb") as file:
-            while block := file.read(1 << 22):
-                digest.update(block)
-        _DIGESTS[identity] = digest.hexdigest()
-    return _DIGESTS[identity]
 
 
 def file_identity(path: str | Path, root: str | Path | None = None) -> dict:
@@ -134,7 +118,7 @@ def build_once(folder: Path, build: Callable[[Path], dict], is_main: bool, what:
     with building(folder):
         try:
             record = build(staging)
-            record = {**record, "seconds": round(time.perf_counter() - started, 1)}
+            record = {**record, CHECKSUMS: record_files(staging), "seconds": round(time.perf_counter() - started, 1)}
             (staging / MARKER).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
             if folder.exists():  # an earlier build cut short before its record: not a prepared folder
                 shutil.rmtree(folder)
@@ -559,11 +543,13 @@ def load_or_train_tokenizer(config, train_split, is_main: bool = True, corpus_ke
     wanted = tokenizer_record(config, corpus_key or content_key(corpus_parts(config)))
     if not is_main:
         _wait_for_tokenizer(folder, wanted, bool(config.resume_from_checkpoint))
+        _check_tokenizer(folder)
         return AutoTokenizer.from_pretrained(folder)
     with building(folder):  # a failure leaves `tokenizer.failed`, which ends the other processes' wait
         if folder.exists():
             trained_for = _tokenizer_record(folder)
             if _record_serves(trained_for, wanted, bool(config.resume_from_checkpoint)):
+                _check_tokenizer(folder)
                 return AutoTokenizer.from_pretrained(folder)
             changed = ", ".join(f"{key}={(trained_for or {}).get(key)!r} → {value!r}" for key, value in wanted.items()
                                 if (trained_for or {}).get(key) != value)
@@ -583,16 +569,33 @@ def load_or_train_tokenizer(config, train_split, is_main: bool = True, corpus_ke
                 files[lang].write_text("\n".join(lines) + "\n", encoding="utf-8")
             train_joint_tokenizer(files[config.source_lang], files[config.target_lang], staging,
                                   vocab_size=config.vocab_size)
-            (staging / "trained_for.json").write_text(json.dumps(wanted) + "\n")
+            (staging / "trained_for.json").write_text(json.dumps({**wanted, CHECKSUMS: record_files(staging)}) + "\n")
         return AutoTokenizer.from_pretrained(folder)
 
 
 def _tokenizer_record(folder: Path) -> dict | None:
-    """What the run's tokenizer in `folder` was trained for (`trained_for.json`); None without a readable record."""
+    """What the run's tokenizer in `folder` was trained for (`trained_for.json`, without its files' checksums); None
+    without a readable record."""
     try:
-        return json.loads((folder / "trained_for.json").read_text())
+        record = json.loads((folder / "trained_for.json").read_text())
     except (OSError, ValueError):  # no record, or one cut short
         return None
+    if isinstance(record, dict):
+        record.pop(CHECKSUMS, None)
+    return record
+
+
+def _check_tokenizer(folder: Path) -> None:
+    """Check the files of the run's tokenizer in `folder` against the sizes and SHA-256s its `trained_for.json`
+    records (a tokenizer trained before the record is not checked); a `ValueError` names a file missing or damaged."""
+    try:
+        record = json.loads((folder / "trained_for.json").read_text())
+    except (OSError, ValueError):  # no record: a resumed run's tokenizer, taken as it is
+        return
+    check_files(folder, record if isinstance(record, dict) else {}, folder / "trained_for.json",
+                advice=f"The run's tokenizer in {folder} was damaged after it was trained: remove the folder to train "
+                       "it again; to resume the run, put the tokenizer files of its last checkpoint in its place, "
+                       "without `trained_for.json` (a resumed run takes a tokenizer without a record as it is).")
 
 
 def _wait_for_tokenizer(folder: Path, wanted: dict, resuming: bool) -> None:
@@ -634,6 +637,7 @@ def prepare(config, is_main: bool = True, num_proc: int | None = None, shard: tu
     corpus_key = content_key(corpus_parts(config))
     corpus_folder = build_once(root / f"corpus-{corpus_key}", lambda staging: build_corpus(config, staging),
                                is_main, "the corpus")
+    check_prepared(corpus_folder)
     corpus = load_from_disk(str(corpus_folder))
     tokenizer = load_or_train_tokenizer(config, corpus["train"], is_main, corpus_key)
     settings = {**saved_processor_settings(config.init_from, config.processor, config.trust_remote_code),
@@ -661,7 +665,7 @@ def prepare(config, is_main: bool = True, num_proc: int | None = None, shard: tu
         if not complete:
             if not wait:
                 return corpus, processor, None
-            wait_for(processed_folder, what)
+            wait_for_shards(processed_folder, shard[1], what, POLL_SECONDS, REPORT_SECONDS)
         return corpus, processor, load_processed(processed_folder)
     parsed = None
     if parsing:

@@ -3,9 +3,13 @@ machines at once.
 
 Shard `i` of `n` is the `i`-th contiguous `n`-th of every split (`datasets`' `Dataset.shard(n, i, contiguous=True)`).
 The parse (`parsed-<key>`, for a model that reads syntax) and the tokens and fields (`processed-<key>`) are each made
-shard by shard into `<folder>.shards/shard-<i>-of-<n>/`, with a record of its rows. The process that writes the last
-record joins them: it lists every shard's files in shard order in the folder's `prepared.json` and renames the folder
-to the one an unsharded preparation writes. Read back ([`load_listed`]), the shards concatenate to exactly the rows
+shard by shard into `<folder>.shards/shard-<i>-of-<n>/`, with a record of its rows and of its files' sizes and
+SHA-256s ([`~mgsa_hf.training.file_records`]). The process that writes the last record joins them: it checks every
+shard's files against its record, lists them in shard order in the folder's `prepared.json` and renames the folder
+to the one an unsharded preparation writes. The process making shard `i` announces itself in
+`<folder>.shard-<i>-of-<n>.building` ([`~mgsa_hf.training.builders.building`]): a process waiting for the shards
+([`wait_for_shards`]) stops with an error naming a shard's builder that died, or the error of one that failed. Read
+back ([`load_listed`]), the shards concatenate to exactly the rows
 the unsharded step gives, in the same order, so the key is the same and a run cannot tell how its corpus was
 prepared.
 
@@ -25,6 +29,10 @@ import time
 from pathlib import Path
 
 from transformers.utils import logging
+
+from .builders import building, remove_dead_staging, staging_folder
+from .builders import wait_for as wait_for_builder
+from .file_records import CHECKSUMS, check_files, record_files
 
 
 logger = logging.get_logger(__name__)
@@ -50,11 +58,18 @@ def shards_folder(folder: Path) -> Path:
     return folder.with_name(folder.name + ".shards")
 
 
+def shard_announcement(folder: Path, index: int, count: int) -> Path:
+    """`<folder>.shard-<i>-of-<n>`: the name under which the builder of a shard of `folder` announces itself and
+    leaves its error (`.building`, `.failed` after it)."""
+    return folder.with_name(f"{folder.name}.shard-{index}-of-{count}")
+
+
 def build_shard(folder: Path, shard: tuple[int, int], build) -> bool:
     """Make shard `shard = (i, n)` of `folder` (a prepared step's folder) with `build(staging, cut)`, which writes
     that step into `staging` for the `DatasetDict`s it passes through `cut` (their shard `i` of `n`) and returns its
     record (`rows`, `files` by split), unless `folder` or that shard is there already; then join the shards if all
-    are there ([`join_shards`]).
+    are there ([`join_shards`]). The builder announces itself while it works ([`shard_announcement`]); staging
+    folders of shard builds whose process has ended are removed first.
 
     Returns:
         Whether `folder` is complete.
@@ -71,32 +86,60 @@ def build_shard(folder: Path, shard: tuple[int, int], build) -> bool:
     shards = shards_folder(folder)
     name = f"shard-{index}-of-{count}"
     record = shards / f"{name}.json"
-    if not record.is_file():
-        shards.mkdir(parents=True, exist_ok=True)
-        staging = shards / f"{name}.staging-{os.getpid()}"
+    with building(shard_announcement(folder, index, count)):  # a failure (of the join too) ends the others' wait
+        if not record.is_file():
+            _build_shard(shards, name, build, cut)
+        return join_shards(folder, count)
+
+
+def _build_shard(shards: Path, name: str, build, cut) -> None:
+    """Build shard `name` into `shards/name` and write its record `shards/name.json` (see [`build_shard`])."""
+    shards.mkdir(parents=True, exist_ok=True)
+    remove_dead_staging(shards / name)
+    staging = staging_folder(shards / name)
+    shutil.rmtree(staging, ignore_errors=True)
+    started = time.perf_counter()
+    try:
+        written = build(staging, cut)
+        checksums = record_files(staging)
+        shutil.rmtree(shards / name, ignore_errors=True)
+        os.replace(staging, shards / name)
+    except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
-        started = time.perf_counter()
-        try:
-            written = build(staging, cut)
-            shutil.rmtree(shards / name, ignore_errors=True)
-            os.replace(staging, shards / name)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        written = {**written, "files": {split: [f"{name}/{file}" for file in files]
-                                        for split, files in written["files"].items()},
-                   "seconds": round(time.perf_counter() - started, 1)}
-        record.write_text(json.dumps(written, indent=2) + "\n", encoding="utf-8")
-        logger.info("shard %d of %d of %s prepared in %.0f s", index, count, folder.name, written["seconds"])
-    return join_shards(folder, count)
+        raise
+    written = {**written, "files": {split: [f"{name}/{file}" for file in files]
+                                    for split, files in written["files"].items()},
+               CHECKSUMS: {f"{name}/{file}": sizes for file, sizes in checksums.items()},
+               "seconds": round(time.perf_counter() - started, 1)}
+    (shards / f"{name}.json").write_text(json.dumps(written, indent=2) + "\n", encoding="utf-8")
+    logger.info("%s of %s prepared in %.0f s", name, shards.name, written["seconds"])
+
+
+def check_prepared(folder: Path, record: str = MARKER) -> dict:
+    """The record `record` of a prepared folder (its `prepared.json`, or a shard's record), every file it records
+    checked first: present, of its size and SHA-256 ([`~mgsa_hf.training.file_records.check_files`]).
+
+    Raises:
+        `ValueError` naming the file that is missing, cut short or damaged, or a record that is not JSON.
+    """
+    path = folder / record
+    try:
+        written = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise ValueError(f"{path} cannot be read ({error}): the record of the prepared folder {folder} was damaged. "
+                         "Remove the folder and prepare it again.") from None
+    listed = [name for names in written.get("files", {}).values() for name in names]
+    check_files(folder, written, path, names=sorted({*written.get(CHECKSUMS, {}), *listed}))
+    return written
 
 
 def load_listed(folder: Path, record: str = MARKER):
     """The splits a prepared step's record lists (`record` in `folder`: the step's `prepared.json`, or a shard's
-    record), memory-mapped: a `DatasetDict` of its Arrow files, a split's files concatenated in order."""
+    record), memory-mapped: a `DatasetDict` of its Arrow files, a split's files concatenated in order, each checked
+    against the record first ([`check_prepared`])."""
     from datasets import Dataset, DatasetDict, concatenate_datasets
 
-    files = json.loads((folder / record).read_text(encoding="utf-8"))["files"]
+    files = check_prepared(folder, record)["files"]
     splits = {}
     for split, names in files.items():
         parts = [Dataset.from_file(str(folder / name)) for name in names]
@@ -132,12 +175,16 @@ def join_shards(folder: Path, count: int) -> bool:
         return True
     if not all(record.is_file() for record in records):
         return False
-    parts = [json.loads(record.read_text(encoding="utf-8")) for record in records]
+    parts = [check_prepared(shards, record.name) for record in records]  # a shard damaged since it was made
     splits = list(parts[0]["files"])
     joined = {**parts[0], "shards": count,
               "rows": {split: sum(part["rows"][split] for part in parts) for split in splits},
               "files": {split: [file for part in parts for file in part["files"][split]] for split in splits},
               "seconds": round(sum(part["seconds"] for part in parts), 1)}
+    if all(CHECKSUMS in part for part in parts):
+        joined[CHECKSUMS] = {name: sizes for part in parts for name, sizes in part[CHECKSUMS].items()}
+    else:  # shards made before the record: the folder is not checked
+        joined.pop(CHECKSUMS, None)
     (shards / MARKER).write_text(json.dumps(joined, indent=2) + "\n", encoding="utf-8")
     try:
         os.rename(shards, folder)
@@ -146,6 +193,26 @@ def join_shards(folder: Path, count: int) -> bool:
             raise
     logger.info("%d shards of %s joined", count, folder.name)
     return True
+
+
+def wait_for_shards(folder: Path, count: int, what: str, poll_seconds: float, report_seconds: float) -> None:
+    """Wait, looking at the disk every `poll_seconds`, until the `count` shards of `folder` are made and joined; say
+    so every `report_seconds`.
+
+    Raises:
+        `RuntimeError` with a shard's error when its build failed, or naming the host and process of a shard's
+        builder that ended without finishing it (see [`~mgsa_hf.training.builders.wait_for`]).
+    """
+    shards = shards_folder(folder)
+
+    def missing() -> list[tuple[Path, str]]:
+        return [(shard_announcement(folder, index, count), f"shard {index} of {count} of {what}")
+                for index in range(count) if not (shards / f"shard-{index}-of-{count}.json").is_file()]
+
+    logger.warning("waiting for the other processes to prepare their shards of %s (%s)", what, folder)
+    wait_for_builder(folder, what, lambda: (folder / MARKER).is_file(), poll_seconds, report_seconds,
+                     " Every shard I of N is made by a process of the launch, or a job `mgsa-hf prepare --shard I/N`.",
+                     builders=missing, builder="the processes preparing its shards")
 
 
 def launch_shard(config) -> tuple[int, int] | None:
@@ -159,5 +226,5 @@ def launch_shard(config) -> tuple[int, int] | None:
     return (state.process_index, state.num_processes) if state.num_processes > 1 else None
 
 
-__all__ = ["build_shard", "join_shards", "launch_shard", "load_listed", "parse_shard", "shard_splits",
-           "shards_folder"]
+__all__ = ["build_shard", "check_prepared", "join_shards", "launch_shard", "load_listed", "parse_shard",
+           "shard_announcement", "shard_splits", "shards_folder", "wait_for_shards"]
