@@ -1,7 +1,9 @@
 """A run stopped while saving its model, after its checkpoint at `max_steps`, resumes without training past it."""
 
 import argparse
+import json
 
+import pytest
 import torch
 from conftest import MULTI30K_DIR
 from transformers import AutoModelForSeq2SeqLM
@@ -38,6 +40,10 @@ def test_resume_after_a_kill_in_the_final_save_trains_no_step(tmp_path, monkeypa
     results = run_module.run_train(argparse.Namespace(config=str(recipe_path("tiny")),
                                                       overrides=[*overrides, "resume_from_checkpoint=true"]))
     assert results["global_step"] == 3
+    logged = [(entry["step"], entry["loss"]) for entry in json.loads(
+        (checkpoints / "checkpoint-3" / "trainer_state.json").read_text())["log_history"] if "loss" in entry]
+    assert [step for step, _ in logged] == [2, 3]  # the run's loss is its log's, not 0 for no step trained
+    assert results["train_loss"] == pytest.approx((2 * logged[0][1] + logged[1][1]) / 3)
     assert sorted(path.name for path in checkpoints.iterdir()) == ["checkpoint-2", "checkpoint-3"]
     saved = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).state_dict()
     last = AutoModelForSeq2SeqLM.from_pretrained(checkpoints / "checkpoint-3").state_dict()
