@@ -14,7 +14,6 @@ done (a trained seed, a decoded guard).
 import argparse
 import json
 import platform
-import re
 import resource
 import subprocess
 import sys
@@ -24,12 +23,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-
-LOOP = re.compile(r"(\w{1,3}?)\1{4,}")
-
-
-def loop_share(lines: list[str]) -> float:
-    return sum(bool(LOOP.search(line)) for line in lines) / max(len(lines), 1)
+from mgsa_hf.evaluation import SUBWORD_LOOP, loop_fraction, translation_scores
 
 
 def children_cpu_seconds() -> float:
@@ -89,7 +83,6 @@ def main():
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the default recipe (e.g. data=...)")
     args = parser.parse_args()
-    from mgsa_hf.evaluation import translation_scores
     from mgsa_hf.tokenization_utils import read_lines
     from mgsa_hf.training.config import load_train_config
     from mgsa_hf.training.data import find_split_file
@@ -107,11 +100,10 @@ def main():
                            "default"), "overrides": args.overrides, "split": split, "sentences": len(sources),
                    "num_beams": config.training.get("generation_num_beams"),
                    "generation": config.generation},
-        "loop": LOOP.pattern,
+        "loop": SUBWORD_LOOP.pattern,
     })
     results.setdefault("seeds", {})
-    references_loop_share = loop_share(references)
-    results["references_loop_share"] = references_loop_share
+    results["references_loop_share"] = loop_fraction(references)
 
     def write():
         results["summary"] = summary(results, args.guards)
@@ -133,7 +125,7 @@ def main():
                 "\n".join(translations) + "\n")
             scores = translation_scores(translations, references)
             row["guards"][str(guard)] = {"bleu": round(scores["bleu"], 2), "chrf": round(scores["chrf"], 2),
-                                         "loop_share": round(loop_share(translations), 4),
+                                         "loop_share": round(scores["loop_fraction"], 4),
                                          "distinct_fraction": round(scores["distinct_fraction"], 4),
                                          "decode_seconds": round(time.perf_counter() - started, 1),
                                          "bleu_signature": scores["bleu_signature"]}

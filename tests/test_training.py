@@ -15,6 +15,7 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoModelForSeq2SeqLM, AutoProcessor, pipeline
 
 from mgsa_hf import MgsaForConditionalGeneration, MgsaProcessor
+from mgsa_hf.evaluation import loop_fraction
 from mgsa_hf.training.catalogue import accelerate_config_path
 from mgsa_hf.training.config import TrainConfig, load_train_config
 from mgsa_hf.training.ownership import run_folder
@@ -118,7 +119,12 @@ def test_model_card_carries_scores(trained_tiny):
         # table names the split by the corpus's own name
         corpus_split = {"validation": "val", "test": "test_2016_flickr"}[split]
         assert (f"| `{corpus_split}` (the Hub's `{split}`) | {row['bleu']:.2f} | {row['chrf']:.2f} | "
-                f"{100 * row['distinct_fraction']:.1f}% |") in card.text
+                f"{100 * row['distinct_fraction']:.1f}% | {100 * row['loop_fraction']:.1f}% |") in card.text
+        hypotheses = (run_folder(folder) / f"{split}.hyp.de").read_text().splitlines()
+        assert row["loop_fraction"] == loop_fraction(hypotheses)
+        assert f"{100 * row['loop_fraction']:.1f}% of `{corpus_split}`'s translations" in card.text
+    # the run's generation section, in the card's decoding settings and its word on loops
+    assert "`no_repeat_ngram_size=3`" in card.text and "never writes the same 3 subwords twice" in card.text
     assert "transformer" in card.data.tags and card.data.pipeline_tag == "translation"
 
 

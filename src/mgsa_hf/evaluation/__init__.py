@@ -2,6 +2,7 @@
 sentences, a t-test over training seeds) and checkpoint averaging."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,13 +13,16 @@ from safetensors.torch import load_file
 from ..weights_checksums import verify_weights_checksums
 
 
+# a subword loop: at least five copies of one to three word characters ("erfärmmmmmmmer", "stoligigigigig")
+SUBWORD_LOOP = re.compile(r"(\w{1,3}?)\1{4,}")
 BOOTSTRAP_SAMPLES = 1000
 BOOTSTRAP_SEED = 12345  # sacreBLEU's default SACREBLEU_SEED
 
 
 def translation_scores(predictions: list[str], references: list[str]) -> dict:
-    """Corpus BLEU and chrF of detokenized `predictions` against raw `references`, with sacreBLEU's signatures, and
-    the fraction of distinct predictions (a model that writes one sentence for every input scores 1 / n)."""
+    """Corpus BLEU and chrF of detokenized `predictions` against raw `references`, with sacreBLEU's signatures, the
+    fraction of distinct predictions (a model that writes one sentence for every input scores 1 / n) and the fraction
+    holding a subword loop ([`SUBWORD_LOOP`])."""
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions but {len(references)} references.")
     bleu = sacrebleu.metrics.BLEU()
@@ -31,7 +35,14 @@ def translation_scores(predictions: list[str], references: list[str]) -> dict:
         "bleu_signature": str(bleu.get_signature()),
         "chrf_signature": str(chrf.get_signature()),
         "distinct_fraction": len(set(predictions)) / max(len(predictions), 1),
+        "loop_fraction": loop_fraction(predictions),
     }
+
+
+def loop_fraction(predictions: list[str]) -> float:
+    """The fraction of `predictions` that hold a subword loop ([`SUBWORD_LOOP`]), which an undertrained model writes
+    on rare words (0 for none)."""
+    return sum(bool(SUBWORD_LOOP.search(text)) for text in predictions) / max(len(predictions), 1)
 
 
 def paired_bootstrap(baseline: list[list[str]], system: list[list[str]], references: list[str], metric,

@@ -213,6 +213,18 @@ def build_model_card(
     decoding = f"beam {generation_config.num_beams or 1}"
     if generation_config.max_length:
         decoding += f", at most {generation_config.max_length} tokens"
+    guard = generation_config.no_repeat_ngram_size
+    if guard:
+        decoding += f", `no_repeat_ngram_size={guard}`"
+        loop_guard = (f"The saved generation config sets `no_repeat_ngram_size={guard}`: `generate` never writes the "
+                      f"same {guard} subwords twice in a sentence, which cuts such loops short, and also a sentence "
+                      "that repeats them on purpose (pass `no_repeat_ngram_size=0` to allow it).")
+    else:
+        loop_guard = ("`generate(..., no_repeat_ngram_size=4)` cuts such loops short, at the cost of the rare "
+                      "sentence that repeats four subwords on purpose.")
+    looped = [row for row in results if row.get("loop_fraction") is not None]
+    loops = ", ".join(f"{100 * row['loop_fraction']:.1f}% of `{row.get('corpus_split') or row['split']}`'s "
+                      "translations" for row in looped)
     return ModelCard.from_template(
         card_data,
         template_path=str(TEMPLATE),
@@ -232,6 +244,8 @@ def build_model_card(
         parser=processor_summary,
         requirements=requirements,
         decoding=decoding,
+        loops=loops,
+        loop_guard=loop_guard,
         dataset_name=f"[{dataset_name}](https://huggingface.co/datasets/{dataset_id})" if dataset_id else dataset_name,
         train_size=f"{train_size:,}",
         d_model=config.d_model,
