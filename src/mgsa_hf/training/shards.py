@@ -212,7 +212,7 @@ def wait_for_shards(folder: Path, count: int, what: str, poll_seconds: float, re
     logger.warning("waiting for the other processes to prepare their shards of %s (%s)", what, folder)
     wait_for_builder(folder, what, lambda: (folder / MARKER).is_file(), poll_seconds, report_seconds,
                      " Every shard I of N is made by a process of the launch, or a job `mgsa-hf prepare --shard I/N`.",
-                     builders=missing, builder="the processes preparing its shards")
+                     builders=missing, builder="the shard's process")
 
 
 def launch_shard(config) -> tuple[int, int] | None:
