@@ -488,7 +488,8 @@ def run_train(args) -> dict:
                   f"(gradient_accumulation_steps={results['gradient_accumulation_steps']})")
         for row in results["scores"]:
             print(f"{row['split']}: BLEU {row['bleu']:.2f}  chrF {row['chrf']:.2f}  "
-                  f"{row['distinct_fraction']:.1%} distinct  ({row['bleu_signature']})"
+                  f"{row['distinct_fraction']:.1%} distinct  {row['loop_fraction']:.1%} with a subword loop  "
+                  f"({row['bleu_signature']})"
                   + (f"; {row['cut_sources']} sources longer than the model's {row['source_limit']} positions cut"
                      if row.get("cut_sources") else ""))
         collapsed = [row["split"] for row in results["scores"] if row["distinct_fraction"] < COLLAPSED_FRACTION]
