@@ -19,7 +19,7 @@ from .configuration_mgsa import MgsaConfig, MgsaT5Config
 from .constituency_conversion import MODEL_FILE
 from .data_collator import pad_batch
 from .input_checks import as_text_batch, check_text_lengths, check_tree_batch, check_unicode
-from .saved_files import PROCESSOR_JSON_FILES, check_json_files, json_object_or_empty
+from .saved_files import check_json_files, check_processor_files, json_object_or_empty
 from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 from .syntax_parser import SyntaxParser
 from .syntax_spacy import package_version, refuse_saved_code
@@ -276,7 +276,7 @@ class MgsaProcessor(ProcessorMixin):
         try:
             processor = super().from_pretrained(pretrained_model_name_or_path, **kwargs)
         except Exception as error:  # a damaged file, named with its line; else a file the folder lacks
-            check_json_files(find(name) for name in PROCESSOR_JSON_FILES)
+            check_processor_files(pretrained_model_name_or_path)
             problem = missing_tokenizer_files(pretrained_model_name_or_path)
             if problem is None:
                 raise
