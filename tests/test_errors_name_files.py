@@ -95,6 +95,17 @@ def test_damaged_processor_file_is_named(saved, tmp_path, name, damage, match, c
         assert isinstance(error_info.value.__cause__, cause)
 
 
+def test_damaged_model_config_of_a_folder_without_processor_config(saved, tmp_path):
+    """A folder without `processor_config.json` takes the processor's settings from the model's `config.json`: a
+    damaged one failed with a bare `JSONDecodeError`."""
+    folder = copy_of(saved, "rhe", tmp_path)
+    (folder / "processor_config.json").unlink()
+    (folder / "config.json").write_text('{"model_type": "mgsa",', encoding="utf-8")
+    with pytest.raises(DamagedFileError, match=rf"{folder / 'config.json'} is damaged, line 1, column 23: not valid "
+                                               "JSON"):
+        MgsaProcessor.from_pretrained(folder)
+
+
 def test_tokenizer_json_that_is_no_tokenizer(saved, tmp_path):
     """JSON that the `tokenizers` library does not read: its error (a bare `Exception` naming a line of no file)
     is kept, under one naming the file."""
