@@ -145,11 +145,13 @@ def test_train_cli_model_keys_are_checked_before_any_work(saved_tiny_model, tmp_
     (["--set", "rhe_layers"], "expected FIELD=JSON"),
 ])
 def test_convert_marian_arguments(saved_tiny_model, tmp_path, capsys, arguments, message):
-    from mgsa_hf.training.conversion import parse_convert_arguments
+    """`mgsa-hf convert` with a bad argument: a usage error or one line, and nothing written."""
+    from mgsa_hf.cli import main
 
-    with pytest.raises(SystemExit):
-        parse_convert_arguments([str(saved_tiny_model), str(tmp_path / "out"), *arguments])
-    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["convert", str(saved_tiny_model), str(tmp_path / "out"), *arguments])
+    assert message in f"{exit_info.value.code} {capsys.readouterr().err}"
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(("overrides", "error", "match"), [
