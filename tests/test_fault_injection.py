@@ -485,6 +485,30 @@ def test_half_optimizer_file_is_named(trainer, tmp_path):
         trainer._load_optimizer_and_scheduler(str(checkpoint))
 
 
+class Payload:
+    """An object a pickle would rebuild by running code: `torch.load(weights_only=True)` refuses it."""
+
+    def __reduce__(self):
+        return (print, ("this ran",))
+
+
+@pytest.mark.parametrize("damage", ["a pickle of code", "cut short"])
+def test_a_damaged_random_state_file_is_named(trainer, tmp_path, capsys, damage):
+    """A checkpoint's `rng_state.pth` holding a pickle of code, or cut short: torch's unpickling error named no file
+    (and the command line showed its traceback); the error names the file, and the pickle's code never runs."""
+    checkpoint = tmp_path / "checkpoint-1"
+    checkpoint.mkdir()
+    if damage == "a pickle of code":
+        torch.save({"python": Payload()}, checkpoint / "rng_state.pth")
+    else:
+        torch.save({"cpu": torch.random.get_rng_state()}, checkpoint / "rng_state.pth")
+        data = (checkpoint / "rng_state.pth").read_bytes()
+        (checkpoint / "rng_state.pth").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=rf"{checkpoint / 'rng_state.pth'}: not the random states the Trainer saves"):
+        trainer._load_rng_state(str(checkpoint))
+    assert "this ran" not in capsys.readouterr().out
+
+
 # --- a prepared folder's builder and its waiters ---
 
 

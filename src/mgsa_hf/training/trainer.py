@@ -398,6 +398,21 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
             raise ValueError(f"{damaged[0]} cannot be read ({type(error).__name__}: {error}): it was cut short or "
                              "damaged (a save that stopped?). Resume from an earlier checkpoint.") from error
 
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        """`Trainer._load_rng_state`, which reads `rng_state*.pth` with `torch.load(weights_only=True)`: a file that
+        holds other objects (a pickle of code) or is cut short raises a `ValueError` naming it, not torch's bare
+        unpickling error."""
+        try:
+            super()._load_rng_state(checkpoint)
+        except Exception as error:
+            files = sorted(Path(checkpoint).glob("rng_state*.pth"))
+            if not files:
+                raise
+            raise ValueError(f"{', '.join(map(str, files))}: not the random states the Trainer saves "
+                             f"({type(error).__name__}: {' '.join(str(error).split())[:300]}); the file is damaged or "
+                             "was replaced. Resume from an earlier checkpoint, or delete the file to resume without "
+                             "the saved random states.") from error
+
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         """`Trainer._load_from_checkpoint`, the checkpoint's weights first checked against its `weights.sha256`
         ([`verify_weights_checksums`]): the Trainer reads them with safetensors, which checks a file's header, not its
