@@ -199,6 +199,15 @@ def test_translate_output_on_a_full_disk(saved, tmp_path):
     assert error.value.errno == errno.ENOSPC and error.value.__cause__.errno == errno.ENOSPC
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device that is always full)")
+def test_evaluate_output_on_a_full_disk(saved, capsys):
+    """`mgsa-hf evaluate --output` on a full disk: the report's path named, not a bare `[Errno 28]`."""
+    with pytest.raises(SystemExit, match="cannot write the report to /dev/full: No space left on device"):
+        main(["evaluate", str(saved["transformer"]), "--data", str(MULTI30K_DIR), "--max-samples", "2",
+              "--output", "/dev/full"])
+    assert '"bleu"' in capsys.readouterr().out  # the report was printed before
+
+
 def test_prepare_on_a_full_disk(tmp_path, monkeypatch):
     """`mgsa-hf prepare` whose Arrow files do not fit the disk said `[Errno 28] No space left on device` (from
     `datasets`' writer, naming no file); it now names the prepared folder."""

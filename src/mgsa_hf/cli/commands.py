@@ -276,7 +276,11 @@ def run_evaluate(args) -> dict:
               "bleu_signature": scores["bleu_signature"], "card_bleu": _card_bleu(args)}
     print(json.dumps(report, indent=2))
     if args.output:
-        Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+        try:
+            Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+        except OSError as error:  # a full disk, ...: the path named
+            raise OSError(error.errno,
+                          f"cannot write the report to {args.output}: {error.strerror or error}") from error
     return report
 
 
