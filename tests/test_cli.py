@@ -105,10 +105,11 @@ def test_train_help_lists_keys_recipes_and_rows(capsys):
 
 @pytest.mark.parametrize(("command", "options"), [
     (["translate"], ["--input", "--output", "--batch-size", "--num-beams", "--max-new-tokens", "--truncation",
-                     "--threads"]),
-    (["evaluate"], ["--data", "--split", "--max-samples", "--num-beams", "--output", "--threads"]),
+                     "--threads", "--trust-remote-code"]),
+    (["evaluate"], ["--data", "--split", "--max-samples", "--num-beams", "--output", "--threads",
+                    "--trust-remote-code"]),
     (["convert"], ["--encoder-type", "--new-modules-init", "--set", "--trust-remote-code", "--overwrite"]),
-    (["export", "onnx"], ["--int8", "--debug", "--overwrite"]),
+    (["export", "onnx"], ["--int8", "--debug", "--overwrite", "--trust-remote-code"]),
     (["export", "ct2"], ["--quantization", "--overwrite"]),
     (["demo"], ["--encoder-types"]),
     (["prepare"], ["--num-proc", "KEY=VALUE"]),

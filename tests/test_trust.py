@@ -133,7 +133,8 @@ def test_the_converter_keeps_a_folders_code_only_when_trusted(model_folder, tmp_
     """`convert_checkpoint` (and `mgsa-hf convert`) carries the source processor's settings into the new
     folder: one that names code is refused before anything is written, unless `trust_remote_code`."""
     folder = hostile_copy(model_folder, tmp_path / "hostile", parser_code=PROBE)
-    with pytest.raises(UntrustedCodeError, match="parser_code='mgsa_trust_probe'.*--trust-remote-code"):
+    advice = "pass `trust_remote_code=True`, or `--trust-remote-code`;"
+    with pytest.raises(UntrustedCodeError, match=f"parser_code='mgsa_trust_probe'.*{advice}"):
         convert_checkpoint(str(folder), str(tmp_path / "refused"))
     assert not (tmp_path / "refused").exists()
     convert_checkpoint(str(folder), str(tmp_path / "trusted"), trust_remote_code=True)

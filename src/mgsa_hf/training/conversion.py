@@ -142,7 +142,7 @@ def convert_checkpoint(path: str, output_dir: str, encoder_type: str | None = No
 
     check_output_folder(output_dir, source=path, overwrite=overwrite)
     saved = saved_processor_settings(path, trust_remote_code=trust_remote_code,
-                                     option="trust_remote_code=True` (`--trust-remote-code`")
+                                     option="trust_remote_code=True`, or `--trust-remote-code")
     model, new_modules = load_as_mgsa(path, encoder_type, new_modules_init, **overrides)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
