@@ -29,7 +29,7 @@ from mgsa_hf.export.onnx_generation import (  # noqa: E402
 )
 
 
-pytestmark = pytest.mark.usefixtures("one_thread", "one_torchlib_registry")
+pytestmark = pytest.mark.usefixtures("one_thread", "one_torchlib_registry", "uncached_fake_tensors")
 
 REPO = Path(__file__).resolve().parents[1]
 
