@@ -22,7 +22,7 @@ from mgsa_hf.tokenization_utils import read_lines
 from mgsa_hf.variant_phrase_memory import PhraseMemoryAttention, phrase_partition
 
 
-pytestmark = pytest.mark.usefixtures("one_thread", "one_torchlib_registry")
+pytestmark = pytest.mark.usefixtures("one_thread", "one_torchlib_registry", "uncached_fake_tensors")
 
 # ragged lengths of 7 sequences over 9 steps: full, empty, one step, the rest in between
 LENGTHS = torch.tensor([9, 3, 0, 1, 9, 5, 2])
