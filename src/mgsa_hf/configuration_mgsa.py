@@ -174,6 +174,15 @@ class MgsaVariantConfig(*_VARIANT_FIELD_MIXINS):
                 name = self.attribute_map.get(field, field)  # T5's own name
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
 
+    def validate_dropouts(self):
+        """The backbone's dropout probabilities lie in [0, 1] (torch refused 2 only once the model was built)."""
+        for field in ("dropout", "attention_dropout", "activation_dropout", "classifier_dropout", "dropout_rate"):
+            value = getattr(self, field, None)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0.0 <= value <= 1.0):
+                name = self.attribute_map.get(field, field)  # T5's own name
+                raise ValueError(f"`{name}` must be a probability in [0, 1], got {value!r}.")
+
     def validate_variant_layers(self):
         """Each variant's layer indices lie within the encoder."""
         for variant in VARIANTS.values():

@@ -8,8 +8,10 @@ standard error and a non-zero exit status; `--debug` shows the traceback instead
 
 import argparse
 import dataclasses
+import re
 import sys
 import tempfile
+from pathlib import Path
 
 from huggingface_hub.errors import StrictDataclassError
 
@@ -221,10 +223,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Transformers' `pipeline(...)` turns the error of each model class it tried into "Could not load model X with any
+# of the following classes: (...). See the original errors: ... <their tracebacks>": a page of tracebacks
+_PIPELINE_LOAD = re.compile(r"^Could not load model (?P<model>.+?) with any of the following classes:.*?"
+                            r"See the original errors:", re.DOTALL)
+_LAST_EXCEPTION = re.compile(r"^[\w.]+(Error|Exception): (?P<message>.*?)\s*(\n\n|\Z)", re.DOTALL | re.MULTILINE)
+
+
 def one_line(error: BaseException) -> str:
-    """An exception's message on one line (a `KeyError`'s without its quotes)."""
-    message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
-    return " ".join(str(message).split()) or type(error).__name__
+    """An exception's message on one line (a `KeyError`'s without its quotes); a model that `pipeline(...)` could
+    not load gives the error that stopped its load, not the tracebacks around it."""
+    message = str(error.args[0] if isinstance(error, KeyError) and error.args else error)
+    if (wrapped := _PIPELINE_LOAD.match(message)) and (causes := list(_LAST_EXCEPTION.finditer(message))):
+        message = f"could not load the model {wrapped['model']}: {causes[-1]['message']}"
+    return " ".join(message.split()) or type(error).__name__
+
+
+def refuse_output_over_what_is_read(args) -> None:
+    """An `--output` file that is the command's `--input` (by any name: a symbolic link, `..`) or lies in the model
+    folder it reads would replace what is read (`translate --output` over its input replaced the sources with their
+    translations): refused with a `ValueError` naming both."""
+    output = getattr(args, "output", None)
+    if not output:
+        return
+    written = Path(output).expanduser().resolve()
+    source = getattr(args, "input", None)
+    if source and Path(source).expanduser().resolve() == written:
+        raise ValueError(f"--output {output} is the file read, --input {source}: writing it would replace the "
+                         "sentences read. Name another output file.")
+    for folder in (getattr(args, "model", None), getattr(args, "folder", None)):
+        read = Path(folder).expanduser() if folder else None
+        if read is not None and read.is_dir() and written.is_relative_to(read.resolve()):
+            raise ValueError(f"--output {output} lies in the model folder read, {folder}: writing it would change "
+                             "the model. Name a file outside it.")
 
 
 def main(argv=None) -> None:
@@ -233,6 +264,7 @@ def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     debug = args.debug or args.debug_first
     try:
+        refuse_output_over_what_is_read(args)
         args.func(args)
     except USER_ERRORS as error:
         if debug:

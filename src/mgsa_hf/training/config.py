@@ -233,7 +233,10 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] = ())
         if path == FINETUNE_RECIPE:
             logger.info("init_from without a recipe: the %s recipe (%s)", FINETUNE_RECIPE, RECIPES)
     path = recipe_path(path)
-    raw = read_recipe(path) or {}
+    raw = read_recipe(path)
+    if raw is None:  # an empty file (or comments only): a recipe cut short, never "train with every default"
+        raise ValueError(f"training config {path} is empty: it names no key. Give the recipe's keys, or name a "
+                         "packaged recipe (recipe=default).")
     if not isinstance(raw, dict):
         raise ValueError(f"training config {path} must be a mapping of keys to values.")
     # a file that does not name `init_from` describes a model to train from scratch: with `init_from` given as an
@@ -255,7 +258,8 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] = ())
     config = TrainConfig(**raw)
     check_recipe_values(config)  # every key's type and range, named (`recipe_values`)
     config.training = check_training_ranges(_typed_training_values(config.training))
-    check_generation_section(config.generation, config.training.get("generation_num_beams"))
+    trained_vocabulary = None if config.tokenizer or config.init_from else config.vocab_size  # the run trains it
+    check_generation_section(config.generation, config.training.get("generation_num_beams"), trained_vocabulary)
     return config
 
 
@@ -308,12 +312,44 @@ GENERATION_KEYS_IN_TRAINING = {"num_beams": "generation_num_beams", "max_length"
 # `generation` fields that are counts (GenerationConfig's own checks let -2 or "a" through)
 GENERATION_COUNTS = ("no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "min_length", "min_new_tokens",
                      "max_new_tokens", "top_k", "num_return_sequences", "num_beam_groups")
+# `generation` fields GenerationConfig takes unchecked: flags (`do_sample: "yes"` sampled), numbers that must be
+# above 0 (a repetition penalty of 0 failed at the first evaluation, naming `penalty`), numbers, and token ids
+GENERATION_FLAGS = ("do_sample", "renormalize_logits", "remove_invalid_values", "use_cache", "output_scores",
+                    "output_logits", "output_attentions", "output_hidden_states", "return_dict_in_generate")
+GENERATION_POSITIVE = ("repetition_penalty", "encoder_repetition_penalty", "temperature", "guidance_scale")
+GENERATION_NUMBERS = ("length_penalty", "diversity_penalty", "top_p", "min_p", "typical_p", "epsilon_cutoff",
+                      "eta_cutoff", "penalty_alpha", "max_time")
+GENERATION_ID_LISTS = ("bad_words_ids", "force_words_ids", "suppress_tokens", "begin_suppress_tokens")
+GENERATION_TOKEN_IDS = ("forced_bos_token_id", "forced_eos_token_id", "pad_token_id", "bos_token_id", "eos_token_id",
+                        "decoder_start_token_id")
 
 
-def check_generation_section(generation: dict, num_beams: int | None = None) -> None:
+def _check_generation_value(key: str, value, vocab_size: int | None) -> None:
+    """The type and range of one `generation` field that GenerationConfig takes unchecked; a `ValueError` names it."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if key in GENERATION_COUNTS and not (whole and value >= 0):
+        raise ValueError(f"`generation.{key}` must be a whole number >= 0, got {value!r}.")
+    if key in GENERATION_FLAGS and not isinstance(value, bool):
+        raise ValueError(f"`generation.{key}` must be true or false, got {value!r}.")
+    if key in GENERATION_POSITIVE and not (number and value > 0):
+        raise ValueError(f"`generation.{key}` must be a number > 0, got {value!r}.")
+    if key in GENERATION_NUMBERS and not number:
+        raise ValueError(f"`generation.{key}` must be a number, got {value!r}.")
+    if key in GENERATION_TOKEN_IDS and value is not None:
+        ids = value if key == "eos_token_id" and isinstance(value, list) else [value]
+        if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids) or (
+                vocab_size and max(ids) >= vocab_size):
+            within = f" below the vocabulary's {vocab_size}" if vocab_size else ""
+            raise ValueError(f"`generation.{key}` must be a token id (a whole number >= 0{within}), got {value!r}.")
+    if key in GENERATION_ID_LISTS and not (isinstance(value, list) and value):
+        raise ValueError(f"`generation.{key}` must be a non-empty list of token ids, got {value!r}.")
+
+
+def check_generation_section(generation: dict, num_beams: int | None = None, vocab_size: int | None = None) -> None:
     """The `generation` section: names of `GenerationConfig` fields (but the beam size and length bound, which are
-    `training` keys), counts that are whole numbers >= 0, and values `GenerationConfig.validate` accepts with the
-    recipe's beam size; a `ValueError` names `generation.<key>`."""
+    `training` keys), counts that are whole numbers >= 0, flags, numbers, token ids below `vocab_size`, and values
+    `GenerationConfig.validate` accepts with the recipe's beam size; a `ValueError` names `generation.<key>`."""
     from transformers import GenerationConfig
 
     fields = GenerationConfig().to_dict()
@@ -325,8 +361,11 @@ def check_generation_section(generation: dict, num_beams: int | None = None) -> 
             near = difflib.get_close_matches(key, fields, n=1)
             raise ValueError(f"`generation.{key}` is no field of transformers' GenerationConfig"
                              + (f" (did you mean {near[0]!r}?)." if near else "."))
-        if key in GENERATION_COUNTS and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"`generation.{key}` must be a whole number >= 0, got {value!r}.")
+        _check_generation_value(key, value, vocab_size)
+    groups = generation.get("num_beam_groups") or 1
+    if groups > 1 and (num_beams or 1) % groups:  # greedy search (one beam) ignored the groups without a word
+        raise ValueError(f"`generation.num_beam_groups` ({groups}) must divide training.generation_num_beams "
+                         f"({num_beams or 1}).")
     try:
         GenerationConfig(**{"num_beams": num_beams or 1, **generation}).validate(strict=True)
     except (ValueError, TypeError) as error:
@@ -335,11 +374,15 @@ def check_generation_section(generation: dict, num_beams: int | None = None) -> 
 
 def _check_run_settings(config: TrainConfig) -> None:
     """The settings that would otherwise fail deep inside a library, or do the wrong thing without a word, checked
-    before any work: `threads`, the `tokenizer` and `init_from` folders, `average_last_checkpoints`,
-    `resume_from_checkpoint`, and last a local `data` folder or file that does not exist."""
+    before any work: an `output_dir` that is a file, `threads`, the `tokenizer` and `init_from` folders,
+    `average_last_checkpoints`, `resume_from_checkpoint`, and last a local `data` folder or file that does not
+    exist."""
     from .conversion import check_folder_or_hub_id, saved_processor_settings
     from .trainer import checkpoint_folders
 
+    for folder, key in ((Path(config.output_dir), "output_dir"), (run_folder(config.output_dir), "its run folder")):
+        if folder.exists() and not folder.is_dir():  # else it failed saving the model, once training was done
+            raise FileExistsError(f"{key} {folder} is a file, not a folder: name a folder for the run.")
     threads = config.threads
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"`threads` must be a whole number >= 1 (torch's CPU threads per process) or null (torch's "

@@ -112,12 +112,16 @@ def saved_processor_settings(folder: str | None, given: dict | None = None, trus
         `parser_code`) that `given` (the caller's own settings) does not replace, unless `trust_remote_code`.
     """
     from ..processing_mgsa import MgsaProcessor
+    from ..saved_files import DamagedFileError, check_json_file
     from ..syntax_spacy import refuse_saved_code
 
     path = Path(folder) / "processor_config.json" if folder else None
     if path is None or not path.is_file():
         return {}
-    saved = json.loads(path.read_text())
+    check_json_file(path)  # a damaged file is named, with its line
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(saved, dict):
+        raise DamagedFileError(f"{path} is damaged: not a JSON object of processor settings.")
     allowed = set(inspect.signature(MgsaProcessor.__init__).parameters) - {"self", "tokenizer", "with_syntax"}
     saved = {key: value for key, value in saved.items() if key in allowed}
     refuse_saved_code(saved, folder, given, trust_remote_code, option)

@@ -172,6 +172,9 @@ def check_recipe_values(config) -> None:
     for key, rule in RECIPE_VALUES.items():
         if hasattr(config, key):
             _check(key, getattr(config, key), rule)
+    # the sentences translated after training: a number failed there, with a traceback, once the run was done
+    if odd := [example for example in getattr(config, "examples", None) or () if not _KIND_CHECKS["text"](example)]:
+        raise ValueError(f"`examples` must be a list of sentences (text), got {odd[0]!r} among them.")
 
 
 def check_training_ranges(section: dict) -> dict:
