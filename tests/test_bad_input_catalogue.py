@@ -162,3 +162,21 @@ def test_train_into_a_file_is_refused_before_training(tmp_path):
     for name, error in (("model", "output_dir"), ("other", "its run folder")):
         with pytest.raises(FileExistsError, match=f"{error} {tmp_path / name}(-run)? is a file, not a folder"):
             _check_run_settings(load_train_config("tiny", [f"output_dir={tmp_path / name}"]))
+
+
+# 8. resume edge cases: a recipe whose model no longer fits the run's checkpoint
+def test_resume_into_a_model_of_other_sizes_names_the_sizes(saved, tmp_path):
+    from transformers import Seq2SeqTrainingArguments
+
+    from mgsa_hf.training.trainer import MgsaSeq2SeqTrainer
+
+    folder, _ = saved
+    config = MgsaConfig.from_pretrained(folder)
+    config.d_model, config.encoder_ffn_dim = 48, 96
+    model = MgsaForConditionalGeneration(config)
+    arguments = Seq2SeqTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    trainer = MgsaSeq2SeqTrainer(model=model, args=arguments)
+    # before: torch's RuntimeError, a page of "size mismatch for ..." lines with a traceback
+    with pytest.raises(ValueError, match=f"resuming from {folder}: its weights do not fit the model the recipe builds "
+                                         r"\(d_model 32 -> 48, encoder_ffn_dim 64 -> 96\)"):
+        trainer._load_from_checkpoint(str(folder))

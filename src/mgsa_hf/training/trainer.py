@@ -418,7 +418,15 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
         ([`verify_weights_checksums`]): the Trainer reads them with safetensors, which checks a file's header, not its
         data, so a damaged checkpoint trained on without a word."""
         _check_saved_weights(resume_from_checkpoint, "resuming from", "Resume from an earlier checkpoint.")
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        try:
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+        except RuntimeError as error:  # torch's page of "size mismatch for ..." lines, naming no setting
+            if "size mismatch" not in str(error):
+                raise
+            changed = _changed_sizes(resume_from_checkpoint, (model or self.model).config)
+            raise ValueError(f"resuming from {resume_from_checkpoint}: its weights do not fit the model the recipe "
+                             f"builds ({changed or 'other sizes'}). Resume with the run's own model settings, or "
+                             "train into another output_dir.") from error
 
     def _load_best_model(self) -> None:
         """`Trainer._load_best_model` (`load_best_model_at_end`), the best checkpoint's weights checked first."""
@@ -600,6 +608,18 @@ def _check_saved_weights(checkpoint: str, doing: str, advice: str) -> None:
         verify_weights_checksums(checkpoint)
     except ValueError as error:
         raise ValueError(f"{doing} {checkpoint}: {error} {advice}") from None
+
+
+def _changed_sizes(checkpoint: str, config) -> str:
+    """The whole-number fields of `config` that differ from the checkpoint's `config.json`: `"d_model 32 -> 48"`."""
+    try:
+        saved = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    current = config.to_dict()
+    return ", ".join(f"{key} {saved[key]} -> {value}" for key, value in sorted(current.items())
+                     if isinstance(value, int) and not isinstance(value, bool) and key in saved
+                     and saved[key] != value)
 
 
 def batch_samplers(loader) -> list:
