@@ -131,8 +131,8 @@ def one_torchlib_registry():
 @pytest.fixture(scope="module")
 def uncached_fake_tensors():
     """`torch.export` caches its operators' fake outputs, but rebuilding a cached output of dynamic shape costs more
-    than running the operator's meta function again: a test module's exports run without that cache (a sixth less
-    time for an export, the same graphs byte for byte; use it with
+    than running the operator's meta function again: a test module's exports run without that cache (a sixth to a
+    third less time for an export; the same operators, a few shape values named otherwise; use it with
     `pytestmark = pytest.mark.usefixtures("uncached_fake_tensors")`)."""
     import torch._dynamo.config
 

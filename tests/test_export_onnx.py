@@ -18,7 +18,7 @@ from mgsa_hf.export import export_onnx, onnx_input_names, onnx_inputs
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-pytestmark = pytest.mark.usefixtures("one_thread", "one_torchlib_registry")
+pytestmark = pytest.mark.usefixtures("one_thread", "one_torchlib_registry", "uncached_fake_tensors")
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENS = ["input_ids", "attention_mask", "decoder_input_ids"]
