@@ -180,3 +180,26 @@ def test_resume_into_a_model_of_other_sizes_names_the_sizes(saved, tmp_path):
     with pytest.raises(ValueError, match=f"resuming from {folder}: its weights do not fit the model the recipe builds "
                                          r"\(d_model 32 -> 48, encoder_ffn_dim 64 -> 96\)"):
         trainer._load_from_checkpoint(str(folder))
+
+
+# 1. a checkpoint's optimizer state with one flipped bit: torch.load read past it (or failed naming no file)
+def test_flipped_bit_in_optimizer_state_is_named(saved, tmp_path):
+    from transformers import Seq2SeqTrainingArguments
+
+    from mgsa_hf.training.trainer import MgsaSeq2SeqTrainer
+
+    folder, _ = saved
+    model = MgsaForConditionalGeneration.from_pretrained(folder)
+    arguments = Seq2SeqTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    trainer = MgsaSeq2SeqTrainer(model=model, args=arguments)
+    trainer.create_optimizer_and_scheduler(num_training_steps=2)
+    checkpoint = tmp_path / "checkpoint-1"
+    checkpoint.mkdir()
+    torch.save(trainer.optimizer.state_dict(), checkpoint / "optimizer.pt")
+    torch.save(trainer.lr_scheduler.state_dict(), checkpoint / "scheduler.pt")
+    trainer._load_optimizer_and_scheduler(str(checkpoint))  # whole: loads
+    data = bytearray((checkpoint / "optimizer.pt").read_bytes())
+    data[len(data) // 3] ^= 1
+    (checkpoint / "optimizer.pt").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=rf"{checkpoint / 'optimizer.pt'} cannot be read .*cut short or damaged"):
+        trainer._load_optimizer_and_scheduler(str(checkpoint))

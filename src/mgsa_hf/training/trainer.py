@@ -385,18 +385,16 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         """`Trainer._load_optimizer_and_scheduler`; a file cut short or damaged (`optimizer.pt`, `scheduler.pt`: not
-        the zip archive `torch.save` writes) raises a `ValueError` naming it. Several CPU processes load the optimizer
+        the zip archive `torch.save` writes, or one whose data fails its CRC: a flipped bit) raises a `ValueError`
+        naming it. Several CPU processes load the optimizer
         state onto the CPU ([`_cpu_map_location`])."""
-        try:
-            with _cpu_map_location(self.args):
-                super()._load_optimizer_and_scheduler(checkpoint)
-        except Exception as error:
-            damaged = [Path(checkpoint) / name for name in (OPTIMIZER_NAME, SCHEDULER_NAME)
-                       if (Path(checkpoint) / name).is_file() and not zipfile.is_zipfile(Path(checkpoint) / name)]
-            if not damaged:
-                raise
-            raise ValueError(f"{damaged[0]} cannot be read ({type(error).__name__}: {error}): it was cut short or "
-                             "damaged (a save that stopped?). Resume from an earlier checkpoint.") from error
+        files = [Path(checkpoint) / name for name in (OPTIMIZER_NAME, SCHEDULER_NAME)] if checkpoint else []
+        # torch.load reads past a flipped bit in a tensor's data: the archive's CRCs are checked first
+        if damaged := [path for path in files if path.is_file() and _damaged_archive(path)]:
+            raise ValueError(f"{damaged[0]} cannot be read (not a whole `torch.save` archive): it was cut short or "
+                             "damaged (a save that stopped?). Resume from an earlier checkpoint.")
+        with _cpu_map_location(self.args):
+            super()._load_optimizer_and_scheduler(checkpoint)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
         """`Trainer._load_rng_state`, which reads `rng_state*.pth` with `torch.load(weights_only=True)`: a file that
@@ -608,6 +606,15 @@ def _check_saved_weights(checkpoint: str, doing: str, advice: str) -> None:
         verify_weights_checksums(checkpoint)
     except ValueError as error:
         raise ValueError(f"{doing} {checkpoint}: {error} {advice}") from None
+
+
+def _damaged_archive(path: Path) -> bool:
+    """Whether `path` is not the zip archive `torch.save` writes, or holds a member whose data fails its CRC."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip() is not None
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return True
 
 
 def _changed_sizes(checkpoint: str, config) -> str:
