@@ -203,3 +203,51 @@ def test_flipped_bit_in_optimizer_state_is_named(saved, tmp_path):
     (checkpoint / "optimizer.pt").write_bytes(bytes(data))
     with pytest.raises(ValueError, match=rf"{checkpoint / 'optimizer.pt'} cannot be read .*cut short or damaged"):
         trainer._load_optimizer_and_scheduler(str(checkpoint))
+
+
+# 4. an ONNX folder mixed from two exports: a tokenizer of another model gave wrong text without a word
+def test_onnx_record_names_a_tokenizer_of_another_model(saved, tmp_path):
+    import json
+    import shutil
+
+    from mgsa_hf.export.onnx_record import verify_onnx_record, write_onnx_record
+
+    folder, _ = saved
+    onnx = tmp_path / "onnx"
+    onnx.mkdir()
+    (onnx / "encoder_model.onnx").write_bytes(b"graph")
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(folder / name, onnx / name)
+    write_onnx_record(onnx, {"encoder_type": "transformer"})
+    graphs = {"encoder": "encoder_model.onnx"}
+    assert "tokenizer.json" in verify_onnx_record(onnx, graphs)
+    other = train_joint_tokenizer(onnx / "config.json", onnx / "config.json", tmp_path / "other", vocab_size=60)
+    other.save_pretrained(tmp_path / "other")
+    shutil.copy(tmp_path / "other" / "tokenizer.json", onnx / "tokenizer.json")
+    with pytest.raises(ValueError, match=f"{onnx / 'tokenizer.json'} is not the file exported with the rest"):
+        verify_onnx_record(onnx, graphs)
+    # a record of an earlier version, without the tokenizer's files, still loads
+    record = json.loads((onnx / "onnx_record.json").read_text(encoding="utf-8"))
+    del record["tokenizer_files"]
+    (onnx / "onnx_record.json").write_text(json.dumps(record), encoding="utf-8")
+    assert "tokenizer.json" not in verify_onnx_record(onnx, graphs)
+
+
+# 5./1. the run tokenizer's record damaged: named as damaged, not as a record a stopped run never wrote
+def test_damaged_tokenizer_record_is_named(tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from mgsa_hf.training.corpus import load_or_train_tokenizer
+    from mgsa_hf.training.ownership import run_folder
+
+    pairs = [{"en": source, "de": target} for source, target in PAIRS * 4]
+    config = SimpleNamespace(tokenizer=None, init_from=None, output_dir=tmp_path / "model", vocab_size=80,
+                             source_lang="en", target_lang="de", resume_from_checkpoint=None,
+                             tokenizer_max_sentences=None)
+    first = load_or_train_tokenizer(config, {"translation": pairs}, corpus_key="pairs")
+    record = run_folder(config.output_dir) / "tokenizer" / "trained_for.json"
+    record.write_text("{", encoding="utf-8")
+    with caplog.at_level("WARNING"):
+        again = load_or_train_tokenizer(config, {"translation": pairs}, corpus_key="pairs")
+    assert f"has a damaged record of its settings ({record})" in caplog.text
+    assert again.get_vocab() == first.get_vocab()  # trained again, as before

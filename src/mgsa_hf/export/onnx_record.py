@@ -2,11 +2,12 @@
 
 [`~mgsa_hf.export.onnx_generation.export_generation_onnx`] writes `onnx_record.json` last, once every graph is
 written (and again after quantization): the SHA-256 of each graph file and of each external-data file beside it, the
-SHA-256 of the folder's `config.json`, and what the graphs were made from (the encoder type, the backbone, a digest of
-the weights, the package version). [`verify_onnx_record`] refuses, by file name, a graph whose bytes differ from the
-record (another export's decoder, another encoder type's encoder), a recorded file that is gone, a graph file the
-record does not name, and a `config.json` that is not the one exported with the graphs. A folder without the record
-(exported by an earlier version) loads with a warning: its graphs are not checked.
+SHA-256 of the folder's `config.json` and of its tokenizer files, and what the graphs were made from (the encoder
+type, the backbone, a digest of the weights, the package version). [`verify_onnx_record`] refuses, by file name, a
+graph whose bytes differ from the record (another export's decoder, another encoder type's encoder), a recorded file
+that is gone, a graph file the record does not name, and a `config.json` or tokenizer file that is not the one
+exported with the graphs. A folder without the record (exported by an earlier version) loads with a warning: its
+graphs are not checked.
 """
 
 import hashlib
@@ -26,6 +27,15 @@ RECORD = "onnx_record.json"
 RECORD_FORMAT = 1
 # the files a graph is made of: the graph itself and the external data the exporter writes beside it
 GRAPH_SUFFIXES = (".onnx", ".onnx.data", ".onnx_data")
+# the files that make the tokenizer the graphs' ids were made with (another model's gave wrong text without a word);
+# `generation_config.json` and `processor_config.json` are settings a user may change
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "*.spm")
+
+
+def tokenizer_files(folder: Path) -> list[str]:
+    """The names of the tokenizer files in `folder` ([`TOKENIZER_FILES`]), sorted."""
+    return sorted({path.name for pattern in TOKENIZER_FILES for path in folder.glob(pattern) if path.is_file()})
 
 
 def graph_files(folder: Path) -> list[str]:
@@ -66,6 +76,7 @@ def write_onnx_record(folder: str | os.PathLike, model_fields: dict, quantized: 
         "model": {**model_fields, "config_sha256": file_sha256(folder / "config.json")},
         "quantized": quantized,
         "files": {name: file_sha256(folder / name) for name in graph_files(folder)},
+        "tokenizer_files": {name: file_sha256(folder / name) for name in tokenizer_files(folder)},
     }
     temporary = folder / f".{RECORD}.{os.getpid()}.tmp"
     temporary.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -137,7 +148,10 @@ def verify_onnx_record(folder: str | os.PathLike, graphs: dict[str, str]) -> lis
     if config_type != saved_type:
         raise ValueError(f"{config_path} has encoder_type={config_type!r}, but the graphs of {folder} were exported "
                          f"from an encoder_type={saved_type!r} model ({path}): {advice}")
-    for name, expected in [*files.items(), ("config.json", record["model"].get("config_sha256"))]:
+    tokenizer = record.get("tokenizer_files") or {}  # none in the records of earlier versions
+    if not isinstance(tokenizer, dict) or any(Path(name).name != name for name in tokenizer):
+        raise ValueError(f"{path} is damaged: `tokenizer_files` is not a mapping of file names. {advice}")
+    for name, expected in [*files.items(), ("config.json", record["model"].get("config_sha256")), *tokenizer.items()]:
         if not (folder / name).is_file():
             raise ValueError(f"{folder / name} is missing: {advice}")
         actual = file_sha256(folder / name)
@@ -147,4 +161,4 @@ def verify_onnx_record(folder: str | os.PathLike, graphs: dict[str, str]) -> lis
                 f"{RECORD} records {expected}. It comes from another export or was changed after exporting: "
                 f"{advice}"
             )
-    return [*files, "config.json"]
+    return [*files, "config.json", *tokenizer]

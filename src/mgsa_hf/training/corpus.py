@@ -557,8 +557,10 @@ def load_or_train_tokenizer(config, train_split, is_main: bool = True, corpus_ke
                 raise ValueError(f"the run's tokenizer in {folder} was trained for other settings ({changed}), which "
                                  "the checkpoints to resume embed: resume with the settings of the run, or start a "
                                  "new run in another `output_dir`.")
+            damaged = (folder / "trained_for.json").is_file()  # a record that does not read: named, not "missing"
             logger.warning("the tokenizer in %s %s: training it again.", folder,
                            f"was trained for other settings ({changed})" if trained_for else
+                           f"has a damaged record of its settings ({folder / 'trained_for.json'})" if damaged else
                            "has no record of its settings (a run stopped saving it)")
         # trained and recorded beside the run folder, then swapped in whole: a run stopped meanwhile leaves none
         with staged_folder(folder, replaces=("*",)) as staging, tempfile.TemporaryDirectory() as text_dir:
