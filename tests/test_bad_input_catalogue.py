@@ -251,3 +251,14 @@ def test_damaged_tokenizer_record_is_named(tmp_path, caplog):
         again = load_or_train_tokenizer(config, {"translation": pairs}, corpus_key="pairs")
     assert f"has a damaged record of its settings ({record})" in caplog.text
     assert again.get_vocab() == first.get_vocab()  # trained again, as before
+
+
+def test_weights_file_that_is_not_safetensors_is_named(saved, tmp_path):
+    folder, sources = saved
+    folder = copy_of(folder, tmp_path)
+    (folder / "weights.sha256").unlink()  # a folder saved before the record: nothing checks the bytes first
+    (folder / "model.safetensors").write_text("not safetensors at all", encoding="utf-8")
+    # before: safetensors' "Error while deserializing header: header too large", a traceback naming no file
+    with pytest.raises(OSError, match=f"{folder}: model.safetensors cannot be read as safetensors"):
+        MgsaForConditionalGeneration.from_pretrained(folder)
+    assert "model.safetensors cannot be read as safetensors" in cli_error(["translate", folder, "--input", sources])

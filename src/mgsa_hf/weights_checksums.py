@@ -167,4 +167,11 @@ class WeightsChecksumMixin:
             folder = Path(source) / (kwargs.get("subfolder") or "")
             verify_weights_checksums(folder)
             check_generation_config(folder)
-        return super().from_pretrained(*args, **kwargs)
+        try:
+            return super().from_pretrained(*args, **kwargs)
+        except Exception as error:  # safetensors' own error (a header that does not read) names no file
+            if type(error).__name__ != "SafetensorError" or source is None or not os.path.isdir(source):
+                raise
+            names = ", ".join(weights_files(Path(source) / (kwargs.get("subfolder") or ""))) or "its weights"
+            raise OSError(f"{source}: {names} cannot be read as safetensors ({error}): the file is damaged or is "
+                          "not a weights file. Save or download the folder again.") from error
