@@ -28,7 +28,7 @@ from mgsa_hf.export.onnx_record import RECORD, weights_digest  # noqa: E402
 from mgsa_hf.weights_checksums import file_sha256  # noqa: E402
 
 
-pytestmark = pytest.mark.usefixtures("one_thread", "one_torchlib_registry")
+pytestmark = pytest.mark.usefixtures("one_thread", "one_torchlib_registry", "uncached_fake_tensors")
 
 GRAPHS = ["decoder_model.onnx", "decoder_with_past_model.onnx", "encoder_model.onnx"]
 SOURCES = ["A man in a blue shirt is standing on a ladder.", "Two dogs play in the snow.",

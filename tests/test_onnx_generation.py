@@ -35,20 +35,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 RHE_FIELDS = ["word_ids", "head_word_ids", "local_phrase_start", "local_phrase_end", "tree_depth"]
 NGRAM = {"phrase_partition": "ngram", "phrase_interaction": "none", "phrase_tag_supervision": False}
-SYNTACTIC = {"phrase_partition": "syntactic", "phrase_interaction": "none"}
 # every kind is exported and tested (a kind is one line): (backbone, encoder type, config fields, the syntax fields its
 # encoder graph takes). The config fields override `ONNX_EXPORT_LAYERS`.
 MODELS = {
     "marian-transformer": ("marian", "transformer", {}, []),
     "marian-phrase_memory-ngram": ("marian", "phrase_memory", NGRAM, []),
-    "marian-phrase_memory-syntactic": ("marian", "phrase_memory", SYNTACTIC, ["phrase_ids"]),
+    # the default MG-SA: syntactic phrases, phrase-tag supervision and the ON-LSTM interaction (its padded scan)
+    "marian-phrase_memory": ("marian", "phrase_memory", {}, ["phrase_ids"]),
     # wider initial weights: a random PR model at 0.2 says the same for every source (the pipeline test compares them)
     "marian-phrase_representation": ("marian", "phrase_representation", {"pr_segmentation": "parse", "init_std": 0.5},
                                      ["pr_phrase_ids"]),
     "marian-hybrid": ("marian", "hybrid", {}, []),
     "marian-rhe": ("marian", "rhe", {}, RHE_FIELDS),
-    # the plain T5 backbone exports whole in test_export_onnx.py; here T5 comes with every variant
-    "t5-phrase_memory-syntactic": ("t5", "phrase_memory", SYNTACTIC, ["phrase_ids"]),
+    # the plain T5 backbone exports whole in test_export_onnx.py; here T5 comes with every variant (MG-SA's syntactic
+    # phrases with its LSTM composition and interaction: test_onnx_recurrent.py)
     # two layers of each: PR's non-last encoder layer, three phrase levels, the caches of two decoder layers
     "t5-phrase_representation": ("t5", "phrase_representation",
                                  {"pr_segmentation": "parse", "num_layers": 2, "num_decoder_layers": 2},
