@@ -549,7 +549,6 @@ def test_a_killed_builder_ends_the_wait_naming_it(tmp_path, monkeypatch, seen_fr
     import re
     import socket
     import threading
-    import time
 
     from mgsa_hf.training import builders
     from mgsa_hf.training.corpus import wait_for
@@ -563,18 +562,8 @@ def test_a_killed_builder_ends_the_wait_naming_it(tmp_path, monkeypatch, seen_fr
     errors = []
     waiting = threading.Thread(target=_record_error, args=(errors, wait_for, folder, "the corpus"),
                                kwargs={"poll_seconds": 0.05})
-    try:
-        waiting.start()
-        time.sleep(1)
-        assert waiting.is_alive() and errors == []  # the builder's beat goes on
-    finally:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    killed = time.monotonic()
-    waiting.join(timeout=30)
-    took = time.monotonic() - killed
-    assert not waiting.is_alive() and [type(error) for error in errors] == [RuntimeError]
-    assert re.search(rf"process {pid} on {host} .*ended without finishing it", str(errors[0])), errors[0]
+    error, took = _error_once_the_builder_is_killed(waiting, errors, pid, alive_for=1)
+    assert re.search(rf"process {pid} on {host} .*ended without finishing it", str(error)), error
     assert took < (1 if seen_from == "this host" else 0.2 * builders.STALE_HEARTBEATS + 2), took
 
 
@@ -647,6 +636,26 @@ def _record_error(errors: list, function, *args, **kwargs) -> None:
         function(*args, **kwargs)
     except Exception as error:
         errors.append(error)
+
+
+def _error_once_the_builder_is_killed(waiting, errors: list, pid: int, alive_for: float) -> tuple[Exception, float]:
+    """Start the thread `waiting` (which appends the error its wait ends with to `errors`), check that it still waits
+    after `alive_for` seconds (the builder's beat goes on), then SIGKILL the builder `pid`: the one `RuntimeError`
+    the wait ended with, and the seconds it took after the kill."""
+    import time
+
+    try:
+        waiting.start()
+        time.sleep(alive_for)
+        assert waiting.is_alive() and errors == []
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    killed = time.monotonic()
+    waiting.join(timeout=30)
+    took = time.monotonic() - killed
+    assert not waiting.is_alive() and [type(error) for error in errors] == [RuntimeError]
+    return errors[0], took
 
 
 def test_an_earlier_tokenizer_failure_does_not_stop_the_next_launch(train_split, tmp_path, caplog):

@@ -4,14 +4,13 @@ died or the error of one that failed, instead of waiting for ever."""
 
 import os
 import re
-import signal
 import socket
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from test_fault_injection import _record_error
+from test_fault_injection import _error_once_the_builder_is_killed, _record_error
 
 from mgsa_hf.training import builders
 from mgsa_hf.training.builders import building_record
@@ -58,20 +57,9 @@ def test_a_killed_shard_builder_ends_the_wait_naming_it(tmp_path, monkeypatch, s
     if seen_from == "another host":
         monkeypatch.setattr(builders.socket, "gethostname", lambda: "another-host")
     errors = []
-    waiting = _waiter(folder, 2, errors)
-    try:
-        waiting.start()
-        time.sleep(0.6)
-        assert waiting.is_alive() and errors == []  # the builder's beat goes on
-    finally:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    killed = time.monotonic()
-    waiting.join(timeout=30)
-    took = time.monotonic() - killed
-    assert not waiting.is_alive() and [type(error) for error in errors] == [RuntimeError]
+    error, took = _error_once_the_builder_is_killed(_waiter(folder, 2, errors), errors, pid, alive_for=0.6)
     assert re.search(rf"preparing shard 0 of 2 of the corpus .*process {pid} on {host} .*ended without finishing",
-                     str(errors[0])), errors[0]
+                     str(error)), error
     assert took < (1 if seen_from == "this host" else 0.2 * builders.STALE_HEARTBEATS + 2), took
 
 

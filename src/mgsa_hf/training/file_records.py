@@ -12,13 +12,13 @@ read once a process for each file, memoised by the file's identity on disk ([`fi
 splits several times, or joins shards and then loads them, reads each file once.
 """
 
-import hashlib
 from pathlib import Path
+
+from ..weights_checksums import file_sha256
 
 
 # the key of a record (`prepared.json`, a shard's record) that holds its files' sizes and SHA-256s
 CHECKSUMS = "checksums"
-CHUNK_SIZE = 1 << 22  # 4 MiB
 
 # the digests of the files read in this process, by their identity on disk: a file is read once a process
 _DIGESTS: dict[tuple, str] = {}
@@ -32,11 +32,7 @@ def file_digest(path: Path) -> str:
     stat = path.stat()
     identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
     if identity not in _DIGESTS:
-        digest = hashlib.sha256()
-        with open(path, "rb") as file:
-            while block := file.read(CHUNK_SIZE):
-                digest.update(block)
-        _DIGESTS[identity] = digest.hexdigest()
+        _DIGESTS[identity] = file_sha256(path)
     return _DIGESTS[identity]
 
 
