@@ -59,9 +59,42 @@ def load_onnx_folder(folder: str | Path, args, what: str):
     return model, MgsaProcessor.from_pretrained(folder, trust_remote_code=args.trust_remote_code)
 
 
+def load_model_folder(folder: str | Path, args) -> tuple:
+    """The model of a saved folder (`AutoModelForSeq2SeqLM`, with the package's classes registered) and the keyword
+    giving the pipeline its processor (`processor=`), or its tokenizer alone (`tokenizer=`) where the folder has no
+    saved processor and the model reads no syntax. Loaded here, before the pipeline, so that an error is the load's
+    own: `pipeline(model=folder)` wraps it in the tracebacks of every model class it tried. A saved processor that
+    names code, and the folder's own model code, are loaded only with `--trust-remote-code`.
+
+    Raises:
+        ValueError: naming the file, for damaged weights or another model's tokenizer in the folder (see
+            [`~mgsa_hf.weights_checksums`]); `OSError` naming the tokenizer file the folder lacks.
+    """
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from .. import register_auto_classes
+    from ..processing_mgsa import MgsaProcessor
+    from ..saved_files import check_processor_files
+    from ..tokenization_utils import missing_tokenizer_files
+
+    register_auto_classes()
+    check_processor_trust(folder, args)
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=args.trust_remote_code)
+    if (Path(folder) / "processor_config.json").is_file() or getattr(model.config, "reads_source_syntax", False):
+        return model, {"processor": MgsaProcessor.from_pretrained(folder, trust_remote_code=args.trust_remote_code)}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except Exception as error:  # a damaged file, named with its line; else a file the folder lacks
+        check_processor_files(folder)
+        if (problem := missing_tokenizer_files(folder)) is None:
+            raise
+        raise OSError(problem) from error
+    return model, {"tokenizer": tokenizer}
+
+
 def translation_pipeline(folder: str, args, device: str = "cpu"):
-    """The translation pipeline of a model folder, or of an ONNX folder's onnxruntime model ([`load_onnx_folder`]);
-    a saved processor that names code is loaded only with `--trust-remote-code`."""
+    """The translation pipeline of a model folder ([`load_model_folder`]), or of an ONNX folder's onnxruntime model
+    ([`load_onnx_folder`]); it refuses a tokenizer that is not the model's (its `config.json` record)."""
     from transformers import pipeline
 
     from .. import pipeline_translation  # noqa: F401  (registers the translation pipeline)
@@ -69,13 +102,8 @@ def translation_pipeline(folder: str, args, device: str = "cpu"):
     if is_onnx_folder(folder):
         model, processor = load_onnx_folder(folder, args, "running an ONNX folder")
         return pipeline("translation", model=model, processor=processor)
-    check_processor_trust(folder, args)
-    if args.trust_remote_code and (Path(folder) / "processor_config.json").is_file():
-        from ..processing_mgsa import MgsaProcessor
-
-        processor = MgsaProcessor.from_pretrained(folder, trust_remote_code=True)
-        return pipeline("translation", model=folder, processor=processor, device=device)
-    return pipeline("translation", model=folder, device=device)
+    model, preprocessing = load_model_folder(folder, args)
+    return pipeline("translation", model=model, device=device, **preprocessing)
 
 
 # translate ----------------------------------------------------------------------------------------------------
