@@ -29,6 +29,7 @@ from .input_checks import check_tokenizer_fits
 from .saved_files import check_processor_files, check_weights_fit_model
 from .syntax_spacy import refuse_saved_code
 from .tokenization_utils import missing_tokenizer_files
+from .weights_checksums import check_tokenizer_record
 
 
 logger = logging.get_logger(__name__)
@@ -198,8 +199,9 @@ class MgsaTranslationPipeline(Pipeline):
         if getattr(self.processor, "with_syntax", False) and not reads_syntax:
             self.processor = copy.copy(self.processor)  # it parses nothing the model does not read
             self.processor.with_syntax = False
-        check_tokenizer_fits(self.tokenizer if self.processor is None else self.processor.tokenizer, self.model,
-                             "the translation pipeline")
+        tokenizer = self.tokenizer if self.processor is None else self.processor.tokenizer
+        check_tokenizer_fits(tokenizer, self.model, "the translation pipeline")
+        check_tokenizer_record(tokenizer, self.model.config)  # not another model's vocabulary (config.json's record)
         check_batching(self._batch_size, self._num_workers)
         self._collator = None  # made at the first batch: one sentence at a time needs no pad token
 

@@ -26,6 +26,7 @@ from .syntax_spacy import package_version, refuse_saved_code
 from .syntax_token_fields import token_fields, token_words
 from .syntax_trees import PHRASE_TAGS, PhraseTagVocab, SentenceSyntax, TreeError
 from .tokenization_utils import missing_tokenizer_files, piece_offsets
+from .weights_checksums import check_folder_tokenizer
 
 
 logger = logging.get_logger(__name__)
@@ -257,6 +258,7 @@ class MgsaProcessor(ProcessorMixin):
                 (`tokenizer.json`, or a SentencePiece tokenizer's vocabulary files); a `DamagedFileError` naming the
                 file and line when one of its JSON files (`tokenizer.json`, `processor_config.json`, ...) is damaged.
             UntrustedCodeError: for saved settings that name code.
+            ValueError: naming the tokenizer's file when the folder's model records another vocabulary.
         """
         from transformers.utils import cached_file
 
@@ -281,6 +283,7 @@ class MgsaProcessor(ProcessorMixin):
             if problem is None:
                 raise
             raise OSError(problem) from error
+        check_folder_tokenizer(processor.tokenizer, find("config.json"))  # the tokenizer of the folder's model
         path = find(CONVERSION_FILE)
         if path is not None:
             processor.parser.conversion_file = path

@@ -10,6 +10,13 @@ loads silently.
 
 The whole save is written beside the folder and swapped in when complete (`atomic_saves.staged_folder`): a save
 that stops leaves the folder as it was, and a folder never holds the weights of two saves.
+
+The tokenizer a model was trained with is recorded in its config (`tokenizer_vocabulary` in `config.json`, set by
+[`record_tokenizer`] where the package builds or converts a model): the number of tokens and the SHA-256 of the
+token -> id map, and of the pieces of a SentencePiece tokenizer's model files. Loading a folder's processor or
+tokenizer with its model ([`check_tokenizer_record`]) refuses another model's tokenizer copied into the folder, by
+name. The vocabulary, not the files' bytes, is the identity: a tokenizer saved again (another transformers release,
+another `model_max_length`) maps text to the same ids and keeps loading, another run's maps it to other ids.
 """
 
 import hashlib
@@ -175,3 +182,99 @@ class WeightsChecksumMixin:
             names = ", ".join(weights_files(Path(source) / (kwargs.get("subfolder") or ""))) or "its weights"
             raise OSError(f"{source}: {names} cannot be read as safetensors ({error}): the file is damaged or is "
                           "not a weights file. Save or download the folder again.") from error
+
+
+TOKENIZER_RECORD = "tokenizer_vocabulary"  # the key of the record in a model's config
+# a SentencePiece tokenizer's model files (Marian's), beside its vocabulary: what segments the text into pieces
+SENTENCEPIECE_MODELS = {"spm_source": "source.spm", "spm_target": "target.spm"}
+
+
+def _json_sha256(value) -> str:
+    return hashlib.sha256(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+def tokenizer_vocabulary(tokenizer) -> dict:
+    """What identifies `tokenizer`'s vocabulary: `{"tokens": len(tokenizer), "sha256": ...}`, the SHA-256 of its
+    token -> id map (`get_vocab()`, added tokens included; a Marian tokenizer's target vocabulary too), and for a
+    SentencePiece tokenizer `"pieces_sha256"`: the SHA-256 of the pieces of each model file (`source.spm`, ...)."""
+    vocabularies = [tokenizer.get_vocab()]
+    if getattr(tokenizer, "separate_vocabs", False):
+        vocabularies.append(tokenizer.target_encoder)
+    record = {"tokens": len(tokenizer),
+              "sha256": _json_sha256([sorted(vocabulary.items(), key=lambda item: (item[1], item[0]))
+                                      for vocabulary in vocabularies])}
+    pieces = {}
+    for attribute, name in SENTENCEPIECE_MODELS.items():
+        model = getattr(tokenizer, attribute, None)
+        if callable(getattr(model, "get_piece_size", None)):
+            pieces[name] = _json_sha256([model.id_to_piece(index) for index in range(model.get_piece_size())])
+    if pieces:
+        record["pieces_sha256"] = pieces
+    return record
+
+
+def record_tokenizer(config, tokenizer) -> None:
+    """Record in a model's `config` the vocabulary of the `tokenizer` it is trained with ([`tokenizer_vocabulary`]):
+    every save of the model (checkpoints, the final folder, `push_to_hub`) then carries it in `config.json`."""
+    setattr(config, TOKENIZER_RECORD, tokenizer_vocabulary(tokenizer))
+
+
+def _vocabulary_file(tokenizer) -> Path | str:
+    """The file of `tokenizer`'s folder that holds its token -> id map (`tokenizer.json`, a Marian `vocab.json`),
+    else the folder (or the name) it was loaded from."""
+    folder = Path(tokenizer.name_or_path or ".")
+    names = ["tokenizer.json"] if getattr(tokenizer, "backend_tokenizer", None) is not None else \
+        [name for name in getattr(tokenizer, "vocab_files_names", {}).values() if name.endswith((".json", ".model"))]
+    return next((folder / name for name in names if (folder / name).is_file()), tokenizer.name_or_path or "tokenizer")
+
+
+def check_tokenizer_record(tokenizer, config, config_file: str | os.PathLike | None = None) -> None:
+    """Refuse `tokenizer` for a model whose `config` (a config or its `config.json` mapping) records another
+    vocabulary ([`record_tokenizer`]); a config without the record (a save that predates it, an opus-mt or T5
+    folder) refuses only a tokenizer with more tokens than the model's `vocab_size`. `config_file` names the config
+    in the error (else `config.json` of the model's `name_or_path`).
+
+    Raises:
+        ValueError: naming the tokenizer's file (`tokenizer.json`, `vocab.json`, `source.spm`, ...) and the config.
+    """
+    def value(name):
+        return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+
+    record = value(TOKENIZER_RECORD)
+    if config_file is None:
+        name = value("name_or_path") or value("_name_or_path")
+        config_file = Path(name, "config.json") if name else "the model's config"
+    file = _vocabulary_file(tokenizer)
+    advice = ("another model's tokenizer was copied into the folder: put back the tokenizer files saved with the "
+              "model, or load the model with its own tokenizer.")
+    if not isinstance(record, dict):
+        vocab_size = value("vocab_size")
+        if isinstance(vocab_size, int) and len(tokenizer) > vocab_size:
+            raise ValueError(f"{file} holds {len(tokenizer)} tokens, more than the {vocab_size} the model embeds "
+                             f"(`vocab_size` in {config_file}): it is not the model's tokenizer; {advice}")
+        return
+    found = tokenizer_vocabulary(tokenizer)
+    if found["tokens"] != record.get("tokens") or found["sha256"] != record.get("sha256"):
+        raise ValueError(
+            f"{file} is not the tokenizer the model was trained with: its vocabulary ({found['tokens']} tokens, "
+            f"SHA-256 {found['sha256'][:12]}...) is not the one {config_file} records ({record.get('tokens')} tokens, "
+            f"SHA-256 {str(record.get('sha256'))[:12]}...), so it would map text to other ids; {advice}"
+        )
+    for name, digest in (record.get("pieces_sha256") or {}).items():
+        if found.get("pieces_sha256", {}).get(name, digest) != digest:
+            raise ValueError(f"{Path(tokenizer.name_or_path or '.') / name} is not the SentencePiece model the model "
+                             f"was trained with: its pieces are not those {config_file} records, so it would segment "
+                             f"text into other tokens; {advice}")
+
+
+def check_folder_tokenizer(tokenizer, config_file: str | os.PathLike | None) -> None:
+    """[`check_tokenizer_record`] of `tokenizer` against the model `config.json` at `config_file` (None, or a file
+    that is not a JSON mapping: nothing is checked, the model's load names a damaged one)."""
+    if config_file is None or not Path(config_file).is_file():
+        return
+    try:
+        values = json.loads(Path(config_file).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return
+    if isinstance(values, dict):
+        check_tokenizer_record(tokenizer, values, config_file)

@@ -142,6 +142,7 @@ def convert_checkpoint(path: str, output_dir: str, encoder_type: str | None = No
 
     from ..atomic_saves import staged_folder
     from ..processing_mgsa import MgsaProcessor
+    from ..weights_checksums import check_tokenizer_record, record_tokenizer
     from .ownership import check_output_folder, model_folder_patterns
 
     check_output_folder(output_dir, source=path, overwrite=overwrite)
@@ -152,6 +153,9 @@ def convert_checkpoint(path: str, output_dir: str, encoder_type: str | None = No
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError):  # the source has no tokenizer files
         tokenizer = None
+    if tokenizer is not None:  # the model's config.json records its vocabulary, checked where the folder is loaded
+        check_tokenizer_record(tokenizer, model.config, Path(path, "config.json"))
+        record_tokenizer(model.config, tokenizer)
     # model and processor swapped in together, in place of an earlier model folder's files (its processor included)
     with staged_folder(output_dir, replaces=model_folder_patterns()) as staging:
         model.save_pretrained(staging)  # with the model's code, the translation pipeline's included
