@@ -216,7 +216,7 @@ def test_reused_cpu_memory_is_not_faulted_in_again():
     (glibc maps blocks that large alone and unmaps them when freed)."""
     code = (
         "import json, resource, sys, torch\n"
-        "from mgsa_hf.training.run import reuse_freed_cpu_memory\n"
+        "from mgsa_hf.training.cpu_memory import reuse_freed_cpu_memory\n"
         "applied = reuse_freed_cpu_memory() if sys.argv[1] == 'reuse' else None\n"
         "torch.ones(16 * 2**20)\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
