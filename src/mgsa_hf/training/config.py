@@ -4,7 +4,6 @@ the `training` section as `Seq2SeqTrainingArguments`' own parser reads it, the f
 
 import argparse
 import dataclasses
-import difflib
 import logging
 import math
 import re
@@ -25,7 +24,7 @@ from .catalogue import (
     recipe_path,
 )
 from .ownership import run_folder
-from .recipe_values import check_recipe_values, check_training_ranges
+from .recipe_values import check_generation_section, check_recipe_values, check_training_ranges
 
 
 logger = logging.getLogger(__name__)
@@ -303,73 +302,6 @@ def _typed_training_values(section: dict) -> dict:
             raise ValueError(f"`training.{key}` must be one of {list(action.choices)} "
                              f"(Seq2SeqTrainingArguments.{key}), got {value!r}.")
     return typed
-
-
-# the generation settings the `training` section sets (and the run writes from there)
-GENERATION_KEYS_IN_TRAINING = {"num_beams": "generation_num_beams", "max_length": "generation_max_length"}
-
-
-# `generation` fields that are counts (GenerationConfig's own checks let -2 or "a" through)
-GENERATION_COUNTS = ("no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "min_length", "min_new_tokens",
-                     "max_new_tokens", "top_k", "num_return_sequences", "num_beam_groups")
-# `generation` fields GenerationConfig takes unchecked: flags (`do_sample: "yes"` sampled), numbers that must be
-# above 0 (a repetition penalty of 0 failed at the first evaluation, naming `penalty`), numbers, and token ids
-GENERATION_FLAGS = ("do_sample", "renormalize_logits", "remove_invalid_values", "use_cache", "output_scores",
-                    "output_logits", "output_attentions", "output_hidden_states", "return_dict_in_generate")
-GENERATION_POSITIVE = ("repetition_penalty", "encoder_repetition_penalty", "temperature", "guidance_scale")
-GENERATION_NUMBERS = ("length_penalty", "diversity_penalty", "top_p", "min_p", "typical_p", "epsilon_cutoff",
-                      "eta_cutoff", "penalty_alpha", "max_time")
-GENERATION_ID_LISTS = ("bad_words_ids", "force_words_ids", "suppress_tokens", "begin_suppress_tokens")
-GENERATION_TOKEN_IDS = ("forced_bos_token_id", "forced_eos_token_id", "pad_token_id", "bos_token_id", "eos_token_id",
-                        "decoder_start_token_id")
-
-
-def _check_generation_value(key: str, value, vocab_size: int | None) -> None:
-    """The type and range of one `generation` field that GenerationConfig takes unchecked; a `ValueError` names it."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    whole = isinstance(value, int) and not isinstance(value, bool)
-    if key in GENERATION_COUNTS and not (whole and value >= 0):
-        raise ValueError(f"`generation.{key}` must be a whole number >= 0, got {value!r}.")
-    if key in GENERATION_FLAGS and not isinstance(value, bool):
-        raise ValueError(f"`generation.{key}` must be true or false, got {value!r}.")
-    if key in GENERATION_POSITIVE and not (number and value > 0):
-        raise ValueError(f"`generation.{key}` must be a number > 0, got {value!r}.")
-    if key in GENERATION_NUMBERS and not number:
-        raise ValueError(f"`generation.{key}` must be a number, got {value!r}.")
-    if key in GENERATION_TOKEN_IDS and value is not None:
-        ids = value if key == "eos_token_id" and isinstance(value, list) else [value]
-        if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids) or (
-                vocab_size and max(ids) >= vocab_size):
-            within = f" below the vocabulary's {vocab_size}" if vocab_size else ""
-            raise ValueError(f"`generation.{key}` must be a token id (a whole number >= 0{within}), got {value!r}.")
-    if key in GENERATION_ID_LISTS and not (isinstance(value, list) and value):
-        raise ValueError(f"`generation.{key}` must be a non-empty list of token ids, got {value!r}.")
-
-
-def check_generation_section(generation: dict, num_beams: int | None = None, vocab_size: int | None = None) -> None:
-    """The `generation` section: names of `GenerationConfig` fields (but the beam size and length bound, which are
-    `training` keys), counts that are whole numbers >= 0, flags, numbers, token ids below `vocab_size`, and values
-    `GenerationConfig.validate` accepts with the recipe's beam size; a `ValueError` names `generation.<key>`."""
-    from transformers import GenerationConfig
-
-    fields = GenerationConfig().to_dict()
-    for key, value in generation.items():
-        if key in GENERATION_KEYS_IN_TRAINING:
-            raise ValueError(f"`generation.{key}`: set training.{GENERATION_KEYS_IN_TRAINING[key]} instead (the run "
-                             "scores and saves with it).")
-        if key not in fields:
-            near = difflib.get_close_matches(key, fields, n=1)
-            raise ValueError(f"`generation.{key}` is no field of transformers' GenerationConfig"
-                             + (f" (did you mean {near[0]!r}?)." if near else "."))
-        _check_generation_value(key, value, vocab_size)
-    groups = generation.get("num_beam_groups") or 1
-    if groups > 1 and (num_beams or 1) % groups:  # greedy search (one beam) ignored the groups without a word
-        raise ValueError(f"`generation.num_beam_groups` ({groups}) must divide training.generation_num_beams "
-                         f"({num_beams or 1}).")
-    try:
-        GenerationConfig(**{"num_beams": num_beams or 1, **generation}).validate(strict=True)
-    except (ValueError, TypeError) as error:
-        raise ValueError(f"`generation` {generation}: {' '.join(str(error).split())}") from error
 
 
 def _check_run_settings(config: TrainConfig) -> None:

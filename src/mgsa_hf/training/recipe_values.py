@@ -1,10 +1,13 @@
 """What each key of a training recipe may hold: one table of types and ranges for the recipe's own keys
-([`RECIPE_VALUES`]) and one of ranges for the `training` section ([`TRAINING_RANGES`], the integer and float fields
+([`RECIPE_VALUES`]), one of ranges for the `training` section ([`TRAINING_RANGES`], the integer and float fields
 of `Seq2SeqTrainingArguments` that Transformers takes without a check: `max_steps=-5` trained 12 steps, a negative
-learning rate ascended the loss). [`check_recipe_values`] and [`check_training_ranges`] read a recipe against them
-when it is loaded, before any work, and name the key of a value that does not fit.
+learning rate ascended the loss) and one for the `generation` section ([`generation_values`], the `GenerationConfig`
+fields it takes without a check: `do_sample: "yes"` sampled). [`check_recipe_values`], [`check_training_ranges`] and
+[`check_generation_section`] read a recipe against them when it is loaded, before any work, and name the key of a
+value that does not fit.
 """
 
+import difflib
 import math
 from dataclasses import dataclass
 
@@ -16,8 +19,10 @@ class Value:
 
     Args:
         kinds (`tuple[str]`): the types it may have: `"int"` (a whole number, not a boolean), `"number"` (a finite int
-            or float), `"bool"`, `"text"` (a string that is not blank), `"mapping"`, `"list"`.
-        minimum / above / maximum / below (`float`, *optional*): the bounds of a number (`>=`, `>`, `<=`, `<`).
+            or float), `"bool"`, `"text"` (a string that is not blank), `"mapping"`, `"list"`, `"filled_list"` (a
+            list that is not empty), `"ints"` (a non-empty list of whole numbers).
+        minimum / above / maximum / below (`float`, *optional*): the bounds of a number, or of each number of a list
+            (`>=`, `>`, `<=`, `<`).
         also (`tuple`): values allowed outside the bounds (`max_steps`' -1).
         choices (`tuple`): the only values allowed, where given.
         null (`bool`): whether null (unset) is allowed.
@@ -46,10 +51,10 @@ class Value:
             return value in self.choices
         if not any(_KIND_CHECKS[kind](value) for kind in self.kinds):
             return False
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return True
-        return ((self.minimum is None or value >= self.minimum) and (self.above is None or value > self.above)
-                and (self.maximum is None or value <= self.maximum) and (self.below is None or value < self.below))
+        numbers = [item for item in (value if isinstance(value, list) else [value]) if _KIND_CHECKS["number"](item)]
+        return all((self.minimum is None or number >= self.minimum) and (self.above is None or number > self.above)
+                   and (self.maximum is None or number <= self.maximum) and (self.below is None or number < self.below)
+                   for number in numbers)
 
     def describe(self) -> str:
         """What the key must be, in words (`"a whole number >= 1 or null (null: all)"`)."""
@@ -78,9 +83,12 @@ _KIND_CHECKS = {
     "text": lambda value: isinstance(value, str) and bool(value.strip()),
     "mapping": lambda value: isinstance(value, dict),
     "list": lambda value: isinstance(value, list),
+    "filled_list": lambda value: isinstance(value, list) and bool(value),
+    "ints": lambda value: isinstance(value, list) and bool(value) and all(_KIND_CHECKS["int"](item) for item in value),
 }
 _KIND_NAMES = {"int": "a whole number", "number": "a number", "bool": "true or false", "text": "a non-empty text",
-               "mapping": "a mapping", "list": "a list"}
+               "mapping": "a mapping", "list": "a list", "filled_list": "a non-empty list",
+               "ints": "a non-empty list of whole numbers"}
 
 INT, NUMBER, BOOL, TEXT, MAPPING = ("int",), ("number",), ("bool",), ("text",), ("mapping",)
 SEED = Value(INT, minimum=0, maximum=2**32 - 1)  # numpy's seeds
@@ -162,6 +170,41 @@ TRAINING_RANGES = {
 }
 
 
+# the `generation` fields that GenerationConfig takes unchecked (its own checks let -2 or "a" through as a count,
+# `do_sample: "yes"` sampled, a repetition penalty of 0 failed at the first evaluation naming `penalty`); the token
+# ids are [`token_id`]s, below the vocabulary ([`generation_values`])
+COUNT, FLAG, POSITIVE, ANY_NUMBER = Value(INT, minimum=0), Value(BOOL), Value(NUMBER, above=0), Value(NUMBER)
+GENERATION_VALUES = {
+    **dict.fromkeys(("no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "min_length", "min_new_tokens",
+                     "max_new_tokens", "top_k", "num_return_sequences", "num_beam_groups"), COUNT),
+    **dict.fromkeys(("do_sample", "renormalize_logits", "remove_invalid_values", "use_cache", "output_scores",
+                     "output_logits", "output_attentions", "output_hidden_states", "return_dict_in_generate"), FLAG),
+    **dict.fromkeys(("repetition_penalty", "encoder_repetition_penalty", "temperature", "guidance_scale"), POSITIVE),
+    **dict.fromkeys(("length_penalty", "diversity_penalty", "top_p", "min_p", "typical_p", "epsilon_cutoff",
+                     "eta_cutoff", "penalty_alpha", "max_time"), ANY_NUMBER),
+    **dict.fromkeys(("bad_words_ids", "force_words_ids", "suppress_tokens", "begin_suppress_tokens"),
+                    Value(("filled_list",), text="a non-empty list of token ids")),
+}
+GENERATION_TOKEN_IDS = ("forced_bos_token_id", "forced_eos_token_id", "pad_token_id", "bos_token_id", "eos_token_id",
+                        "decoder_start_token_id")
+# the generation settings the `training` section sets (and the run writes from there)
+GENERATION_KEYS_IN_TRAINING = {"num_beams": "generation_num_beams", "max_length": "generation_max_length"}
+
+
+def token_id(vocab_size: int | None = None, several: bool = False) -> Value:
+    """The rule of a token id: a whole number >= 0, below `vocab_size` where given, or null; `several`: a non-empty
+    list of them too (`eos_token_id`)."""
+    within = f" below the vocabulary's {vocab_size}" if vocab_size else ""
+    return Value(INT + (("ints",) if several else ()), minimum=0, below=vocab_size or None, null=True,
+                 text=f"a token id (a whole number >= 0{within})")
+
+
+def generation_values(vocab_size: int | None = None) -> dict[str, Value]:
+    """The rules of the `generation` section: [`GENERATION_VALUES`] and the token ids, below `vocab_size`."""
+    ids = {key: token_id(vocab_size, several=key == "eos_token_id") for key in GENERATION_TOKEN_IDS}
+    return {**GENERATION_VALUES, **ids}
+
+
 def check_recipe_values(config) -> None:
     """
     Check every key of a [`TrainConfig`] against [`RECIPE_VALUES`].
@@ -194,3 +237,35 @@ def check_training_ranges(section: dict) -> dict:
 def _check(key: str, value, rule: Value) -> None:
     if not rule.fits(value):
         raise ValueError(f"`{key}` must be {rule.describe()}, got {value!r}.")
+
+
+def check_generation_section(generation: dict, num_beams: int | None = None, vocab_size: int | None = None) -> None:
+    """
+    Check a recipe's `generation` section: names of `GenerationConfig` fields (but the beam size and length bound,
+    which are `training` keys), values that fit [`generation_values`] (token ids below `vocab_size`), a
+    `num_beam_groups` that divides `num_beams`, and values `GenerationConfig.validate` accepts with that beam size.
+
+    Raises:
+        `ValueError`: naming the first key (`generation.<key>`) that does not fit.
+    """
+    from transformers import GenerationConfig
+
+    fields, rules = GenerationConfig().to_dict(), generation_values(vocab_size)
+    for key, value in generation.items():
+        if key in GENERATION_KEYS_IN_TRAINING:
+            raise ValueError(f"`generation.{key}`: set training.{GENERATION_KEYS_IN_TRAINING[key]} instead (the run "
+                             "scores and saves with it).")
+        if key not in fields:
+            near = difflib.get_close_matches(key, fields, n=1)
+            raise ValueError(f"`generation.{key}` is no field of transformers' GenerationConfig"
+                             + (f" (did you mean {near[0]!r}?)." if near else "."))
+        if key in rules:
+            _check(f"generation.{key}", value, rules[key])
+    groups = generation.get("num_beam_groups") or 1
+    if groups > 1 and (num_beams or 1) % groups:  # greedy search (one beam) ignored the groups without a word
+        raise ValueError(f"`generation.num_beam_groups` ({groups}) must divide training.generation_num_beams "
+                         f"({num_beams or 1}).")
+    try:
+        GenerationConfig(**{"num_beams": num_beams or 1, **generation}).validate(strict=True)
+    except (ValueError, TypeError) as error:  # its message names the field (`early_stopping`)
+        raise ValueError(f"`generation` {generation}: {' '.join(str(error).split())}") from error
