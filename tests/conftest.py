@@ -150,6 +150,34 @@ ONNX_EXPORT_LAYERS = {"marian": {"encoder_layers": 1, "decoder_layers": 1},
                       "t5": {"num_layers": 1, "num_decoder_layers": 1}}
 
 
+@pytest.fixture(scope="session")
+def onnx_transformer(tmp_path_factory, worker_id, multi30k_processor, tiny_config):
+    """A tiny random Transformer (`init_std` 0.2, seed 0, `ONNX_EXPORT_LAYERS`) saved with its processor and exported
+    by `mgsa-hf export onnx`: `(model folder, ONNX folder)`. Exported once in a test run: the xdist workers share
+    the folders (the first worker that needs them writes them, under a file lock; the tokenizer is trained
+    deterministically, so every worker's processor is the saved one). Tests read them and change copies."""
+    import contextlib
+    import io
+
+    from filelock import FileLock
+
+    from mgsa_hf import MgsaForConditionalGeneration
+    from mgsa_hf.cli import main
+
+    # the run's own folder: the workers' common parent under xdist, this process's base folder without it
+    run_root = tmp_path_factory.getbasetemp()
+    root = (run_root if worker_id == "master" else run_root.parent) / "onnx-transformer"
+    with FileLock(f"{root}.lock"):
+        if not (root / "onnx" / "onnx_record.json").is_file():  # the record is written last
+            torch.manual_seed(0)
+            config = tiny_config(multi30k_processor, "transformer", init_std=0.2, **ONNX_EXPORT_LAYERS["marian"])
+            MgsaForConditionalGeneration(config).save_pretrained(root / "model")
+            multi30k_processor.save_pretrained(root / "model")
+            with contextlib.redirect_stdout(io.StringIO()):
+                main(["export", "onnx", str(root / "model"), str(root / "onnx")])
+    return root / "model", root / "onnx"
+
+
 def onnx_kinds(names) -> list[str]:
     """The ONNX export kinds a test module runs: all of `names`, or those that `MGSA_ONNX_KINDS` lists
     (comma-separated; CI's lowest-versions pass exports a few, every one runs at the newest versions)."""

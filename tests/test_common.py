@@ -1,6 +1,8 @@
 """The checks every registered variant passes on both backbones (`variants.VARIANTS` × Marian, T5): forward and loss,
-padding invariance, generation, save and load, gradient checkpointing and TorchDynamo; and what the registry promises
-(every field documented and prefixed, output fields that the outputs carry, syntax fields named in every forward)."""
+padding invariance, generation, save and load and gradient checkpointing; and what the registry promises (every
+field documented and prefixed, output fields that the outputs carry, syntax fields named in every forward). TorchDynamo
+and `torch.compile` per variant: test_compile.py (Marian's training forward, loss and gradients) and test_model_api.py
+(`_can_compile_fullgraph` on T5 and for MG-SA's recurrences, static-cache generation on both backbones)."""
 
 import dataclasses
 import inspect
@@ -111,17 +113,6 @@ def test_gradient_checkpointing(model, batch):
     assert grads.keys() == reference_grads.keys()
     for name in grads:
         torch.testing.assert_close(grads[name], reference_grads[name], atol=1e-6, rtol=1e-4)
-
-
-@pytest.mark.parametrize("model", CASES, indirect=True, ids=[f"{name}-{backbone}" for name, backbone in CASES])
-def test_dynamo_traces_as_the_variant_says(model, batch):
-    """TorchDynamo traces the forward in one graph where the variant says it compiles to one, and the traced forward
-    computes the eager logits."""
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="eager", fullgraph=model.config.variant.compiles_fullgraph(model.config))
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(**batch).logits, model(**batch).logits)
-    assert model._can_compile_fullgraph == model.config.variant.compiles_fullgraph(model.config)
 
 
 @pytest.mark.parametrize("forward", [MgsaModel.forward, MgsaForConditionalGeneration.forward, MgsaEncoder.forward,

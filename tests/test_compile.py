@@ -24,10 +24,10 @@ ONE_GRAPH = [
     ("phrase_representation", {"pr_segmentation": "parse"}),
 ]
 # and MG-SA's recurrences, which run eagerly (their number of steps depends on the data): the default's (the paper's
-# final system) ON-LSTM over the phrases, the LSTM interaction and the LSTM composition over each phrase's words
+# final system) ON-LSTM over the phrases and the LSTM composition over each phrase's words (torch's `nn.LSTM`, which
+# the LSTM interaction runs on the same path as the ON-LSTM)
 EAGER_RECURRENCE = [
     ("phrase_memory", {}),
-    ("phrase_memory", {"phrase_interaction": "lstm"}),
     ("phrase_memory", {"phrase_composition": "lstm", "phrase_interaction": "none"}),
 ]
 

@@ -3,7 +3,7 @@ SHA-256 of each graph and of `config.json`, the encoder type, the weights' diges
 refuses by name another export's graph, a missing or extra graph and another encoder type's config; a damaged
 `generation_config.json` and a translation past the positions get the PyTorch path's errors; `mgsa-hf evaluate`
 takes the ONNX folder `translate` takes; the commands' advice for a processor that names code is their own
-`--trust-remote-code`. One tiny random Transformer is exported, once."""
+`--trust-remote-code`. One tiny random Transformer is exported, once in a test run."""
 
 import contextlib
 import io
@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ONNX_EXPORT_LAYERS
 
 from mgsa_hf import MgsaForConditionalGeneration
 from mgsa_hf.cli import main
@@ -39,18 +38,11 @@ CODE_SETTING = {"tree_parser": "tree_plugins:flat_np_tree"}  # tests/tree_plugin
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory, multi30k_processor, tiny_config):
-    """A tiny random Transformer saved with its processor and exported by `mgsa-hf export onnx`:
-    `(model, model folder, ONNX folder)`."""
-    torch.manual_seed(0)
-    config = tiny_config(multi30k_processor, "transformer", **ONNX_EXPORT_LAYERS["marian"])
-    model = MgsaForConditionalGeneration(config).eval()
-    root = tmp_path_factory.mktemp("integrity")
-    model.save_pretrained(root / "model")
-    multi30k_processor.save_pretrained(root / "model")
-    with contextlib.redirect_stdout(io.StringIO()):
-        main(["export", "onnx", str(root / "model"), str(root / "onnx")])
-    return model, root / "model", root / "onnx"
+def exported(onnx_transformer):
+    """A tiny random Transformer saved with its processor and exported by `mgsa-hf export onnx` (the `conftest`
+    fixture, shared with test_onnx_generation.py): `(model, model folder, ONNX folder)`."""
+    model_folder, onnx_folder = onnx_transformer
+    return MgsaForConditionalGeneration.from_pretrained(model_folder).eval(), model_folder, onnx_folder
 
 
 def copy_of(folder: Path, target: Path, **processor_settings) -> Path:

@@ -47,13 +47,14 @@ MODELS = {
                                      ["pr_phrase_ids"]),
     "marian-hybrid": ("marian", "hybrid", {}, []),
     "marian-rhe": ("marian", "rhe", {}, RHE_FIELDS),
-    # the plain T5 backbone exports whole in test_export_onnx.py; here T5 comes with every variant (MG-SA's syntactic
-    # phrases with its LSTM composition and interaction: test_onnx_recurrent.py)
+    # the plain T5 backbone exports whole in test_export_onnx.py; here T5 comes with the variants that change its
+    # decoder or its attention's inputs (MG-SA's syntactic phrases with its LSTM composition and interaction:
+    # test_onnx_recurrent.py). Hybrid's attention is one module on both backbones (variant_hybrid.py), exported here
+    # with Marian; T5's relative positions and caches are in the T5 kinds below.
     # two layers of each: PR's non-last encoder layer, three phrase levels, the caches of two decoder layers
     "t5-phrase_representation": ("t5", "phrase_representation",
                                  {"pr_segmentation": "parse", "num_layers": 2, "num_decoder_layers": 2},
                                  ["pr_phrase_ids"]),
-    "t5-hybrid": ("t5", "hybrid", {}, []),
     "t5-rhe": ("t5", "rhe", {"initializer_factor": 2.0}, RHE_FIELDS),  # wider, as PR's: see the pipeline test
 }
 # exported from a saved folder by `scripts/export_onnx.py FOLDER OUT --generation` (the command line's path); the
@@ -72,8 +73,13 @@ def test_sources():
 
 @pytest.fixture(scope="module", params=onnx_kinds(MODELS))
 def exported(request, multi30k_processor, tiny_config, tiny_t5_config, tmp_path_factory):
-    """A tiny random model of each kind, exported once: `(name, PyTorch model, ONNX Runtime model, folder)`."""
+    """A tiny random model of each kind, exported once: `(name, PyTorch model, ONNX Runtime model, folder)`. The
+    Transformer is the command line's export that test_onnx_folder_integrity.py reads too (`onnx_transformer`)."""
     name = request.param
+    if name == "marian-transformer":
+        model_folder, folder = request.getfixturevalue("onnx_transformer")
+        model = MgsaForConditionalGeneration.from_pretrained(model_folder).eval()
+        return name, model, OrtMgsaForConditionalGeneration.from_pretrained(folder, threads=1), folder
     backbone, encoder_type, fields, _ = MODELS[name]
     fields = {**ONNX_EXPORT_LAYERS[backbone], **fields}
     torch.manual_seed(0)
