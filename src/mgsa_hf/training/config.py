@@ -78,7 +78,8 @@ class TrainConfig:
     computed, as far as the variant allows, see [`~modeling_upgrade.init_new_modules_as_identity`]) or `"random"`.
 
     `resume_from_checkpoint`: true (the newest complete checkpoint in the run folder's `checkpoints/`; an error when
-    there is none) or a checkpoint folder, which must hold what resuming reads ([`MgsaSeq2SeqTrainer.train`]).
+    there is none) or a checkpoint folder, which must hold what resuming reads and belong to this run: the same model
+    settings, vocabulary and training data ([`MgsaSeq2SeqTrainer.train`]).
     `average_last_checkpoints`: N >= 0, the last N of the run's own checkpoints averaged when that scores at least as
     well (0: none). A run holds its folders' lock (`run.lock` in the run folder) to its end, and starts only where no
     other run left a model or run files, unless it resumes that run or `overwrite_output_dir: true` (transformers 5

@@ -47,6 +47,7 @@ from ..modeling_loss import caller_adds_tag_loss, with_tag_loss
 from ..syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 from ..target_tokens import at_least_one, target_token_count
 from ..weights_checksums import verify_weights_checksums
+from .resume_checks import RUN_INPUTS, config_differences, other_run_differences, run_inputs
 
 
 logger = logging.getLogger(__name__)
@@ -370,13 +371,16 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
 
     def _save_checkpoint(self, model, trial) -> None:
         """`Trainer._save_checkpoint`; a write that fails for want of space raises an `OSError` (`ENOSPC`) naming the
-        cause and the checkpoint folder (torch's writer says only "unexpected pos" or "file write failed")."""
+        cause and the checkpoint folder (torch's writer says only "unexpected pos" or "file write failed"). The
+        checkpoint also records the run's vocabulary and training data ([`RUN_INPUTS`]), which resuming compares."""
+        folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         try:
             super()._save_checkpoint(model, trial)
+            if self.args.should_save and folder.is_dir():
+                (folder / RUN_INPUTS).write_text(json.dumps(self._run_inputs(), indent=2) + "\n", encoding="utf-8")
         except (OSError, RuntimeError) as error:
             if not (is_disk_full(error) or any(text in str(error) for text in TORCH_WRITER_FAILURES)):
                 raise
-            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             existing = next(path for path in (folder, *folder.parents) if path.exists())
             free = shutil.disk_usage(existing).free
             raise disk_full_error(error, folder, "writing the checkpoint", f"{free} bytes are free there. The "
@@ -421,7 +425,7 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
         except RuntimeError as error:  # torch's page of "size mismatch for ..." lines, naming no setting
             if "size mismatch" not in str(error):
                 raise
-            changed = _changed_sizes(resume_from_checkpoint, (model or self.model).config)
+            changed = ", ".join(config_differences(resume_from_checkpoint, (model or self.model).config))
             raise ValueError(f"resuming from {resume_from_checkpoint}: its weights do not fit the model the recipe "
                              f"builds ({changed or 'other sizes'}). Resume with the run's own model settings, or "
                              "train into another output_dir.") from error
@@ -483,10 +487,13 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
         return super()._run_epoch(model, epoch, train_dataloader, *args, **kwargs)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
-        """`Trainer.train`, resuming only from a complete checkpoint; a resumed run's `training_loss` (and the
-        metrics' `train_loss`) is the mean over every step of the run."""
+        """`Trainer.train`, resuming only from a complete checkpoint of this run (a checkpoint of another run stops
+        it before any step, [`_check_same_run`]); a resumed run's `training_loss` (and the metrics' `train_loss`) is
+        the mean over every step of the run."""
         self._pairs_trained = 0
         checkpoint = self._checkpoint_to_resume(resume_from_checkpoint)
+        if checkpoint is not None:
+            self._check_same_run(checkpoint)
         output = super().train(checkpoint, *args, **kwargs)
         if checkpoint is None:
             return output
@@ -512,6 +519,25 @@ class MgsaSeq2SeqTrainer(Seq2SeqTrainer):
         self.model_wrapped = self.model
         gc.collect()  # the reducer is freed here, while the group is still open
         self.accelerator.end_training()
+
+    def _run_inputs(self) -> dict:
+        """The run's vocabulary and training data digests ([`run_inputs`]), computed once."""
+        if getattr(self, "_run_inputs_record", None) is None:
+            self._run_inputs_record = run_inputs(self.processing_class, self.train_dataset)
+        return self._run_inputs_record
+
+    def _check_same_run(self, checkpoint: str) -> None:
+        """Before any step: a `ValueError` naming the checkpoint and what differs when it belongs to another run
+        (another backbone, encoder type, sizes, vocabulary or training data, [`other_run_differences`])."""
+        if self.model is None:  # `model_init`: the model is built in `train`
+            return
+        config = self.accelerator.unwrap_model(self.model).config
+        differences = other_run_differences(checkpoint, config, self._run_inputs())
+        if differences:
+            raise ValueError(f"resume_from_checkpoint={checkpoint!r}: the checkpoint belongs to another run "
+                             f"(the checkpoint's -> this run's): {'; '.join(differences)}. Resume with that run's "
+                             "model settings, vocabulary and data; or start this run without resuming (another "
+                             "output_dir), or fine-tune from the checkpoint (init_from).")
 
     def _checkpoint_to_resume(self, resume_from_checkpoint: str | bool | None) -> str | None:
         """The checkpoint folder to resume from: `True` → the newest complete one in `args.output_dir`."""
@@ -615,18 +641,6 @@ def _damaged_archive(path: Path) -> bool:
             return archive.testzip() is not None
     except (zipfile.BadZipFile, OSError, EOFError):
         return True
-
-
-def _changed_sizes(checkpoint: str, config) -> str:
-    """The whole-number fields of `config` that differ from the checkpoint's `config.json`: `"d_model 32 -> 48"`."""
-    try:
-        saved = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return ""
-    current = config.to_dict()
-    return ", ".join(f"{key} {saved[key]} -> {value}" for key, value in sorted(current.items())
-                     if isinstance(value, int) and not isinstance(value, bool) and key in saved
-                     and saved[key] != value)
 
 
 def batch_samplers(loader) -> list:
