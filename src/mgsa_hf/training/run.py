@@ -110,7 +110,8 @@ def _join_cpu_processes(timeout_seconds: int) -> None:
 
 def build_model(config: TrainConfig, tokenizer):
     """A new model from the `model` section, or `init_from` (an MGSA, Marian or T5 folder) with its fields
-    overridden."""
+    overridden; its config records the tokenizer's vocabulary, which every save of the model carries."""
+    from ..weights_checksums import record_tokenizer
     from .conversion import load_as_mgsa
 
     if config.init_from:
@@ -119,9 +120,11 @@ def build_model(config: TrainConfig, tokenizer):
         if new_modules:
             logger.info("initialised from %s; new modules (%s): %s", config.init_from, config.init_new_modules,
                         ", ".join(new_modules))
-        return model
-    config_class, model_class = _backbone_classes(config)
-    return model_class(config_class(**_model_config_fields(config, tokenizer)))
+    else:
+        config_class, model_class = _backbone_classes(config)
+        model = model_class(config_class(**_model_config_fields(config, tokenizer)))
+    record_tokenizer(model.config, tokenizer)
+    return model
 
 
 def _references(dataset, lang: str) -> list[str]:
