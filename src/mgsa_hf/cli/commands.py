@@ -37,7 +37,8 @@ def add_trust_remote_code_argument(parser) -> None:
     """`--trust-remote-code`: load a saved processor whose settings name code to run."""
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="load the folder's processor even where its settings name code to run (a tree_parser "
-                             "import path, parser_code); without it such a folder is refused")
+                             "import path, parser_code), and a model type only the folder's own code defines; "
+                             "without it such a folder is refused")
 
 
 def check_processor_trust(folder: str | Path, args) -> None:
