@@ -124,13 +124,16 @@ def recipe(output_dir, *overrides):
                                            "training.eval_strategy=no", "training.save_steps=1", *overrides])
 
 
-@pytest.mark.parametrize(("overrides", "differs"), [
+# a recipe changed in the model, the data or the backbone, and what the error names
+OTHER_RECIPES = [
     (["model.encoder_type=hybrid"], r"encoder_type transformer -> hybrid"),
     (["max_train_samples=48"],
      r"the vocabulary \(another tokenizer of 300 tokens\); the training data \(64 -> 48 rows\)"),
     (["backbone=t5", "model={}"], r"model_type \(the backbone\) mgsa -> mgsa_t5"),
-])
-def test_a_recipe_resuming_another_runs_checkpoint_stops_before_any_step(tmp_path, overrides, differs):
+]
+
+
+def test_a_recipe_resuming_another_runs_checkpoint_stops_before_any_step(tmp_path):
     """`mgsa-hf train ... resume_from_checkpoint=<another run's checkpoint>`: the error names the checkpoint and what
     differs; the run saves no checkpoint. The run's own checkpoint resumes."""
     from mgsa_hf.training.ownership import run_folder
@@ -139,9 +142,11 @@ def test_a_recipe_resuming_another_runs_checkpoint_stops_before_any_step(tmp_pat
     train(recipe(tmp_path / "first"))
     checkpoint = run_folder(tmp_path / "first") / "checkpoints" / "checkpoint-1"
     resume = [f"resume_from_checkpoint={checkpoint}", "training.max_steps=2"]
-    with pytest.raises(ValueError, match=rf"resume_from_checkpoint='{re.escape(str(checkpoint))}': the checkpoint "
-                                         rf"belongs to another run .*: {differs}\. Resume with that run's"):
-        train(recipe(tmp_path / "second", *resume, *overrides))
-    assert not list((run_folder(tmp_path / "second") / "checkpoints").glob("checkpoint-*"))
+    for number, (overrides, differs) in enumerate(OTHER_RECIPES):
+        refused = (rf"resume_from_checkpoint='{re.escape(str(checkpoint))}': the checkpoint belongs to another run "
+                   rf".*: {differs}\. Resume with that run's")
+        with pytest.raises(ValueError, match=refused):
+            train(recipe(tmp_path / f"other{number}", *resume, *overrides))
+        assert not list((run_folder(tmp_path / f"other{number}") / "checkpoints").glob("checkpoint-*"))
     results, _ = train(recipe(tmp_path / "first", *resume))
     assert results["global_step"] == 2
