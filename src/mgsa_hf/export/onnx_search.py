@@ -1,0 +1,493 @@
+"""Generation as one onnxruntime call: the search runs inside the graph.
+
+[`export_search_onnx`] writes a saved MGSA model (or a model object; Marian backbone) whose encoder reads only
+`input_ids` and `attention_mask` (the plain Transformer, hybrid and n-gram MG-SA; see
+[`~mgsa_hf.export.onnx_syntax_fields`]) to a folder holding `search_model.onnx`: one graph whose node is
+onnxruntime's contrib `BeamSearch` (domain `com.microsoft`, encoder-decoder form, as `onnxruntime.transformers` builds
+it for T5) over two subgraphs:
+
+- the encoder with the first decoding step: `encoder_input_ids`, `encoder_attention_mask`, `decoder_input_ids`
+  `(batch, 1)` (int32) → `logits` `(batch, 1, vocab_size)`, `encoder_hidden_states`, `present_key_self_{i}` /
+  `present_value_self_{i}` and `present_key_cross_{i}` / `present_value_cross_{i}`;
+- every later step: `input_ids` `(batch, 1)`, `encoder_attention_mask` (int32), `encoder_hidden_states` and the
+  caches → `logits` and the self-attention caches one position longer. Marian's positions follow the cache length;
+  its embedding scale and `final_logits_bias` are inside.
+
+The weights live once, in the main graph. The search settings come from the model's generation config: `num_beams`,
+`max_length`, `min_length`, `length_penalty`, `no_repeat_ngram_size`, `num_return_sequences`, the decoder start, pad
+and EOS ids, `forced_eos_token_id` (in the subgraphs) and the tokens that `bad_words_ids` (single tokens) and
+`suppress_tokens` forbid (the op's vocabulary mask). One beam is greedy search. Settings the op cannot reproduce are
+refused by name ([`check_search_settings`]); beam search needs `early_stopping=True` and a forced EOS
+([`BEAM_SEARCH_LIMITS`]).
+
+[`OrtSearchModel`] runs the folder: `generate(input_ids, attention_mask, num_beams=..., max_new_tokens=...)` returns
+the token ids that the PyTorch model's `generate` returns.
+
+This module is a tool: the model's own modules never import it. It needs the `export` extra (onnx, onnxscript,
+onnxruntime).
+"""
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import AutoConfig, GenerationConfig
+
+from . import EXPORTABLE_SYNTAX_FIELDS, ONNX_FOLDER_FILES, check_onnx_exportable, export_folder, onnx_syntax_fields
+from .onnx_generation import EXAMPLES, DecoderGraph, EncoderGraph, _load_model_and_processor, _onnx_export
+from .onnx_record import verify_onnx_record, weights_digest, write_onnx_record
+
+
+SEARCH_GRAPH = "search_model.onnx"
+SEARCH_MANIFEST = "onnx_search.json"
+SEARCH_FOLDER_FILES = (SEARCH_GRAPH, SEARCH_MANIFEST, *ONNX_FOLDER_FILES)
+CONTRIB_DOMAIN = "com.microsoft"
+# a processor batch's fields that no encoder the search takes reads
+PROCESSOR_FIELDS = (*EXPORTABLE_SYNTAX_FIELDS, "phrase_tags", "token_type_ids")
+
+# generation-config fields the op reproduces, and each one's value when it is not set
+SUPPORTED_DEFAULTS = {
+    "num_beams": 1, "max_length": 20, "min_length": 0, "length_penalty": 1.0, "early_stopping": False,
+    "no_repeat_ngram_size": 0, "num_return_sequences": 1,
+}
+# fields that change nothing when they hold these values
+NEUTRAL_VALUES = {
+    "do_sample": (None, False), "num_beam_groups": (None, 1), "diversity_penalty": (None, 0.0),
+    "repetition_penalty": (None, 1.0), "encoder_repetition_penalty": (None, 1.0), "forced_bos_token_id": (None,),
+    "exponential_decay_length_penalty": (None,), "min_new_tokens": (None, 0),
+    "renormalize_logits": (None, False), "sequence_bias": (None,), "begin_suppress_tokens": (None, []),
+    "encoder_no_repeat_ngram_size": (None, 0), "constraints": (None,), "force_words_ids": (None,),
+    "guidance_scale": (None, 1.0), "remove_invalid_values": (None, False), "penalty_alpha": (None,),
+    "dola_layers": (None,), "watermarking_config": (None,), "stop_strings": (None,), "max_time": (None,),
+    "token_healing": (None, False), "low_memory": (None, False),
+}
+
+
+# why beam search needs `early_stopping=True` and a forced EOS (measured: with `early_stopping=False`, 41 of 96
+# batched `generate` calls on test 2016 gave other tokens; without the forced EOS, 65 of 96)
+BEAM_SEARCH_LIMITS = (
+    "onnxruntime's BeamSearch reproduces transformers' beam search only with early_stopping=True and "
+    "forced_eos_token_id equal to eos_token_id: with early_stopping=False it decides that a sentence is done by "
+    "another rule (against the best candidate, EOS ones included, not the best running beam), and a hypothesis that "
+    "reaches max_length without EOS is scored over one more token and may be one ranked below num_beams"
+)
+
+
+def check_search_settings(generation_config: GenerationConfig, where: str = "generation_config") -> dict:
+    """
+    The search settings of `generation_config` as the op takes them, or a `ValueError` naming every setting it
+    cannot reproduce: sampling, group beam search, repetition and exponential length penalties, a forced BOS,
+    multi-token `bad_words_ids`, several EOS ids, the other logits processors, and beam search (`num_beams` > 1)
+    without `early_stopping=True` and `forced_eos_token_id=eos_token_id` ([`BEAM_SEARCH_LIMITS`]).
+
+    Returns:
+        `num_beams`, `max_length`, `min_length`, `length_penalty`, `early_stopping`, `no_repeat_ngram_size`,
+        `num_return_sequences`, `beam_search` (whether beams reproduce `generate`), `eos_token_id`,
+        `forced_eos_token_id`, `pad_token_id`, `decoder_start_token_id` and `masked_tokens` (forbidden token ids).
+    """
+    values = generation_config.to_dict()
+    refused = [f"{where}.{name}={values.get(name)!r}" for name, neutral in NEUTRAL_VALUES.items()
+               if values.get(name) not in neutral]
+    settings = {name: default if values.get(name) is None else values[name]
+                for name, default in SUPPORTED_DEFAULTS.items()}
+    masked = set(values.get("suppress_tokens") or [])
+    for words in values.get("bad_words_ids") or []:
+        if len(words) != 1:
+            refused.append(f"{where}.bad_words_ids entry {words} (the op masks single tokens)")
+        masked.update(words)
+    eos = values.get("eos_token_id")
+    if isinstance(eos, list):
+        if len(eos) != 1:
+            refused.append(f"{where}.eos_token_id={eos} (the op takes one EOS id)")
+        eos = eos[0] if eos else None
+    for name, value in (("eos_token_id", eos), ("pad_token_id", values.get("pad_token_id")),
+                        ("decoder_start_token_id", values.get("decoder_start_token_id"))):
+        if value is None:
+            refused.append(f"{where}.{name} is not set")
+    forced_eos = values.get("forced_eos_token_id")
+    if isinstance(forced_eos, list):
+        if len(forced_eos) != 1:
+            refused.append(f"{where}.forced_eos_token_id={forced_eos} (one forced EOS id is supported)")
+        forced_eos = forced_eos[0] if forced_eos else None
+    beam_search = settings["early_stopping"] is True and forced_eos is not None and forced_eos == eos
+    if settings["num_beams"] > 1 and not beam_search:
+        refused.append(f"{where}.num_beams={settings['num_beams']} with early_stopping={settings['early_stopping']!r}"
+                       f" and forced_eos_token_id={forced_eos!r} ({BEAM_SEARCH_LIMITS})")
+    if refused:
+        raise ValueError("The one-call ONNX search cannot reproduce these generation settings: "
+                         + "; ".join(refused) + ". Export without them, or serve with `export_generation_onnx`.")
+    return {**settings, "beam_search": beam_search, "eos_token_id": eos, "forced_eos_token_id": forced_eos,
+            "pad_token_id": values["pad_token_id"], "decoder_start_token_id": values["decoder_start_token_id"],
+            "masked_tokens": sorted(masked)}
+
+
+class SearchEncoderGraph(nn.Module):
+    """The op's encoder subgraph: the encoder and the first decoding step. Inputs are int32, `(batch, source_len)`
+    and `(batch, 1)`; outputs the logits `(batch, 1, vocab_size)`, the source states `(batch, source_len, d_model)`,
+    the self-attention caches `(batch, heads, 1, head_dim)` and the cross-attention ones `(batch, heads, source_len,
+    head_dim)`."""
+
+    def __init__(self, model: nn.Module, num_layers: int):
+        super().__init__()
+        self.encoder = EncoderGraph(model)
+        self.first_step = DecoderGraph(model, ["encoder_hidden_states"], num_layers, 0, with_past=False)
+
+    def forward(self, encoder_input_ids, encoder_attention_mask, *decoder_input_ids):
+        mask = encoder_attention_mask.long()
+        (hidden_states,) = self.encoder(encoder_input_ids.long(), mask)
+        logits, *caches = self.first_step(decoder_input_ids[0].long(), mask, hidden_states)
+        return logits[:, None], hidden_states, *caches
+
+
+class SearchDecoderGraph(nn.Module):
+    """The op's decoder subgraph: one step after the first, `input_ids` `(batch, 1)` and `encoder_attention_mask`
+    (int32), the source states and the caches in; the logits `(batch, 1, vocab_size)` and the self-attention caches
+    one position longer out."""
+
+    def __init__(self, model: nn.Module, num_layers: int):
+        super().__init__()
+        self.step = DecoderGraph(model, ["encoder_hidden_states"], num_layers, num_layers, with_past=True)
+
+    def forward(self, input_ids, encoder_attention_mask, *tensors):
+        logits, *caches = self.step(input_ids.long(), encoder_attention_mask.long(), *tensors)
+        return logits[:, None], *caches
+
+
+def _cache_names(kind: str, side: str, count: int) -> list[str]:
+    """onnxruntime's names: `{kind}_key_{side}_{i}`, `{kind}_value_{side}_{i}` for `count` layers."""
+    return [f"{kind}_{part}_{side}_{i}" for i in range(count) for part in ("key", "value")]
+
+
+def _export_subgraphs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, folder: Path, opset):
+    """Trace both subgraphs on a batch; return the two ONNX models."""
+    import onnx
+
+    config = model.config
+    num_layers = config.decoder_layers if hasattr(config, "decoder_layers") else config.num_decoder_layers
+    batch, source = torch.export.Dim("batch"), torch.export.Dim("source_length")
+    ids, mask = input_ids.int(), attention_mask.int()
+    start = torch.full((ids.shape[0], 1), config.decoder_start_token_id, dtype=torch.int32)
+    encoder = SearchEncoderGraph(model, num_layers).eval()
+    with torch.no_grad():
+        first = encoder(ids, mask, start)
+    self_names = _cache_names("present", "self", num_layers)
+    cross_names = _cache_names("present", "cross", num_layers)
+    _onnx_export(encoder, (ids, mask, start), [{0: batch, 1: source}, {0: batch, 1: source}, {0: batch}],
+                 ["encoder_input_ids", "encoder_attention_mask", "decoder_input_ids"],
+                 ["logits", "encoder_hidden_states", *self_names, *cross_names], folder / "encoder.onnx", opset)
+    past = torch.export.Dim("past_length")
+    hidden_states, caches = first[1], first[2:]
+    self_past, cross_past = caches[: 2 * num_layers], caches[2 * num_layers:]
+    decoder = SearchDecoderGraph(model, num_layers).eval()
+    next_token = torch.full((ids.shape[0], 1), 5, dtype=torch.int32)
+    _onnx_export(decoder, (next_token, mask, hidden_states, *self_past, *cross_past),
+                 [{0: batch}, {0: batch, 1: source}, {0: batch, 1: source},
+                  *[{0: batch, 2: past}] * len(self_past), *[{0: batch, 2: source}] * len(cross_past)],
+                 ["input_ids", "encoder_attention_mask", "encoder_hidden_states",
+                  *_cache_names("past", "self", num_layers), *_cache_names("past", "cross", num_layers)],
+                 ["logits", *self_names], folder / "decoder.onnx", opset)
+    return onnx.load(folder / "encoder.onnx"), onnx.load(folder / "decoder.onnx")
+
+
+def _subgraph_names(graph) -> list:
+    """The graphs nested in `graph`'s nodes (If and Scan bodies), at any depth."""
+    import onnx
+
+    nested = []
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                nested += [attribute.g, *_subgraph_names(attribute.g)]
+            elif attribute.type == onnx.AttributeProto.GRAPHS:
+                for body in attribute.graphs:
+                    nested += [body, *_subgraph_names(body)]
+    return nested
+
+
+def _share_initializers(subgraphs: list, shared: dict) -> list:
+    """Move the weights of `subgraphs` to the main graph, one initializer per distinct tensor (the encoder and
+    decoder subgraphs hold the decoder's weights each), renamed in the nodes that read them. `shared` maps a
+    tensor's digest to its new name; returns the initializers to add to the main graph."""
+    from onnx import numpy_helper
+
+    moved = []
+    for graph in subgraphs:
+        renames = {}
+        for tensor in graph.initializer:
+            array = numpy_helper.to_array(tensor)
+            digest = hashlib.sha256(f"{array.dtype}{array.shape}".encode() + array.tobytes()).hexdigest()
+            if digest not in shared:
+                shared[digest] = f"shared_weight_{len(shared)}"
+                copy = type(tensor)()
+                copy.CopyFrom(tensor)
+                copy.name = shared[digest]
+                moved.append(copy)
+            renames[tensor.name] = shared[digest]
+        graph.ClearField("initializer")
+        for body in [graph, *_subgraph_names(graph)]:
+            for node in body.node:
+                node.input[:] = [renames.get(name, name) for name in node.input]
+            for output in body.output:  # a graph output that is a weight: through an Identity
+                if output.name in renames:
+                    raise ValueError(f"The subgraph output {output.name} is a constant: not supported.")
+    return moved
+
+
+def _force_eos_at_last_step(graph, eos_token_id: int, vocab_size: int, first_step: bool) -> None:
+    """`forced_eos_token_id`, in a subgraph: the step whose token would be the last one that `max_length` (the main
+    graph's input) allows gets logits that are -inf but at EOS, as transformers' `ForcedEOSTokenLogitsProcessor`
+    leaves the scores. The step's position is 1 for the first, the self-attention cache length + 1 after."""
+    from onnx import helper, numpy_helper
+
+    producer = next(node for node in graph.node if "logits" in node.output)
+    producer.output[list(producer.output).index("logits")] = "forced_eos_unforced_logits"
+    forced = np.full((1, 1, vocab_size), -np.inf, dtype=np.float32)
+    forced[..., eos_token_id] = 0.0
+    graph.initializer.extend([numpy_helper.from_array(forced, "forced_eos_logits"),
+                              numpy_helper.from_array(np.array([1], dtype=np.int64), "forced_eos_one")])
+    if first_step:
+        position = [helper.make_node("Identity", ["forced_eos_one"], ["forced_eos_position"])]
+    else:
+        position = [helper.make_node("Shape", ["past_key_self_0"], ["forced_eos_past"], start=2, end=3),
+                    helper.make_node("Add", ["forced_eos_past", "forced_eos_one"], ["forced_eos_position"])]
+    graph.node.extend([
+        *position,
+        helper.make_node("Cast", ["max_length"], ["forced_eos_max_length"], to=7),  # int64
+        helper.make_node("Sub", ["forced_eos_max_length", "forced_eos_one"], ["forced_eos_last"]),
+        helper.make_node("Equal", ["forced_eos_position", "forced_eos_last"], ["forced_eos_now"]),
+        helper.make_node("Where", ["forced_eos_now", "forced_eos_logits", "forced_eos_unforced_logits"], ["logits"]),
+    ])
+
+
+def _search_node(settings: dict, encoder, decoder, vocab_mask: bool):
+    """The `BeamSearch` node over `encoder` and `decoder`, reading the main graph's inputs. It stops a sentence at
+    its `num_beams`-th finished hypothesis (`early_stopping=True`); with one beam, that is greedy search."""
+    import onnx
+
+    inputs = ["input_ids", "max_length", "min_length", "num_beams", "num_return_sequences", "length_penalty",
+              "repetition_penalty", "vocab_mask" if vocab_mask else "", "", "attention_mask"]
+    attributes = dict(eos_token_id=settings["eos_token_id"], pad_token_id=settings["pad_token_id"],
+                      decoder_start_token_id=settings["decoder_start_token_id"], model_type=1,
+                      no_repeat_ngram_size=settings["no_repeat_ngram_size"], early_stopping=1,
+                      encoder=encoder, decoder=decoder)
+    return onnx.helper.make_node("BeamSearch", inputs, ["sequences"], name="BeamSearch", domain=CONTRIB_DOMAIN,
+                                 **attributes)
+
+
+def _search_model(settings: dict, encoder_model, decoder_model, vocab_size: int):
+    """The main graph: `input_ids`, `attention_mask` `(batch, source_len)`, `max_length`, `num_beams` and
+    `num_return_sequences` (int32, `(1,)`) in; `sequences` `(batch, num_return_sequences, max_length)` out."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    encoder, decoder = encoder_model.graph, decoder_model.graph
+    encoder.name, decoder.name = "encoder and first step", "decoder step"
+    if settings["forced_eos_token_id"] is not None:
+        _force_eos_at_last_step(encoder, settings["forced_eos_token_id"], vocab_size, first_step=True)
+        _force_eos_at_last_step(decoder, settings["forced_eos_token_id"], vocab_size, first_step=False)
+    initializers = _share_initializers([encoder, decoder], {})
+    constants = {"min_length": np.array([settings["min_length"]], dtype=np.int32),
+                 "length_penalty": np.array([settings["length_penalty"]], dtype=np.float32),
+                 "repetition_penalty": np.array([1.0], dtype=np.float32)}
+    if settings["masked_tokens"]:
+        mask = np.ones(vocab_size, dtype=np.int32)
+        mask[settings["masked_tokens"]] = 0
+        constants["vocab_mask"] = mask
+    initializers += [numpy_helper.from_array(value, name) for name, value in constants.items()]
+
+    nodes = [_search_node(settings, encoder, decoder, vocab_mask="vocab_mask" in constants)]
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch_size", "source_length"]),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT32, ["batch_size", "source_length"]),
+              *[helper.make_tensor_value_info(name, TensorProto.INT32, [1])
+                for name in ("max_length", "num_beams", "num_return_sequences")]]
+    outputs = [helper.make_tensor_value_info("sequences", TensorProto.INT32,
+                                             ["batch_size", "num_return_sequences", "max_length"])]
+    graph = helper.make_graph(nodes, "mgsa search", inputs, outputs, initializer=initializers)
+    opsets = {entry.domain: entry.version for model in (encoder_model, decoder_model) for entry in model.opset_import}
+    opsets[CONTRIB_DOMAIN] = 1
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(domain, version)
+                                                    for domain, version in opsets.items()],
+                              functions=[*encoder_model.functions, *decoder_model.functions])
+    model.ir_version = max(encoder_model.ir_version, decoder_model.ir_version)
+    return model
+
+
+def export_search_onnx(
+    model_or_folder, output_dir: str | Path, *, processor=None, opset: int | None = None, overwrite: bool = False,
+    trust_remote_code: bool = False,
+) -> Path:
+    """
+    Write `search_model.onnx`, generation as one onnxruntime call (see the module docstring), with the config,
+    generation config and processor files, to `output_dir`, for [`OrtSearchModel`].
+
+    Args:
+        model_or_folder: a folder saved by `save_pretrained` (model and processor), or a Marian-backbone model
+            ([`MgsaForConditionalGeneration`]) with its `processor`.
+        output_dir: the folder to write; a folder that holds files is refused unless `overwrite`.
+        processor: the model's processor or tokenizer (read from the folder when `model_or_folder` is one).
+        opset: the ONNX opset of the subgraphs (None: the exporter's default).
+        overwrite: replace an earlier export in `output_dir` (its other files are kept).
+        trust_remote_code: load a saved processor whose settings name code to run.
+
+    Raises:
+        ValueError: for the T5 backbone, for an encoder type that reads source syntax (its fields are not inputs of
+            the op), and for generation settings the op cannot reproduce ([`check_search_settings`]).
+    """
+    import onnx
+
+    source = None if isinstance(model_or_folder, nn.Module) else model_or_folder
+    model, processor, folder = _load_model_and_processor(model_or_folder, processor, trust_remote_code)
+    if processor is None:
+        raise ValueError("export_search_onnx needs the model's processor: pass `processor=` with a model object.")
+    config = model.config
+    if config.model_type != "mgsa":
+        raise ValueError(f"The one-call ONNX search takes the Marian backbone (`mgsa`), not {config.model_type!r}: "
+                         "serve this model with `export_generation_onnx`.")
+    syntax = onnx_syntax_fields(config)
+    if syntax:
+        raise ValueError(f'encoder_type="{config.encoder_type}" reads {list(syntax)}, which the search op cannot '
+                         "pass to its encoder: serve this model with `export_generation_onnx`.")
+    check_onnx_exportable(config)
+    settings = check_search_settings(model.generation_config or GenerationConfig.from_model_config(config),
+                                     "model.generation_config")
+    tokenizer = getattr(processor, "tokenizer", processor)
+    batch = tokenizer(EXAMPLES, return_tensors="pt", padding=True)
+    with export_folder(output_dir, source, overwrite, SEARCH_FOLDER_FILES) as staging:
+        was_training = model.training
+        model.eval()
+        try:
+            encoder_model, decoder_model = _export_subgraphs(model, batch["input_ids"], batch["attention_mask"],
+                                                             staging, opset)
+        finally:
+            model.train(was_training)
+        (staging / "encoder.onnx").unlink()
+        (staging / "decoder.onnx").unlink()
+        search = _search_model(settings, encoder_model, decoder_model, config.vocab_size)
+        onnx.save(search, staging / SEARCH_GRAPH)
+        config.save_pretrained(staging)
+        processor.save_pretrained(staging)
+        model.generation_config.save_pretrained(staging)
+        config_dict = json.loads((staging / "config.json").read_text())
+        config_dict.pop("auto_map", None)
+        (staging / "config.json").write_text(json.dumps(config_dict, indent=2))
+        (staging / SEARCH_MANIFEST).write_text(json.dumps({"graph": SEARCH_GRAPH, "settings": settings}, indent=2))
+        # last: the digests of the graph, config.json and the tokenizer files, which loading checks
+        write_onnx_record(staging, {"model_type": config.model_type, "encoder_type": config.encoder_type,
+                                    "backbone": type(model).__name__, "weights_sha256": weights_digest(model)})
+    return Path(output_dir)
+
+
+class OrtSearchModel:
+    """
+    A folder written by [`export_search_onnx`] in one onnxruntime session: `generate` runs the whole search (beam or
+    greedy) in one call and returns `generate`'s token ids.
+
+    Load with [`from_pretrained`].
+    """
+
+    def __init__(self, folder: Path, session, config, settings: dict):
+        self.folder = folder
+        self.session = session
+        self.config = config
+        self.settings = settings
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, *, threads: int | None = None) -> "OrtSearchModel":
+        """Load `folder` (an [`export_search_onnx`] folder) on onnxruntime's CPU provider with `threads` intra-op
+        threads (None: every core), its graph checked against the export's record first
+        ([`~mgsa_hf.export.onnx_record.verify_onnx_record`])."""
+        import onnxruntime
+
+        folder = Path(folder)
+        manifest_path = folder / SEARCH_MANIFEST
+        if not manifest_path.is_file():
+            raise ValueError(f"{folder} has no {SEARCH_MANIFEST}: it is not a folder written by `export_search_onnx`.")
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            settings = manifest["settings"]
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+            raise ValueError(f"{manifest_path} is damaged ({error!r}): export the model again.") from None
+        verify_onnx_record(folder, {"search": manifest["graph"]})
+        options = onnxruntime.SessionOptions()
+        if threads is not None:
+            options.intra_op_num_threads = threads
+        session = onnxruntime.InferenceSession(str(folder / manifest["graph"]), options,
+                                               providers=["CPUExecutionProvider"])
+        return cls(folder, session, AutoConfig.from_pretrained(folder), settings)
+
+    def generate(self, input_ids, attention_mask=None, *, num_beams: int | None = None, max_length: int | None = None,
+                 max_new_tokens: int | None = None, num_return_sequences: int | None = None, **kwargs
+                 ) -> torch.LongTensor:
+        """
+        Translate a batch in one onnxruntime call.
+
+        Args:
+            input_ids, attention_mask: (batch_size, source_len) source tokens and padding mask (the processor's).
+            num_beams, max_length, max_new_tokens, num_return_sequences: as in `generate` (None: the exported
+                generation config's); `max_new_tokens` counts after the decoder start token.
+            kwargs: the processor's other outputs, which the encoder does not read (syntax fields,
+                `token_type_ids`); other `generate` arguments are refused by name.
+
+        Returns:
+            (batch_size * num_return_sequences, length) the token ids, decoder start token first, EOS then padding
+            after each hypothesis, cut to the longest, as `generate` returns them.
+        """
+        unknown = sorted(name for name in kwargs if name not in PROCESSOR_FIELDS)
+        if unknown:
+            raise ValueError(f"OrtSearchModel.generate takes no {unknown}: the search settings are fixed at export "
+                             "except num_beams, max_length / max_new_tokens and num_return_sequences.")
+        settings = self.settings
+        num_beams = settings["num_beams"] if num_beams is None else num_beams
+        returns = settings["num_return_sequences"] if num_return_sequences is None else num_return_sequences
+        if max_new_tokens is not None:
+            max_length = max_new_tokens + 1
+        max_length = settings["max_length"] if max_length is None else max_length
+        if num_beams > 1 and not settings["beam_search"]:
+            raise ValueError(f"num_beams={num_beams}: the exported generation config has early_stopping="
+                             f"{settings['early_stopping']!r} and forced_eos_token_id="
+                             f"{settings['forced_eos_token_id']!r}; {BEAM_SEARCH_LIMITS}. Export with those set "
+                             "for beam search; greedy search (num_beams=1) reproduces `generate` with any.")
+        if num_beams < 1 or returns < 1 or returns > num_beams or max_length < 2:
+            raise ValueError(f"num_beams={num_beams}, num_return_sequences={returns}, max_length={max_length}: "
+                             "need 1 <= num_return_sequences <= num_beams and max_length >= 2.")
+        input_ids = torch.as_tensor(input_ids)
+        if attention_mask is None:
+            attention_mask = input_ids.ne(settings["pad_token_id"])
+        feeds = {"input_ids": input_ids.cpu().numpy().astype(np.int32),
+                 "attention_mask": torch.as_tensor(attention_mask).cpu().numpy().astype(np.int32),
+                 "max_length": np.array([max_length], np.int32), "num_beams": np.array([num_beams], np.int32),
+                 "num_return_sequences": np.array([returns], np.int32)}
+        (sequences,) = self.session.run(["sequences"], feeds)
+        sequences = torch.from_numpy(sequences.astype(np.int64)).flatten(0, 1)
+        return self._cut(self._with_eos(sequences, max_length))
+
+    def _with_eos(self, sequences: torch.LongTensor, max_length: int) -> torch.LongTensor:
+        """The op keeps a finished hypothesis without its EOS: put it back after the last token, where a hypothesis
+        shorter than `max_length` ended."""
+        pad, eos = self.settings["pad_token_id"], self.settings["eos_token_id"]
+        tokens = sequences[:, 1:].ne(pad)
+        # the decoder start and the tokens up to the last one that is not padding
+        lengths = torch.where(tokens.any(1), tokens.long().cumsum(1).argmax(1) + 2, 1)
+        padded = torch.cat([sequences, torch.full_like(sequences[:, :1], pad)], dim=1)
+        rows = torch.arange(len(sequences))
+        ended = lengths < max_length
+        padded[rows[ended], lengths[ended]] = eos
+        return padded
+
+    def _cut(self, sequences: torch.LongTensor) -> torch.LongTensor:
+        """Cut the padding columns after the longest hypothesis."""
+        pad = self.settings["pad_token_id"]
+        used = sequences[:, 1:].ne(pad).any(0).nonzero()
+        length = 1 + (int(used.max()) + 1 if len(used) else 0)
+        return sequences[:, :length]
+
+    def translate(self, tokenizer, texts: list[str], **settings) -> list[str]:
+        """Translate `texts` with the model's tokenizer (or processor): the best hypothesis of each, decoded without
+        special tokens. `settings` go to [`generate`] (`num_beams`, `max_new_tokens`, ...)."""
+        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+        batch = tokenizer(list(texts), return_tensors="pt", padding=True)
+        sequences = self.generate(batch["input_ids"], batch["attention_mask"], **settings)
+        best = sequences[:: len(sequences) // len(texts)]
+        return tokenizer.batch_decode(best, skip_special_tokens=True)

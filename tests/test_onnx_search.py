@@ -1,0 +1,166 @@
+"""Generation as one onnxruntime call (`mgsa_hf.export.onnx_search`): for the encoder types that read no syntax (the
+Transformer, hybrid, n-gram MG-SA), the graph holding onnxruntime's `BeamSearch` gives PyTorch `generate`'s tokens
+(greedy, beam 4, `num_return_sequences=2`) on real test 2016 sentences through the real processor, with hypotheses
+ending by EOS at many lengths; settings the op cannot reproduce, syntax-reading types and T5 are refused by name."""
+
+import json
+
+import pytest
+import torch
+from conftest import MULTI30K, ONNX_EXPORT_LAYERS, onnx_kinds
+from transformers import GenerationConfig
+
+from mgsa_hf import MgsaForConditionalGeneration, MgsaT5ForConditionalGeneration
+from mgsa_hf.tokenization_utils import read_lines
+
+
+ort = pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxscript")
+
+from mgsa_hf.export.onnx_search import OrtSearchModel, check_search_settings, export_search_onnx  # noqa: E402
+
+
+pytestmark = pytest.mark.usefixtures("one_thread", "one_torchlib_registry", "uncached_fake_tensors")
+
+NGRAM = {"phrase_partition": "ngram", "phrase_interaction": "none", "phrase_tag_supervision": False}
+# (encoder type, config fields, generation settings beyond beam search's early stopping, the EOS logit's bias: a
+# random model's hypotheses then end by EOS at many lengths, not only where `max_length` forces it)
+MODELS = {
+    "transformer": ("transformer", {}, {}, 2.0),
+    # the op's vocabulary mask, n-gram blocking, minimum length and length penalty; exported from a saved folder
+    "hybrid": ("hybrid", {}, {"bad_words_ids": [[5]], "suppress_tokens": [7], "no_repeat_ngram_size": 3,
+                              "min_length": 3, "length_penalty": 0.8}, 3.0),
+    "phrase_memory-ngram": ("phrase_memory", NGRAM, {}, 4.5),
+}
+FROM_FOLDER = "hybrid"
+MAX_NEW_TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def test_sources():
+    """The first five English sentences of Multi30k test 2016 and its longest (51 tokens, past hybrid's fused local
+    pattern)."""
+    lines = list(read_lines(f"{MULTI30K}/test_2016_flickr.en.gz"))
+    return lines[:5] + [max(lines, key=len)]
+
+
+def tiny_model(processor, tiny_config, encoder_type: str, eos_bias: float = 0.0, **fields
+               ) -> MgsaForConditionalGeneration:
+    torch.manual_seed(0)
+    config = tiny_config(processor, encoder_type, **{**ONNX_EXPORT_LAYERS["marian"], "init_std": 0.2, **fields})
+    model = MgsaForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        model.final_logits_bias[0, config.eos_token_id] = eos_bias
+    return model
+
+
+@pytest.fixture(scope="module", params=onnx_kinds(MODELS))
+def exported(request, multi30k_processor, tiny_config, tmp_path_factory):
+    """A tiny random model of each type, its generation config set for beam search, exported once:
+    `(name, PyTorch model, OrtSearchModel, folder)`."""
+    name = request.param
+    encoder_type, fields, generation, eos_bias = MODELS[name]
+    model = tiny_model(multi30k_processor, tiny_config, encoder_type, eos_bias, **fields)
+    assert model.generation_config.forced_eos_token_id == model.config.eos_token_id  # the Marian default
+    model.generation_config.update(num_beams=4, early_stopping=True, **generation)
+    folder = tmp_path_factory.mktemp(name)
+    if name == FROM_FOLDER:
+        model.save_pretrained(folder / "model")
+        multi30k_processor.save_pretrained(folder / "model")
+        export_search_onnx(folder / "model", folder / "search")
+    else:
+        export_search_onnx(model, folder / "search", processor=multi30k_processor)
+    return name, model, OrtSearchModel.from_pretrained(folder / "search", threads=1), folder / "search"
+
+
+@pytest.mark.parametrize("settings", [{"num_beams": 1}, {"num_beams": 4}, {"num_beams": 4, "num_return_sequences": 2}],
+                         ids=["greedy", "beam4", "beam4-return2"])
+def test_one_call_equals_generate(exported, settings, multi30k_processor, test_sources):
+    name, model, search, _ = exported
+    batch = multi30k_processor(test_sources, return_tensors="pt")
+    with torch.no_grad():
+        expected = model.generate(**batch, max_new_tokens=MAX_NEW_TOKENS, **settings)
+    actual = search.generate(**batch, max_new_tokens=MAX_NEW_TOKENS, **settings)
+    assert actual.dtype == torch.long
+    assert actual.shape == expected.shape
+    assert torch.equal(actual, expected)
+    # not vacuous: some hypotheses end by EOS before the last step, some run to `max_length`
+    ends = (expected == model.config.eos_token_id).long().argmax(1)
+    assert ends.min() < MAX_NEW_TOKENS and len(set(ends.tolist())) > 1
+
+
+def test_graph_is_one_search_node(exported):
+    """The main graph is the `BeamSearch` node (encoder-decoder form) over the two subgraphs, with the names and
+    int32 inputs the op checks; the weights are stored once, in the main graph."""
+    name, model, search, folder = exported
+    graph = onnx.load(folder / "search_model.onnx").graph
+    assert [(node.op_type, node.domain) for node in graph.node] == [("BeamSearch", "com.microsoft")]
+    attributes = {attribute.name: attribute for attribute in graph.node[0].attribute}
+    assert attributes["model_type"].i == 1 and attributes["early_stopping"].i == 1
+    encoder, decoder = attributes["encoder"].g, attributes["decoder"].g
+    assert [tensor.name for tensor in encoder.input] == ["encoder_input_ids", "encoder_attention_mask",
+                                                         "decoder_input_ids"]
+    assert [tensor.name for tensor in encoder.output][:4] == ["logits", "encoder_hidden_states", "present_key_self_0",
+                                                               "present_value_self_0"]
+    assert [tensor.name for tensor in decoder.input][:4] == ["input_ids", "encoder_attention_mask",
+                                                             "encoder_hidden_states", "past_key_self_0"]
+    assert {tensor.type.tensor_type.elem_type for tensor in [*encoder.input, *decoder.input[:2]]} == {
+        onnx.TensorProto.INT32}
+    assert not encoder.initializer and not decoder.initializer
+    stored = sum(onnx.numpy_helper.to_array(tensor).size for tensor in graph.initializer)
+    assert stored < 1.2 * sum(parameter.numel() for parameter in model.parameters())
+    settings = json.loads((folder / "onnx_search.json").read_text())["settings"]
+    masked = MODELS[name][2].get("bad_words_ids", []) + [[token] for token in MODELS[name][2].get("suppress_tokens",
+                                                                                                  [])]
+    assert settings["masked_tokens"] == sorted(token for (token,) in masked)
+
+
+def test_translate_and_bad_calls(exported, multi30k_processor, test_sources, tmp_path):
+    name, model, search, folder = exported
+    if name != "transformer":
+        pytest.skip("checked on the Transformer")
+    batch = multi30k_processor.tokenizer(test_sources, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        expected = model.generate(**batch, max_new_tokens=MAX_NEW_TOKENS, num_beams=4)
+    assert search.translate(multi30k_processor, test_sources, max_new_tokens=MAX_NEW_TOKENS, num_beams=4) == (
+        multi30k_processor.tokenizer.batch_decode(expected, skip_special_tokens=True))
+    with pytest.raises(ValueError, match=r"takes no \['do_sample'\]"):
+        search.generate(**batch, do_sample=True)
+    with pytest.raises(ValueError, match="num_return_sequences <= num_beams"):
+        search.generate(**batch, num_beams=2, num_return_sequences=3)
+    # a folder exported without beam search's settings serves greedy search only
+    greedy_only = OrtSearchModel(folder, search.session, search.config, {**search.settings, "beam_search": False})
+    with pytest.raises(ValueError, match="early_stopping=True and forced_eos_token_id"):
+        greedy_only.generate(**batch, num_beams=4)
+    with pytest.raises(ValueError, match="not a folder written by `export_search_onnx`"):
+        OrtSearchModel.from_pretrained(tmp_path)
+
+
+def test_refused_settings_are_named():
+    config = GenerationConfig(do_sample=True, repetition_penalty=1.3, bad_words_ids=[[4, 5]], num_beams=4,
+                              early_stopping=False, eos_token_id=0, forced_eos_token_id=0, pad_token_id=2,
+                              decoder_start_token_id=2)
+    with pytest.raises(ValueError) as error:
+        check_search_settings(config)
+    for setting in ("generation_config.do_sample=True", "generation_config.repetition_penalty=1.3",
+                    "bad_words_ids entry [4, 5]", "num_beams=4 with early_stopping=False"):
+        assert setting in str(error.value)
+    without_forced_eos = GenerationConfig(num_beams=4, early_stopping=True, eos_token_id=0, pad_token_id=2,
+                                          decoder_start_token_id=2)
+    with pytest.raises(ValueError, match="forced_eos_token_id=None"):
+        check_search_settings(without_forced_eos)
+    greedy = check_search_settings(GenerationConfig(eos_token_id=0, pad_token_id=2, decoder_start_token_id=2,
+                                                    bad_words_ids=[[2]], suppress_tokens=[9]))
+    assert greedy["num_beams"] == 1 and not greedy["beam_search"] and greedy["masked_tokens"] == [2, 9]
+
+
+def test_syntax_types_and_t5_are_refused(multi30k_processor, tiny_config, tiny_t5_config, tmp_path):
+    """Refused before any tracing, naming what the op cannot pass."""
+    syntactic = tiny_model(multi30k_processor, tiny_config, "phrase_memory")
+    with pytest.raises(ValueError, match=r"reads \['phrase_ids'\].*export_generation_onnx"):
+        export_search_onnx(syntactic, tmp_path / "mgsa", processor=multi30k_processor)
+    t5 = MgsaT5ForConditionalGeneration(tiny_t5_config(multi30k_processor, "transformer"))
+    with pytest.raises(ValueError, match="Marian backbone"):
+        export_search_onnx(t5, tmp_path / "t5", processor=multi30k_processor)
+    assert not (tmp_path / "mgsa").exists() and not (tmp_path / "t5").exists()
