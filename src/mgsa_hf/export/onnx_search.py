@@ -136,6 +136,8 @@ class SearchEncoderGraph(nn.Module):
         self.first_step = DecoderGraph(model, ["encoder_hidden_states"], num_layers, 0, with_past=False)
 
     def forward(self, encoder_input_ids, encoder_attention_mask, *decoder_input_ids):
+        """The source `(batch, source_len)` and `decoder_input_ids` `(batch, 1)` (the decoder start, one tensor in
+        the varargs, as the exporter traces them) → `(logits, encoder_hidden_states, *self_caches, *cross_caches)`."""
         mask = encoder_attention_mask.long()
         (hidden_states,) = self.encoder(encoder_input_ids.long(), mask)
         logits, *caches = self.first_step(decoder_input_ids[0].long(), mask, hidden_states)
@@ -152,6 +154,8 @@ class SearchDecoderGraph(nn.Module):
         self.step = DecoderGraph(model, ["encoder_hidden_states"], num_layers, num_layers, with_past=True)
 
     def forward(self, input_ids, encoder_attention_mask, *tensors):
+        """`tensors`: the source states, then every layer's self-attention and cross-attention key and value;
+        returns `(logits, *self_caches)`."""
         logits, *caches = self.step(input_ids.long(), encoder_attention_mask.long(), *tensors)
         return logits[:, None], *caches
 
