@@ -150,6 +150,17 @@ ONNX_EXPORT_LAYERS = {"marian": {"encoder_layers": 1, "decoder_layers": 1},
                       "t5": {"num_layers": 1, "num_decoder_layers": 1}}
 
 
+def cli_error(argv) -> str:
+    """The one line `mgsa-hf` ends with for `argv` (a user error), checked to be one line without a traceback."""
+    from mgsa_hf.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main([str(arg) for arg in argv])
+    message = str(stopped.value.code)
+    assert "\n" not in message and "Traceback" not in message, message
+    return message
+
+
 @pytest.fixture(scope="session")
 def onnx_transformer(tmp_path_factory, worker_id, multi30k_processor, tiny_config):
     """A tiny random Transformer (`init_std` 0.2, seed 0, `ONNX_EXPORT_LAYERS`) saved with its processor and exported

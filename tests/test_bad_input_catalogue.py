@@ -4,10 +4,9 @@ trained every default), a failure once training was done, or a page of traceback
 
 import pytest
 import torch
-from conftest import tiny_sizes
+from conftest import cli_error, tiny_sizes
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration, MgsaProcessor, MgsaT5Config
-from mgsa_hf.cli import main
 from mgsa_hf.tokenization_utils import train_joint_tokenizer
 from mgsa_hf.training.config import load_train_config, validate_model_section
 
@@ -45,15 +44,6 @@ def copy_of(folder, tmp_path):
     import shutil
 
     return shutil.copytree(folder, tmp_path / "model")
-
-
-def cli_error(argv) -> str:
-    """The one line `mgsa-hf` ends with for `argv`, checked to be one line without a traceback."""
-    with pytest.raises(SystemExit) as stopped:
-        main([str(arg) for arg in argv])
-    message = str(stopped.value.code)
-    assert "\n" not in message and "Traceback" not in message, message
-    return message
 
 
 # 1. integrity records: a weights file changed since saving, read through the pipeline of `mgsa-hf translate`

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import tiny_sizes
+from conftest import cli_error, tiny_sizes
 from transformers import AutoTokenizer, MarianConfig, MarianMTModel, pipeline
 
 from mgsa_hf import MgsaConfig, MgsaForConditionalGeneration, MgsaProcessor
@@ -74,14 +74,6 @@ def copy_of(folder, tmp_path):
     return shutil.copytree(folder, tmp_path / "model")
 
 
-def one_line_error(argv) -> str:
-    with pytest.raises(SystemExit) as stopped:
-        main([str(arg) for arg in argv])
-    message = str(stopped.value.code)
-    assert "\n" not in message and "Traceback" not in message, message
-    return message
-
-
 def test_the_save_records_the_vocabulary_and_the_folder_loads(saved, tmp_path):
     folder, _, sources = saved
     record = json.loads((folder / "config.json").read_text())[TOKENIZER_RECORD]
@@ -103,14 +95,14 @@ def test_another_runs_tokenizer_json_is_refused_by_name(saved, tmp_path):
     with pytest.raises(ValueError, match=named):
         pipeline("translation", model=str(folder))
     assert re.match(rf"mgsa-hf translate: error: {named}",
-                    one_line_error(["translate", folder, "--input", sources, "--output", tmp_path / "out.de"]))
+                    cli_error(["translate", folder, "--input", sources, "--output", tmp_path / "out.de"]))
     assert not (tmp_path / "out.de").exists()
     data = tmp_path / "data"
     data.mkdir()
     for lang in ("en", "de"):
         shutil.copyfile(sources.with_suffix(f".{lang}"), data / f"test.{lang}")
     assert re.match(rf"mgsa-hf evaluate: error: {named}",
-                    one_line_error(["evaluate", folder, "--data", data, "--split", "test"]))
+                    cli_error(["evaluate", folder, "--data", data, "--split", "test"]))
 
 
 def test_a_tokenizer_saved_again_with_the_same_vocabulary_loads(saved, texts, tmp_path):
@@ -142,7 +134,7 @@ def test_a_folder_with_the_tokenizer_alone_is_checked_by_the_pipeline(texts, sav
     shutil.copyfile(other / "tokenizer.json", folder / "tokenizer.json")
     with pytest.raises(ValueError, match=rf"{re.escape(str(folder / 'tokenizer.json'))} {NOT_THE_MODELS}"):
         pipeline("translation", model=str(folder))
-    assert NOT_THE_MODELS in one_line_error(["translate", folder, "--input", sources])
+    assert NOT_THE_MODELS in cli_error(["translate", folder, "--input", sources])
 
 
 def test_a_folder_without_the_record_still_loads_and_vocab_size_is_checked(saved, tmp_path):
