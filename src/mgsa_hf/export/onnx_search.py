@@ -35,6 +35,8 @@ import numpy as np
 import torch
 from torch import nn
 from transformers import AutoConfig, GenerationConfig
+from transformers.processing_utils import ProcessorMixin
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from . import EXPORTABLE_SYNTAX_FIELDS, ONNX_FOLDER_FILES, check_onnx_exportable, export_folder, onnx_syntax_fields
 from .onnx_generation import EXAMPLES, DecoderGraph, EncoderGraph, _load_model_and_processor, _onnx_export
@@ -319,8 +321,9 @@ def _search_model(settings: dict, encoder_model, decoder_model, vocab_size: int)
 
 
 def export_search_onnx(
-    model_or_folder, output_dir: str | Path, *, processor=None, opset: int | None = None, overwrite: bool = False,
-    trust_remote_code: bool = False,
+    model_or_folder: "str | Path | nn.Module", output_dir: str | Path, *,
+    processor: "ProcessorMixin | PreTrainedTokenizerBase | None" = None, opset: int | None = None,
+    overwrite: bool = False, trust_remote_code: bool = False,
 ) -> Path:
     """
     Write `search_model.onnx`, generation as one onnxruntime call (see the module docstring), with the config,
@@ -421,16 +424,19 @@ class OrtSearchModel:
                                                providers=["CPUExecutionProvider"])
         return cls(folder, session, AutoConfig.from_pretrained(folder), settings)
 
-    def generate(self, input_ids, attention_mask=None, *, num_beams: int | None = None, max_length: int | None = None,
-                 max_new_tokens: int | None = None, num_return_sequences: int | None = None, **kwargs
-                 ) -> torch.LongTensor:
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                 num_beams: int | None = None, max_length: int | None = None, max_new_tokens: int | None = None,
+                 num_return_sequences: int | None = None, **kwargs: torch.Tensor) -> torch.LongTensor:
         """
         Translate a batch in one onnxruntime call.
 
         Args:
-            input_ids, attention_mask: (batch_size, source_len) source tokens and padding mask (the processor's).
-            num_beams, max_length, max_new_tokens, num_return_sequences: as in `generate` (None: the exported
-                generation config's); `max_new_tokens` counts after the decoder start token.
+            input_ids: (batch_size, source_len) source tokens (the processor's).
+            attention_mask: (batch_size, source_len) their padding mask (None: the tokens that are not padding).
+            num_beams: beams (None: the exported generation config's); 1 is greedy search.
+            max_length: the longest output, decoder start token included (None: the generation config's).
+            max_new_tokens: the most tokens after the decoder start token (takes the place of `max_length`).
+            num_return_sequences: hypotheses returned per sentence, at most `num_beams` (None: the config's).
             kwargs: the processor's other outputs, which the encoder does not read (syntax fields,
                 `token_type_ids`); other `generate` arguments are refused by name.
 
