@@ -263,15 +263,17 @@ class DependencyToConstituency:
 
     def _score_chains(self, grid, chain_heads, tags, deps, heads, dep_tags) -> dict[int, tuple]:
         """The chosen chains (see [`_best_chains`]) of the heads `chain_heads`, scored from their grid points."""
-        points, head_rows, chain_rows, span_rows = [], [], [], []
+        points, head_keys, chain_keys, span_keys = [], [], [], []
         head_group, chain_group, span_group = self._groups
         for head in chain_heads:
             for a, b, _, _, head_key, chain_key, span_key in head_points(grid, head, tags, deps, heads, dep_tags):
                 points.append((head, a, b))
-                head_rows.append(head_group.row(head_key))
-                chain_rows.append(chain_group.row(chain_key))
-                span_rows.append(span_group.row(span_key))
+                head_keys.append(head_key)
+                chain_keys.append(chain_key)
+                span_keys.append(span_key)
         # the model is linear: a point's logits are the sum of its feature groups' summed weights
+        head_rows, chain_rows, span_rows = (group.rows_of(keys) for group, keys in zip(
+            self._groups, (head_keys, chain_keys, span_keys), strict=True))
         logits = head_group.table[head_rows] + chain_group.table[chain_rows] + span_group.table[span_rows]
         return _best_chains(grid, points, logits, self.none_class)
 
@@ -319,16 +321,22 @@ class _GroupScores:
         self.conversion, self.make_features = conversion, make_features
         self.rows, self.table = {}, np.zeros((1024, len(conversion.classes)), np.float32)
 
-    def row(self, key) -> int:
-        row = self.rows.get(key)
-        if row is None:
-            if len(self.rows) == _CACHE_SIZE:
-                self.rows.clear()
-            row = self.rows[key] = len(self.rows)
-            if row == len(self.table):
-                self.table = np.concatenate([self.table, np.zeros_like(self.table)])
-            self.table[row] = self.conversion.logits([self.make_features(*key)])[0]
-        return row
+    def rows_of(self, keys: list) -> list[int]:
+        """The rows of `keys` in `table`; the keys not seen yet are scored together, in one `logits` call."""
+        rows = self.rows
+        found = list(map(rows.get, keys))
+        if None not in found:
+            return found
+        unseen = list(dict.fromkeys(key for key, row in zip(keys, found, strict=True) if row is None))
+        if len(rows) + len(unseen) > _CACHE_SIZE:  # full: start again with these keys alone
+            rows.clear()
+            unseen = list(dict.fromkeys(keys))
+        first = len(rows)
+        rows.update(zip(unseen, range(first, first + len(unseen)), strict=True))
+        while first + len(unseen) > len(self.table):
+            self.table = np.concatenate([self.table, np.zeros_like(self.table)])
+        self.table[first : first + len(unseen)] = self.conversion.logits([self.make_features(*key) for key in unseen])
+        return list(map(rows.__getitem__, keys))
 
 
 def _best_chains(grid, points, logits, none_class) -> dict[int, tuple[tuple[int, int, int, bool], ...]]:
