@@ -275,7 +275,9 @@ def _search_node(settings: dict, encoder, decoder, vocab_mask: bool):
 
     inputs = ["input_ids", "max_length", "min_length", "num_beams", "num_return_sequences", "length_penalty",
               "repetition_penalty", "vocab_mask" if vocab_mask else "", "", "attention_mask"]
-    attributes = dict(eos_token_id=settings["eos_token_id"], pad_token_id=settings["pad_token_id"],
+    # the rows of finished hypotheses are filled with EOS, not padding: a generated padding token stays apart from
+    # the fill ([`OrtSearchModel._as_generate_returns`])
+    attributes = dict(eos_token_id=settings["eos_token_id"], pad_token_id=settings["eos_token_id"],
                       decoder_start_token_id=settings["decoder_start_token_id"], model_type=1,
                       no_repeat_ngram_size=settings["no_repeat_ngram_size"], early_stopping=1,
                       encoder=encoder, decoder=decoder)
@@ -418,6 +420,9 @@ class OrtSearchModel:
             raise ValueError(f"{manifest_path} is damaged ({error!r}): export the model again.") from None
         verify_onnx_record(folder, {"search": manifest["graph"]})
         options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # the search's own work runs on the same cores between subgraph runs: threads spinning there would take them
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if threads is not None:
             options.intra_op_num_threads = threads
         session = onnxruntime.InferenceSession(str(folder / manifest["graph"]), options,
@@ -471,27 +476,19 @@ class OrtSearchModel:
                  "num_return_sequences": np.array([returns], np.int32)}
         (sequences,) = self.session.run(["sequences"], feeds)
         sequences = torch.from_numpy(sequences.astype(np.int64)).flatten(0, 1)
-        return self._cut(self._with_eos(sequences, max_length))
+        return self._as_generate_returns(sequences)
 
-    def _with_eos(self, sequences: torch.LongTensor, max_length: int) -> torch.LongTensor:
-        """The op keeps a finished hypothesis without its EOS: put it back after the last token, where a hypothesis
-        shorter than `max_length` ended."""
-        pad, eos = self.settings["pad_token_id"], self.settings["eos_token_id"]
-        tokens = sequences[:, 1:].ne(pad)
-        # the decoder start and the tokens up to the last one that is not padding
-        lengths = torch.where(tokens.any(1), tokens.long().cumsum(1).argmax(1) + 2, 1)
-        padded = torch.cat([sequences, torch.full_like(sequences[:, :1], pad)], dim=1)
-        rows = torch.arange(len(sequences))
-        ended = lengths < max_length
-        padded[rows[ended], lengths[ended]] = eos
-        return padded
-
-    def _cut(self, sequences: torch.LongTensor) -> torch.LongTensor:
-        """Cut the padding columns after the longest hypothesis."""
-        pad = self.settings["pad_token_id"]
-        used = sequences[:, 1:].ne(pad).any(0).nonzero()
-        length = 1 + (int(used.max()) + 1 if len(used) else 0)
-        return sequences[:, :length]
+    def _as_generate_returns(self, sequences: torch.LongTensor) -> torch.LongTensor:
+        """The op fills a finished hypothesis's row with EOS after its tokens (the node's `pad_token_id`: EOS, the one
+        token a hypothesis never holds before its end); `generate` gives EOS then padding, cut after the longest
+        hypothesis."""
+        eos, pad = self.settings["eos_token_id"], self.settings["pad_token_id"]
+        generated = sequences[:, 1:]
+        seen = generated.eq(eos).long().cumsum(1)
+        after_eos = (seen - generated.eq(eos).long()) > 0  # positions after the first EOS
+        generated = generated.masked_fill(after_eos, pad)
+        lengths = 1 + (seen == 0).sum(1) + (seen[:, -1] > 0).long()  # start, tokens, the EOS if any
+        return torch.cat([sequences[:, :1], generated], dim=1)[:, : int(lengths.max())]
 
     def translate(self, tokenizer, texts: list[str], **settings) -> list[str]:
         """Translate `texts` with the model's tokenizer (or processor): the best hypothesis of each, decoded without
