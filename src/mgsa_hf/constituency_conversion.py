@@ -244,8 +244,13 @@ class DependencyToConstituency:
         heads, grid = projective_grid(heads, deps)
         dep_tags = word_dep_tags(tags, deps)
         chains, unseen = {}, []
-        for head in range(len(heads)):
-            signature = head_signature(grid, head, tags, deps, heads, dep_tags)
+        # a leaf's signature (see `head_signature`), for all words at once
+        parent_tags = [tags[parent] if parent != word else "ROOT" for word, parent in enumerate(heads)]
+        n = len(tags)
+        leaf_signatures = zip(tags, deps, parent_tags, ["^", *tags][:n], [*tags[1:], "$"][:n], strict=True)
+        is_leaf = map(_no_dependents, grid.left_deps, grid.right_deps, grid.punct_deps)
+        for head, (leaf_signature, leaf) in enumerate(zip(leaf_signatures, is_leaf, strict=True)):
+            signature = leaf_signature if leaf else head_signature(grid, head, tags, deps, heads, dep_tags)
             chain = self._chains.get(signature)
             if chain is None:
                 unseen.append((head, signature))
@@ -276,6 +281,10 @@ class DependencyToConstituency:
             self._groups, (head_keys, chain_keys, span_keys), strict=True))
         logits = head_group.table[head_rows] + chain_group.table[chain_rows] + span_group.table[span_rows]
         return _best_chains(grid, points, logits, self.none_class)
+
+
+def _no_dependents(left, right, punct) -> bool:
+    return not (left or right or punct)
 
 
 def head_signature(grid: HeadGrid, head: int, tags, deps, heads, dep_tags) -> tuple:
