@@ -330,11 +330,10 @@ class _NarrowRows:
             rows.pop(column, None)
         for column, values in rows.items():
             dtype, low, high = self.ranges[column]
-            flat = chain.from_iterable(values)
-            if column in LEVELLED_SYNTAX_FIELDS:
-                flat = chain.from_iterable(flat)
-            flat = np.fromiter(flat, dtype=np.int64)
-            if flat.size and (flat.min() < low or flat.max() > high):
+            # the lists of integers of the batch (a row's levels for the levelled fields), their extremes
+            lists = [part for part in (chain.from_iterable(values) if column in LEVELLED_SYNTAX_FIELDS else values)
+                     if part]
+            if lists and (min(map(min, lists)) < low or max(map(max, lists)) > high):
                 for index, row in zip(indices, values, strict=True):
                     row = np.array(row, dtype=object).ravel().astype(np.int64) if row else np.zeros(0, np.int64)
                     if row.size and (row.min() < low or row.max() > high):
