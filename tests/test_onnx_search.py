@@ -127,6 +127,14 @@ def test_translate_and_bad_calls(exported, multi30k_processor, test_sources, tmp
         multi30k_processor.tokenizer.batch_decode(expected, skip_special_tokens=True))
     with pytest.raises(ValueError, match=r"takes no \['do_sample'\]"):
         search.generate(**batch, do_sample=True)
+    too_large = batch["input_ids"].clone()
+    too_large[0, 0] = model.config.vocab_size
+    with pytest.raises(ValueError, match="input_ids"):
+        search.generate(too_large, batch["attention_mask"])
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        search.generate(batch["input_ids"], batch["attention_mask"][:, 1:])
+    with pytest.raises(ValueError, match="target sequence has 1001 tokens"):
+        search.generate(**batch, max_new_tokens=1000)
     with pytest.raises(ValueError, match="num_return_sequences <= num_beams"):
         search.generate(**batch, num_beams=2, num_return_sequences=3)
     # a folder exported without beam search's settings serves greedy search only

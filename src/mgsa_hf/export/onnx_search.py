@@ -38,6 +38,8 @@ from transformers import AutoConfig, GenerationConfig
 from transformers.processing_utils import ProcessorMixin
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from ..input_checks import check_token_ids
+from ..modeling_common import check_length
 from . import EXPORTABLE_SYNTAX_FIELDS, ONNX_FOLDER_FILES, check_onnx_exportable, export_folder, onnx_syntax_fields
 from .onnx_generation import EXAMPLES, DecoderGraph, EncoderGraph, _load_model_and_processor, _onnx_export
 from .onnx_record import verify_onnx_record, weights_digest, write_onnx_record
@@ -467,11 +469,19 @@ class OrtSearchModel:
         if num_beams < 1 or returns < 1 or returns > num_beams or max_length < 2:
             raise ValueError(f"num_beams={num_beams}, num_return_sequences={returns}, max_length={max_length}: "
                              "need 1 <= num_return_sequences <= num_beams and max_length >= 2.")
-        input_ids = torch.as_tensor(input_ids)
+        check_token_ids(input_ids, self.config.vocab_size, "input_ids")
+        positions = getattr(self.config, "max_position_embeddings", None)
+        if positions is not None:  # a clear error, not an index error inside a subgraph
+            check_length(input_ids, 0, positions, "source")
+            check_length(torch.empty(1, max_length), 0, positions, "target")
         if attention_mask is None:
             attention_mask = input_ids.ne(settings["pad_token_id"])
+        attention_mask = torch.as_tensor(attention_mask)
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids "
+                             f"{tuple(input_ids.shape)}: pass the processor's mask of these tokens.")
         feeds = {"input_ids": input_ids.cpu().numpy().astype(np.int32),
-                 "attention_mask": torch.as_tensor(attention_mask).cpu().numpy().astype(np.int32),
+                 "attention_mask": attention_mask.cpu().numpy().astype(np.int32),
                  "max_length": np.array([max_length], np.int32), "num_beams": np.array([num_beams], np.int32),
                  "num_return_sequences": np.array([returns], np.int32)}
         (sequences,) = self.session.run(["sequences"], feeds)
