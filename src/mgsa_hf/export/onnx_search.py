@@ -200,7 +200,7 @@ def _export_subgraphs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     return onnx.load(folder / "encoder.onnx"), onnx.load(folder / "decoder.onnx")
 
 
-def _subgraph_names(graph) -> list:
+def _nested_graphs(graph) -> list:
     """The graphs nested in `graph`'s nodes (If and Scan bodies), at any depth."""
     import onnx
 
@@ -208,10 +208,10 @@ def _subgraph_names(graph) -> list:
     for node in graph.node:
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.GRAPH:
-                nested += [attribute.g, *_subgraph_names(attribute.g)]
+                nested += [attribute.g, *_nested_graphs(attribute.g)]
             elif attribute.type == onnx.AttributeProto.GRAPHS:
                 for body in attribute.graphs:
-                    nested += [body, *_subgraph_names(body)]
+                    nested += [body, *_nested_graphs(body)]
     return nested
 
 
@@ -235,7 +235,7 @@ def _share_initializers(subgraphs: list, shared: dict) -> list:
                 moved.append(copy)
             renames[tensor.name] = shared[digest]
         graph.ClearField("initializer")
-        for body in [graph, *_subgraph_names(graph)]:
+        for body in [graph, *_nested_graphs(graph)]:
             for node in body.node:
                 node.input[:] = [renames.get(name, name) for name in node.input]
             for output in body.output:  # a graph output that is a weight: through an Identity
