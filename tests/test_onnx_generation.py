@@ -1,7 +1,9 @@
-"""ONNX Runtime generation (`mgsa_hf.export.onnx_generation`): for every encoder type on both backbones, the exported
-encoder and decoder graphs with their KV cache give PyTorch `generate`'s tokens (greedy, beam 4,
-`num_return_sequences=2`) on real test 2016 sentences through the real processor, and the translation pipeline gives
-the same strings; int8 graphs translate; bad folders and inputs get clear errors."""
+"""ONNX Runtime generation (`mgsa_hf.export.onnx_generation`): the exported encoder and decoder graphs with their KV
+cache give PyTorch `generate`'s tokens (greedy, beam 4, `num_return_sequences=2`) on real test 2016 sentences through
+the real processor, and the translation pipeline gives the same strings; int8 graphs translate; bad folders and inputs
+get clear errors. Every encoder type is exported: those that read syntax here, on both backbones; hybrid and n-gram
+MG-SA, whose encoder graphs read only the ids and the mask, in test_onnx_search.py (the same graph wrappers, searched
+by onnxruntime's `BeamSearch`), beside the Transformer here."""
 
 import contextlib
 import io
@@ -34,23 +36,20 @@ pytestmark = pytest.mark.usefixtures("one_thread", "one_torchlib_registry", "unc
 REPO = Path(__file__).resolve().parents[1]
 
 RHE_FIELDS = ["word_ids", "head_word_ids", "local_phrase_start", "local_phrase_end", "tree_depth"]
-NGRAM = {"phrase_partition": "ngram", "phrase_interaction": "none", "phrase_tag_supervision": False}
 # every kind is exported and tested (a kind is one line): (backbone, encoder type, config fields, the syntax fields its
 # encoder graph takes). The config fields override `ONNX_EXPORT_LAYERS`.
 MODELS = {
     "marian-transformer": ("marian", "transformer", {}, []),
-    "marian-phrase_memory-ngram": ("marian", "phrase_memory", NGRAM, []),
     # the default MG-SA: syntactic phrases, phrase-tag supervision and the ON-LSTM interaction (its padded scan)
     "marian-phrase_memory": ("marian", "phrase_memory", {}, ["phrase_ids"]),
     # wider initial weights: a random PR model at 0.2 says the same for every source (the pipeline test compares them)
     "marian-phrase_representation": ("marian", "phrase_representation", {"pr_segmentation": "parse", "init_std": 0.5},
                                      ["pr_phrase_ids"]),
-    "marian-hybrid": ("marian", "hybrid", {}, []),
     "marian-rhe": ("marian", "rhe", {}, RHE_FIELDS),
     # the plain T5 backbone exports whole in test_export_onnx.py; here T5 comes with the variants that change its
-    # decoder or its attention's inputs (MG-SA's syntactic phrases with its LSTM composition and interaction:
-    # test_onnx_recurrent.py). Hybrid's attention is one module on both backbones (variant_hybrid.py), exported here
-    # with Marian; T5's relative positions and caches are in the T5 kinds below.
+    # decoder or read syntax (MG-SA's syntactic phrases with its LSTM composition and interaction:
+    # test_onnx_recurrent.py). Hybrid's attention is one module on both backbones (variant_hybrid.py), exported
+    # with Marian in test_onnx_search.py; T5's relative positions and caches are in the T5 kinds below.
     # two layers of each: PR's non-last encoder layer, three phrase levels, the caches of two decoder layers
     "t5-phrase_representation": ("t5", "phrase_representation",
                                  {"pr_segmentation": "parse", "num_layers": 2, "num_decoder_layers": 2},
@@ -59,14 +58,14 @@ MODELS = {
 }
 # exported from a saved folder by `scripts/export_onnx.py FOLDER OUT --generation` (the command line's path); the
 # int8 test quantizes a copy of its folder
-SCRIPT_EXPORTED = "marian-hybrid"
+SCRIPT_EXPORTED = "marian-rhe"
 MAX_NEW_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
 def test_sources():
-    """The first five English sentences of Multi30k test 2016 and its longest, 51 tokens: longer than hybrid's fused
-    local pattern goes (32), than T5's relative positions reach and than the sentences the graphs were traced on."""
+    """The first five English sentences of Multi30k test 2016 and its longest, 51 tokens: longer than T5's relative
+    positions reach and than the sentences the graphs were traced on."""
     lines = list(read_lines(f"{MULTI30K}/test_2016_flickr.en.gz"))
     return lines[:5] + [max(lines, key=len)]
 
@@ -108,7 +107,7 @@ def exported(request, multi30k_processor, tiny_config, tiny_t5_config, tmp_path_
 def test_ort_generate_equals_pytorch(exported, settings, multi30k_processor, test_sources):
     name, model, ort_model, folder = exported
     batch = multi30k_processor(test_sources, return_tensors="pt")
-    assert batch["input_ids"].shape[1] > 32  # hybrid's banded local attention runs
+    assert batch["input_ids"].shape[1] > 32  # past the lengths the graphs were traced on
     # every step's scores, computed from the cache after the first step, equal PyTorch's
     assert_ort_generate_equals_pytorch(model, ort_model, batch, MAX_NEW_TOKENS, **settings)
 
