@@ -82,13 +82,14 @@ def read_sentences(data: Path, split: str, lang: str, limit: int) -> list[str]:
         return [line.strip() for _, line in zip(range(limit), handle, strict=False)]
 
 
-def build_processor(workdir: Path, data: Path):
-    """An `MgsaProcessor` with a joint 8000-token tokenizer trained on the corpus's train split (under `workdir`)."""
+def build_processor(workdir: Path, data: Path, vocab_size: int = 8000):
+    """An `MgsaProcessor` with a joint `vocab_size`-token tokenizer trained on the corpus's train split (under
+    `workdir`)."""
     from .. import MgsaProcessor
     from ..tokenization_utils import train_joint_tokenizer
 
     tokenizer = train_joint_tokenizer(
-        [data / "train.en.gz"], [data / "train.de.gz"], vocab_size=8000, output_dir=workdir / "tokenizer"
+        [data / "train.en.gz"], [data / "train.de.gz"], vocab_size=vocab_size, output_dir=workdir / "tokenizer"
     )
     return MgsaProcessor(tokenizer=tokenizer)
 
