@@ -241,46 +241,65 @@ class DependencyToConstituency:
             heads: head index of each word, roots pointing to themselves (non-projective arcs are lifted).
             tags, deps: PTB POS tag and dependency label of each word.
         """
-        heads, grid = projective_grid(heads, deps)
-        dep_tags = word_dep_tags(tags, deps)
-        chains, unseen = {}, []
-        # a leaf's signature (see `head_signature`), for all words at once
-        parent_tags = [tags[parent] if parent != word else "ROOT" for word, parent in enumerate(heads)]
-        n = len(tags)
-        leaf_signatures = zip(tags, deps, parent_tags, ["^", *tags][:n], [*tags[1:], "$"][:n], strict=True)
-        is_leaf = map(_no_dependents, grid.left_deps, grid.right_deps, grid.punct_deps)
-        for head, (leaf_signature, leaf) in enumerate(zip(leaf_signatures, is_leaf, strict=True)):
-            signature = leaf_signature if leaf else head_signature(grid, head, tags, deps, heads, dep_tags)
-            chain = self._chains.get(signature)
-            if chain is None:
-                unseen.append((head, signature))
-            elif chain:
-                chains[head] = chain
+        return self.trees([(heads, tags, deps)])[0]
+
+    def trees(self, parses: list[tuple[list[int], list[str], list[str]]]) -> list[ConstituencyTree]:
+        """The constituency trees of a batch of sentences from their dependency parses `(heads, tags, deps)` (see
+        [`tree`]): the trees of one `tree` call each, with the heads whose chains are not known yet scored together."""
+        sentences, unseen = [], []  # unseen: (sentence, head, signature) of the heads to score
+        for heads, tags, deps in parses:
+            heads, grid = projective_grid(heads, deps)
+            dep_tags = word_dep_tags(tags, deps)
+            chains = {}
+            # a leaf's signature (see `head_signature`), for all words at once
+            parent_tags = [tags[parent] if parent != word else "ROOT" for word, parent in enumerate(heads)]
+            n = len(tags)
+            leaf_signatures = zip(tags, deps, parent_tags, ["^", *tags][:n], [*tags[1:], "$"][:n], strict=True)
+            is_leaf = map(_no_dependents, grid.left_deps, grid.right_deps, grid.punct_deps)
+            for head, (leaf_signature, leaf) in enumerate(zip(leaf_signatures, is_leaf, strict=True)):
+                signature = leaf_signature if leaf else head_signature(grid, head, tags, deps, heads, dep_tags)
+                chain = self._chains.get(signature)
+                if chain is None:
+                    unseen.append((len(sentences), head, signature))
+                elif chain:
+                    chains[head] = chain
+            sentences.append((heads, tags, deps, grid, dep_tags, chains))
         if unseen:
-            scored = self._score_chains(grid, [head for head, _ in unseen], tags, deps, heads, dep_tags)
+            scored = self._score_heads([(*sentences[index][:5], head) for index, head, _ in unseen])
             if len(self._chains) + len(unseen) > _CACHE_SIZE:
                 self._chains.clear()
-            for head, signature in unseen:
-                chain = self._chains[signature] = scored.get(head, ())
+            for (index, head, signature), chain in zip(unseen, scored, strict=True):
+                self._chains[signature] = chain
                 if chain:
-                    chains[head] = chain
-        return _build_tree(grid, heads, tags, chains, self.classes)
+                    sentences[index][5][head] = chain
+        return [_build_tree(grid, heads, tags, chains, self.classes)
+                for heads, tags, _, grid, _, chains in sentences]
 
     def _score_chains(self, grid, chain_heads, tags, deps, heads, dep_tags) -> dict[int, tuple]:
-        """The chosen chains (see [`_best_chains`]) of the heads `chain_heads`, scored from their grid points."""
-        points, head_keys, chain_keys, span_keys = [], [], [], []
-        head_group, chain_group, span_group = self._groups
-        for head in chain_heads:
+        """The chosen chains (see [`_best_chain`]) of the heads `chain_heads` of one sentence that choose one."""
+        chains = self._score_heads([(heads, tags, deps, grid, dep_tags, head) for head in chain_heads])
+        return {head: chain for head, chain in zip(chain_heads, chains, strict=True) if chain}
+
+    def _score_heads(self, heads_of_sentences: list[tuple]) -> list[tuple]:
+        """The chosen chain of each `(heads, tags, deps, grid, dep_tags, head)` (`()` for none), scored from the
+        grid points of all of them at once."""
+        points, head_keys, chain_keys, span_keys, bounds = [], [], [], [], []
+        for heads, tags, deps, grid, dep_tags, head in heads_of_sentences:
+            first = len(points)
             for a, b, _, _, head_key, chain_key, span_key in head_points(grid, head, tags, deps, heads, dep_tags):
-                points.append((head, a, b))
+                points.append((a, b))
                 head_keys.append(head_key)
                 chain_keys.append(chain_key)
                 span_keys.append(span_key)
+            bounds.append((first, len(points)))
         # the model is linear: a point's logits are the sum of its feature groups' summed weights
         head_rows, chain_rows, span_rows = (group.rows_of(keys) for group, keys in zip(
             self._groups, (head_keys, chain_keys, span_keys), strict=True))
+        head_group, chain_group, span_group = self._groups  # their tables once the rows are scored
         logits = head_group.table[head_rows] + chain_group.table[chain_rows] + span_group.table[span_rows]
-        return _best_chains(grid, points, logits, self.none_class)
+        gain, best_label = _point_gains(logits, self.none_class)
+        return [_best_chain(entry[3], entry[5], points[first:last], gain[first:last], best_label[first:last])
+                for entry, (first, last) in zip(heads_of_sentences, bounds, strict=True)]
 
 
 def _no_dependents(left, right, punct) -> bool:
@@ -348,45 +367,44 @@ class _GroupScores:
         return list(map(rows.__getitem__, keys))
 
 
-def _best_chains(grid, points, logits, none_class) -> dict[int, tuple[tuple[int, int, int, bool], ...]]:
-    """Per head, the chosen points `(a, b, class, is_constituent)` from the innermost out: the chain of greatest total
-    score `log p(constituent) - log p(none)`. The whole subtree ends every chain of a head with dependents, to hold
-    them; `is_constituent` is false when it scores no more than none, and the tree then leaves that node out."""
+def _point_gains(logits, none_class) -> tuple[list[float], list[int]]:
+    """Per grid point (a row of `logits`), the gain `log p(constituent) - log p(none)` and the best label class."""
     shifted = logits - logits.max(1, keepdims=True)
     log_sum = np.log(np.exp(shifted).sum(1))
     none = shifted[:, none_class] - log_sum
     label_logits = shifted.copy()
     label_logits[:, none_class] = -np.inf
-    best_label = label_logits.argmax(1)
     some = np.log(np.maximum(1.0 - np.exp(none), 1e-12))
-    gain = (some - none).tolist()
-    by_head = {}
-    for index, (head, a, b) in enumerate(points):
-        by_head.setdefault(head, {})[(a, b)] = index
-    chains = {}
-    for head, grid_index in by_head.items():
-        k, m = len(grid.left_deps[head]), len(grid.right_deps[head])
-        has_dependents = k + m + len(grid.punct_deps[head]) > 0
-        # best[a][b]: best total of a chain ending at (a, b) (inclusive); back-pointers by prefix maxima
-        best, back = {}, {}
-        for a in range(k + 1):
-            for b in range(m + 1):
-                score = gain[grid_index[(a, b)]]
-                forced = has_dependents and (a, b) == (k, m)
-                if score <= 0 and not forced:
-                    continue
-                previous = max(((best[p], p) for p in best if p[0] <= a and p[1] <= b), default=(0.0, None))
-                best[(a, b)], back[(a, b)] = previous[0] + score, previous[1]
-        if not best:
-            continue
-        end = (k, m) if has_dependents else max(best, key=best.get)
-        chain = []
-        while end is not None:
-            index = grid_index[end]
-            chain.append((*end, int(best_label[index]), gain[index] > 0))
-            end = back[end]
-        chains[head] = tuple(chain[::-1])
-    return chains
+    return (some - none).tolist(), label_logits.argmax(1).tolist()
+
+
+def _best_chain(grid, head, points, gain, best_label) -> tuple[tuple[int, int, int, bool], ...]:
+    """The chosen points `(a, b, class, is_constituent)` of `head` from the innermost out, given its grid `points`
+    `(a, b)` with their gains and best labels ([`_point_gains`]): the chain of greatest total score. The whole subtree
+    ends every chain of a head with dependents, to hold them; `is_constituent` is false when it scores no more than
+    none, and the tree then leaves that node out. `()` when no point is chosen."""
+    grid_index = {point: index for index, point in enumerate(points)}
+    k, m = len(grid.left_deps[head]), len(grid.right_deps[head])
+    has_dependents = k + m + len(grid.punct_deps[head]) > 0
+    # best[a][b]: best total of a chain ending at (a, b) (inclusive); back-pointers by prefix maxima
+    best, back = {}, {}
+    for a in range(k + 1):
+        for b in range(m + 1):
+            score = gain[grid_index[(a, b)]]
+            forced = has_dependents and (a, b) == (k, m)
+            if score <= 0 and not forced:
+                continue
+            previous = max(((best[p], p) for p in best if p[0] <= a and p[1] <= b), default=(0.0, None))
+            best[(a, b)], back[(a, b)] = previous[0] + score, previous[1]
+    if not best:
+        return ()
+    end = (k, m) if has_dependents else max(best, key=best.get)
+    chain = []
+    while end is not None:
+        index = grid_index[end]
+        chain.append((*end, best_label[index], gain[index] > 0))
+        end = back[end]
+    return tuple(chain[::-1])
 
 
 def _build_tree(grid, heads, tags, chains, classes) -> ConstituencyTree:

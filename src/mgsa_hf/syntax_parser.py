@@ -12,6 +12,7 @@ tree. The tree is derived from the dependency parse, by the conversion learned f
 import hashlib
 import importlib
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 
 from .constituency_conversion import default_conversion
@@ -32,6 +33,10 @@ from .syntax_spacy import (
     word_arrays,
 )
 from .syntax_trees import SentenceSyntax, read_tree
+
+
+# sentences whose derived trees are made in one batch, as the parse goes (at most the parse's batch size)
+_CONVERSION_BATCH = 64
 
 
 class SyntaxParser:
@@ -167,9 +172,25 @@ class SyntaxParser:
             docs = self._parse_beside(inputs, batch_size)
         else:
             docs = nlp.pipe(inputs, batch_size=batch_size, n_process=n_process)
-        derive = derive_constituency_tree if self.tree_parser == RULES_TREE_PARSER else self.conversion.tree
         pairs = enumerate(zip(texts, docs, strict=True))
+        if self.tree_parser != RULES_TREE_PARSER and self.tree_extension is None:
+            return self._converted_sentences(pairs, given, self.conversion, min(batch_size, _CONVERSION_BATCH))
+        derive = derive_constituency_tree if self.tree_parser == RULES_TREE_PARSER else self.conversion.tree
         return (self._sentence(i, text, doc, given.get(i), derive) for i, (text, doc) in pairs)
+
+    @staticmethod
+    def _converted_sentences(pairs, given, conversion, size: int) -> Iterator[SentenceSyntax]:
+        """The analyses of the `(index, (text, doc))` pairs (see [`_sentence`]) whose trees, where none is `given`,
+        `conversion` derives: `size` sentences at a time, in one batch
+        ([`~mgsa_hf.constituency_conversion.DependencyToConstituency.trees`]); no more than the parse's batch, so
+        that the docs are drawn no further ahead than the parse sends them."""
+        while chunk := list(islice(pairs, size)):
+            words = [word_arrays(doc) for _, (_, doc) in chunk]
+            derived = iter(conversion.trees([parse[:3] for (i, _), parse in zip(chunk, words, strict=True)
+                                             if i not in given]))
+            for (i, (text, _)), (heads, _, _, spans) in zip(chunk, words, strict=True):
+                tree, spans = given[i] if i in given else (next(derived), spans)
+                yield SentenceSyntax(text, spans, join_roots(heads), tree)
 
     def _parse_beside(self, inputs: list, batch_size: int):
         """The docs (or their arrays) of `inputs`, parsed beside the caller: by this parser's [`ParseProcess`]
