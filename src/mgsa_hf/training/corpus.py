@@ -30,6 +30,8 @@ the same corpus on every machine); the run compares what every process prepared 
 (`distributed.check_same_inputs`).
 """
 
+import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -283,6 +285,19 @@ FIELD_TYPES = {"word_ids": "int16", "head_word_ids": "int16", "phrase_ids": "int
 UNSTORED_FIELDS = ("attention_mask",)
 
 
+@contextlib.contextmanager
+def frozen_gc():
+    """Leaves the objects alive on entry (the imports' hundreds of thousands, the corpus) out of the cyclic garbage
+    collector's work for the block (`gc.freeze`): the rows that a step makes would otherwise trigger full collections
+    that walk all of them again and again. Worker processes forked inside the block inherit it; the rows themselves
+    are collected as usual."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def processed_features(columns: list[str], vocab_size: int):
     """The `datasets.Features` of a processed split with `columns` (the processor's output fields but those not
     stored): every field a list per sentence (a list of lists for the levelled syntax fields) of the narrowest integer
@@ -343,6 +358,7 @@ class _NarrowRows:
         return rows
 
 
+@frozen_gc()
 def build_processed(processor, corpus, config, staging: Path, num_proc: int | None, limit: int | None,
                     parsed=None) -> dict:
     """Write the tokenized (and parsed) splits of `corpus` into `staging` with `num_proc` worker processes; returns
@@ -421,6 +437,7 @@ class _ParseRows:
         return {name: [parse[name] for parse in parses] for name in PARSE_FIELDS}
 
 
+@frozen_gc()
 def build_parsed(processor, corpus, config, staging: Path, num_proc: int | None) -> dict:
     """Write the parse of every source sentence of `corpus` ([`MgsaProcessor.parse`], with the corpus's trees) into
     `staging` with `num_proc` worker processes, as [`build_processed`] writes its fields; returns the splits' sizes
