@@ -188,3 +188,32 @@ def test_bad_folder_and_inputs(exported, tmp_path, multi30k_processor, test_sour
     too_large["input_ids"][0, 0] = ort_model.config.vocab_size
     with pytest.raises(ValueError, match="input_ids"):
         ort_model.generate(**too_large, max_new_tokens=4)
+
+
+class ThreadRecordingSession:
+    """An onnxruntime session that records torch's thread count at each run."""
+
+    def __init__(self, session, seen: list):
+        self.session, self.seen = session, seen
+
+    def run(self, *args):
+        self.seen.append(torch.get_num_threads())
+        return self.session.run(*args)
+
+
+def test_generate_keeps_torch_on_its_threads_during_search(onnx_transformer, multi30k_processor, test_sources):
+    """torch does the search on `torch_threads` threads while `generate` runs (not competing with the sessions'
+    threads), and gets its own setting back after it."""
+    _, folder = onnx_transformer
+    batch = multi30k_processor(test_sources[:2], return_tensors="pt")
+    try:
+        for torch_threads, expected in ((1, 1), (None, 2)):
+            model = OrtMgsaForConditionalGeneration.from_pretrained(folder, threads=1, torch_threads=torch_threads)
+            seen = []
+            model.sessions["decoder_with_past"] = ThreadRecordingSession(model.sessions["decoder_with_past"], seen)
+            torch.set_num_threads(2)
+            model.generate(**batch, num_beams=2, max_new_tokens=4, min_new_tokens=4)
+            assert torch.get_num_threads() == 2
+            assert len(seen) == 3 and set(seen) == {expected}
+    finally:
+        torch.set_num_threads(1)

@@ -465,7 +465,8 @@ class OrtMgsaForConditionalGeneration(PreTrainedModel, GenerationMixin):
             provider: the onnxruntime execution provider.
             torch_threads: torch's intra-op threads while `generate` runs (its search work between two session
                 runs), restored after it; None leaves torch's setting. With torch on every core too, its pool
-                competed with onnxruntime's for the same cores: beam search on 2 threads ran 2.5x slower than with 1.
+                competed with onnxruntime's for the same cores: on a busy 2-core machine, beam search on 2 threads
+                then ran 2.5-6x slower than on 1.
 
         Raises:
             ValueError: naming the file, for a graph or `config.json` that is not the one exported with the others
