@@ -688,3 +688,19 @@ def test_an_earlier_tokenizer_failure_does_not_stop_the_next_launch(train_split,
         waiting.join(timeout=30)
     assert errors == [] and len(loaded) == 1 and loaded[0].get_vocab() == main.get_vocab()
     assert "holds the error of an earlier attempt" in caplog.text
+
+
+def test_a_save_keeps_the_folders_other_subfolders(tmp_path):
+    """A save into a folder that holds a subfolder of the user's (with a file and a symbolic link in it) keeps it
+    whole beside what the save wrote (it stopped with "'str' object has no attribute 'is_symlink'")."""
+    from mgsa_hf.atomic_saves import staged_folder
+
+    folder = tmp_path / "model"
+    (folder / "notes" / "deep").mkdir(parents=True)
+    (folder / "notes" / "deep" / "log.txt").write_text("kept")
+    (folder / "notes" / "latest").symlink_to("deep/log.txt")
+    (folder / "config.json").write_text("{}")
+    with staged_folder(folder) as staging:
+        (staging / "config.json").write_text('{"saved": true}')
+    assert (folder / "config.json").read_text() == '{"saved": true}'
+    assert (folder / "notes" / "latest").is_symlink() and (folder / "notes" / "latest").read_text() == "kept"

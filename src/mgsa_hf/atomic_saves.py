@@ -99,7 +99,8 @@ def _remove_leftovers(folder: Path) -> None:
 
 def _link_or_copy(source: Path, target: Path) -> None:
     """Put `source` (a file, a symbolic link or a folder) at `target`: files hard-linked where the filesystem allows,
-    else copied."""
+    else copied (`shutil.copytree` calls it with strings)."""
+    source, target = Path(source), Path(target)
     if source.is_symlink():
         os.symlink(os.readlink(source), target)
     elif source.is_dir():
