@@ -22,7 +22,7 @@ from mgsa_hf.cli import main
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from mgsa_hf.export.onnx_generation import OrtMgsaForConditionalGeneration, _load_model_and_processor  # noqa: E402
+from mgsa_hf.export.onnx_generation import OrtMgsaForConditionalGeneration, load_model_and_processor  # noqa: E402
 from mgsa_hf.export.onnx_record import RECORD, weights_digest  # noqa: E402
 from mgsa_hf.weights_checksums import file_sha256  # noqa: E402
 
@@ -212,5 +212,5 @@ def test_the_commands_advice_for_saved_code_is_their_flag(exported, tmp_path):
         with contextlib.redirect_stdout(io.StringIO()) as printed:
             main([*arguments, "--trust-remote-code"])
         assert len(printed.getvalue().splitlines()) == 1
-    _, processor, _ = _load_model_and_processor(hostile_model, None, trust_remote_code=True)
+    _, processor, _ = load_model_and_processor(hostile_model, None, trust_remote_code=True)
     assert processor.tree_parser == CODE_SETTING["tree_parser"]

@@ -150,8 +150,9 @@ class DecoderGraph(nn.Module):
         return logits, *flat_cache(cache.self_attention_cache), *flat_cache(cache.cross_attention_cache)
 
 
-def _onnx_export(module, args, dynamic_shapes, input_names, output_names, path, opset):
-    """Trace a [`DecoderGraph`] on `args` with `torch.export` and write it to `path` (one file, no external data)."""
+def trace_to_onnx(module, args, dynamic_shapes, input_names, output_names, path, opset):
+    """Trace a graph module (`forward(first, second, *tensors)`: [`EncoderGraph`], [`DecoderGraph`] and the one-call
+    search's subgraphs) on `args` with `torch.export` and write it to `path` (one file, no external data)."""
     # the exporter's progress messages (some onnxscript releases print them) go to stderr, not the caller's stdout
     with torch.no_grad(), contextlib.redirect_stdout(sys.stderr):
         program = torch.onnx.export(
@@ -163,7 +164,9 @@ def _onnx_export(module, args, dynamic_shapes, input_names, output_names, path, 
     program.save(path, external_data=False)
 
 
-def _load_model_and_processor(model_or_folder, processor, trust_remote_code: bool = False):
+def load_model_and_processor(model_or_folder, processor, trust_remote_code: bool = False):
+    """`(model, processor, folder)` of a model object (`folder` None) or a saved folder (its model, and its processor
+    unless `processor` is given; a processor that names code only with `trust_remote_code`)."""
     from transformers import AutoModelForSeq2SeqLM
 
     import mgsa_hf  # noqa: F401  (registers the model types)
@@ -214,7 +217,7 @@ def export_generation_onnx(
         from ..training.ownership import check_output_folder
 
         check_output_folder(output_dir, source=model_or_folder, overwrite=True)
-    model, processor, folder = _load_model_and_processor(model_or_folder, processor, trust_remote_code)
+    model, processor, folder = load_model_and_processor(model_or_folder, processor, trust_remote_code)
     if processor is None:
         raise ValueError("export_generation_onnx needs the model's processor: pass `processor=` with a model object.")
     config = model.config
@@ -335,7 +338,7 @@ def _export_graphs(model, encoder_inputs: dict, syntax_names: list[str], output_
     cross_shapes = [{0: batch, 2: source if j < num_self else phrases} for j in range(num_cross) for _ in range(2)]
     target = torch.export.Dim("target_length")
     decoder_inputs = ["decoder_input_ids", "encoder_attention_mask", *memory_names]
-    _onnx_export(
+    trace_to_onnx(
         probe, (start, mask, *encoder_outputs), [{0: batch, 1: target}, {0: batch, 1: source}, *memory_shapes],
         decoder_inputs, ["logits", *self_names, *cross_names], output_dir / GRAPHS["decoder"], opset,
     )
@@ -346,7 +349,7 @@ def _export_graphs(model, encoder_inputs: dict, syntax_names: list[str], output_
     with_past = DecoderGraph(model, memory_names, num_self, num_cross, with_past=True)
     past_self_names = cache_names("past_key_values", "decoder", num_self)
     past_cross_names = cache_names("past_key_values", "encoder", num_cross)
-    _onnx_export(
+    trace_to_onnx(
         with_past, (start[:, :1], mask, *encoder_outputs, *self_past, *cross_past),
         [{0: batch}, {0: batch, 1: source}, *memory_shapes, *[{0: batch, 2: past_length}] * len(self_past),
          *cross_shapes],

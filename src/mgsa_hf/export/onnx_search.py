@@ -41,7 +41,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from ..input_checks import check_token_ids
 from ..modeling_common import check_length
 from . import EXPORTABLE_SYNTAX_FIELDS, ONNX_FOLDER_FILES, check_onnx_exportable, export_folder, onnx_syntax_fields
-from .onnx_generation import EXAMPLES, DecoderGraph, EncoderGraph, _load_model_and_processor, _onnx_export
+from .onnx_generation import EXAMPLES, DecoderGraph, EncoderGraph, load_model_and_processor, trace_to_onnx
 from .onnx_record import verify_onnx_record, weights_digest, write_onnx_record
 
 
@@ -183,7 +183,7 @@ def _export_subgraphs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
         first = encoder(ids, mask, start)
     self_names = _cache_names("present", "self", num_layers)
     cross_names = _cache_names("present", "cross", num_layers)
-    _onnx_export(encoder, (ids, mask, start), [{0: batch, 1: source}, {0: batch, 1: source}, {0: batch}],
+    trace_to_onnx(encoder, (ids, mask, start), [{0: batch, 1: source}, {0: batch, 1: source}, {0: batch}],
                  ["encoder_input_ids", "encoder_attention_mask", "decoder_input_ids"],
                  ["logits", "encoder_hidden_states", *self_names, *cross_names], folder / "encoder.onnx", opset)
     past = torch.export.Dim("past_length")
@@ -191,7 +191,7 @@ def _export_subgraphs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     self_past, cross_past = caches[: 2 * num_layers], caches[2 * num_layers:]
     decoder = SearchDecoderGraph(model, num_layers).eval()
     next_token = torch.full((ids.shape[0], 1), 5, dtype=torch.int32)
-    _onnx_export(decoder, (next_token, mask, hidden_states, *self_past, *cross_past),
+    trace_to_onnx(decoder, (next_token, mask, hidden_states, *self_past, *cross_past),
                  [{0: batch}, {0: batch, 1: source}, {0: batch, 1: source},
                   *[{0: batch, 2: past}] * len(self_past), *[{0: batch, 2: source}] * len(cross_past)],
                  ["input_ids", "encoder_attention_mask", "encoder_hidden_states",
@@ -349,7 +349,7 @@ def export_search_onnx(
     import onnx
 
     source = None if isinstance(model_or_folder, nn.Module) else model_or_folder
-    model, processor, folder = _load_model_and_processor(model_or_folder, processor, trust_remote_code)
+    model, processor, folder = load_model_and_processor(model_or_folder, processor, trust_remote_code)
     if processor is None:
         raise ValueError("export_search_onnx needs the model's processor: pass `processor=` with a model object.")
     config = model.config
