@@ -398,18 +398,18 @@ class MgsaProcessor(ProcessorMixin):
             if not self.with_syntax or tree_list is not None or len(parses) != len(texts):
                 raise ValueError(f"parses= gives the syntax of a processor with_syntax=True, instead of trees=: one "
                                  f"per sentence (got {len(parses)} for {len(texts)} sentences).")
-            parses = [SentenceSyntax.from_parse(source, parse, i)
-                      for i, (source, parse) in enumerate(zip(texts, parses, strict=True))]
+            with cyclic_gc_paused():  # the analyses live through the batch: see `cyclic_gc_paused`
+                parses = [SentenceSyntax.from_parse(source, parse, i)
+                          for i, (source, parse) in enumerate(zip(texts, parses, strict=True))]
         if self.with_syntax:
             check_text_lengths(texts, SPACY_MAX_CHARACTERS)
 
         with cyclic_gc_paused():
             encoding = self._encode_source(texts, tree_list, max_length, truncation, parses)
-        if targets is not None:
-            target_length = max_target_length if max_target_length is not None else max_length
-            encoding["labels"] = self.tokenizer(
-                text_target=targets, max_length=target_length, truncation=truncation
-            )["input_ids"]
+            if targets is not None:
+                target_length = max_target_length if max_target_length is not None else max_length
+                encoding["labels"] = self.tokenizer(text_target=targets, max_length=target_length,
+                                                    truncation=truncation)["input_ids"]
         if padding:
             length = max_length if padding == "max_length" else None
             encoding = pad_batch(
