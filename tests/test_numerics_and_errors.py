@@ -227,6 +227,8 @@ def test_input_ids_that_are_no_batch(multi30k_processor, tiny_config, tiny_t5_co
 
 
 def test_pipeline_with_a_tokenizer_larger_than_the_vocabulary(multi30k_processor, tiny_config, tmp_path):
+    """A folder whose tokenizer has more tokens than its model embeds: the processor's load refuses it, naming the
+    tokenizer file, the two sizes and the config (it embedded out-of-range ids)."""
     from transformers import pipeline
 
     vocab_size = len(multi30k_processor.tokenizer) - 100
@@ -234,8 +236,9 @@ def test_pipeline_with_a_tokenizer_larger_than_the_vocabulary(multi30k_processor
     config.vocab_size = config.decoder_vocab_size = vocab_size
     MgsaForConditionalGeneration(config).save_pretrained(tmp_path)
     MgsaProcessor(multi30k_processor.tokenizer, with_syntax=False).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=rf"translation pipeline: the tokenizer has {vocab_size + 100} tokens but the "
-                                         rf"model .* embeds {vocab_size}"):
+    refused = (rf"tokenizer\.json holds {vocab_size + 100} tokens, more than the {vocab_size} the model embeds "
+               rf"\(`vocab_size` in .*config\.json\)")
+    with pytest.raises(ValueError, match=refused):
         pipeline("translation", model=str(tmp_path), device="cpu")
 
 
