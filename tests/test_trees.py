@@ -67,6 +67,7 @@ def test_brackets_are_compared_on_characters_without_punctuation():
 
 
 @pytest.mark.skipif(not PTB.is_dir(), reason="needs ../shared/data/ptb-wsj-sample")
+@pytest.mark.benchmark_tools  # the benchmark's own command (BENCHMARKS, "Constituency trees"): run with the tools
 def test_eval_script_held_out_f1(tmp_path):
     """`scripts/eval_trees.py` on WSJ files the shipped conversion never saw (it is trained on 1-99): unlabeled
     bracket F1 >= 0.85, well above the hand-written rules and the right-branching baseline."""
