@@ -18,10 +18,24 @@ ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxscript")
 
-from mgsa_hf.export.onnx_search import OrtSearchModel, check_search_settings, export_search_onnx  # noqa: E402
+from mgsa_hf.export.onnx_search import (  # noqa: E402
+    SEARCH_ONNXRUNTIME,
+    OrtSearchModel,
+    check_search_onnxruntime,
+    check_search_settings,
+    export_search_onnx,
+)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread", "one_torchlib_registry", "uncached_fake_tensors")
+ONNXRUNTIME = tuple(int(part) for part in ort.__version__.split(".")[:2])
+
+
+def test_an_older_onnxruntime_is_refused_by_name():
+    """An onnxruntime that cannot load the search graph (1.20 cannot) is named with the release to install."""
+    with pytest.raises(RuntimeError, match=r"needs onnxruntime>=1\.32 \(this is 1\.20\.1, which cannot load"):
+        check_search_onnxruntime("1.20.1")
+    check_search_onnxruntime("1.32.0")
 
 NGRAM = {"phrase_partition": "ngram", "phrase_interaction": "none", "phrase_tag_supervision": False}
 # (encoder type, config fields, generation settings beyond beam search's early stopping, the EOS logit's bias: a
@@ -59,6 +73,8 @@ def tiny_model(processor, tiny_config, encoder_type: str, eos_bias: float = 0.0,
 def exported(request, multi30k_processor, tiny_config, tmp_path_factory):
     """A tiny random model of each type, its generation config set for beam search, exported once:
     `(name, PyTorch model, OrtSearchModel, folder)`."""
+    if ONNXRUNTIME < SEARCH_ONNXRUNTIME:
+        pytest.skip(f"onnxruntime {ort.__version__} cannot load the search graph")
     name = request.param
     encoder_type, fields, generation, eos_bias = MODELS[name]
     model = tiny_model(multi30k_processor, tiny_config, encoder_type, eos_bias, **fields)

@@ -45,6 +45,10 @@ from .onnx_generation import EXAMPLES, DecoderGraph, EncoderGraph, load_model_an
 from .onnx_record import verify_onnx_record, weights_digest, write_onnx_record
 
 
+# the onnxruntime release the search graph is tested with: 1.20 refuses to load it (its subgraphs read the main
+# graph's `max_length`, which that release's graph check does not type: "does not have type information set by parent
+# node"); releases between are untested
+SEARCH_ONNXRUNTIME = (1, 32)
 SEARCH_GRAPH = "search_model.onnx"
 SEARCH_MANIFEST = "onnx_search.json"
 SEARCH_FOLDER_FILES = (SEARCH_GRAPH, SEARCH_MANIFEST, *ONNX_FOLDER_FILES)
@@ -78,6 +82,16 @@ BEAM_SEARCH_LIMITS = (
     "another rule (against the best candidate, EOS ones included, not the best running beam), and a hypothesis that "
     "reaches max_length without EOS is scored over one more token and may be one ranked below num_beams"
 )
+
+
+def check_search_onnxruntime(version: str) -> None:
+    """Refuse an onnxruntime `version` older than [`SEARCH_ONNXRUNTIME`], naming it and the one to install."""
+    release = tuple(int(part) for part in version.split("+")[0].split(".")[:2] if part.isdigit())
+    if release < SEARCH_ONNXRUNTIME:
+        wanted = ".".join(map(str, SEARCH_ONNXRUNTIME))
+        raise RuntimeError(f"the one-call search needs onnxruntime>={wanted} (this is {version}, which cannot load "
+                           f"its graph): `pip install 'onnxruntime>={wanted}'`, or run the folder of "
+                           "`export_generation_onnx` (`mgsa-hf export onnx`) with OrtMgsaForConditionalGeneration.")
 
 
 def check_search_settings(generation_config: GenerationConfig, where: str = "generation_config") -> dict:
@@ -411,6 +425,7 @@ class OrtSearchModel:
         ([`~mgsa_hf.export.onnx_record.verify_onnx_record`])."""
         import onnxruntime
 
+        check_search_onnxruntime(onnxruntime.__version__)
         folder = Path(folder)
         manifest_path = folder / SEARCH_MANIFEST
         if not manifest_path.is_file():
