@@ -155,8 +155,13 @@ def test_dry_run_reports_every_run(dry_run):
     assert set(report["significance"]) == {"hybrid", "rhe"}
     saved = json.loads((root / "quality.json").read_text())
     assert saved["summary"] == report["summary"] and saved["command"].startswith("python scripts/bench_quality.py")
+    # the command that trained the runs, kept with them and shown under the table; the p-values adjusted over the rows
+    assert [{k: v for k, v in entry.items() if k != "commit"} for entry in saved["trained_by"]] == [
+        {"command": saved["command"], "runs": {"transformer": [1], "hybrid": [1], "rhe": [1]}}]
+    assert set(saved["holm"]["bleu"]) == {"hybrid", "rhe"}
     markdown = (root / "BENCHMARKS.md").read_text()
     assert "## Translation quality" in markdown and "| `hybrid` | 1 | 6 |" in markdown
+    assert f"Runs trained by `{saved['command']}`" in markdown
     assert (root / "quality" / "rhe.seed-1.test.hyp.de").is_file()
 
 
@@ -453,9 +458,10 @@ def selection_record(name, seed, validation, test):
 
 def test_selection_picks_each_rows_best_validation_budget():
     """Every row, the transformer included, takes the budget of its higher mean validation BLEU over the seeds the
-    budgets share (a seed only one budget ran does not count); test scores play no part, and a tie keeps the first
-    budget."""
+    budgets share (a seed only one budget ran does not count in the choice, and is tested when its budget is
+    chosen); test scores play no part, and a tie keeps the first budget."""
     fast = [selection_record("transformer", 1, 30.0, 20.0), selection_record("transformer", 2, 32.0, 20.0),
+            selection_record("transformer", 4, 10.0, 21.0),  # a seed only the chosen budget ran: tested, not chosen by
             selection_record("hybrid", 1, 31.0, 40.0), selection_record("hybrid", 2, 31.0, 40.0),
             selection_record("rhe", 1, 30.0, 30.0), selection_record("rhe", 2, 30.0, 30.0)]
     slow = [selection_record("transformer", 1, 30.5, 25.0), selection_record("transformer", 2, 31.0, 25.0),
@@ -471,9 +477,9 @@ def test_selection_picks_each_rows_best_validation_budget():
                                                   "slow": {"validation": 30.75, "test": 25.0}}
     assert sorted((r["name"], r["seed"], r["test"]["bleu"]) for r in runs) == [
         ("hybrid", 1, 10.0), ("hybrid", 2, 10.0), ("rhe", 1, 30.0), ("rhe", 2, 30.0),
-        ("transformer", 1, 20.0), ("transformer", 2, 20.0)]
+        ("transformer", 1, 20.0), ("transformer", 2, 20.0), ("transformer", 4, 21.0)]
     with pytest.raises(SystemExit, match="transformer"):
-        bench_quality.select_runs({"fast": fast[2:], "slow": slow}, "validation_bleu")
+        bench_quality.select_runs({"fast": fast[3:], "slow": slow}, "validation_bleu")
 
 
 def test_selection_of_one_budget_reproduces_its_report(tmp_path):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mgsa_hf.evaluation import seed_level_test
+from mgsa_hf.evaluation import holm_adjusted, seed_level_test
 
 
 pytest.importorskip("scipy")
@@ -40,3 +40,18 @@ def test_one_seed_gives_no_p_value_and_empty_rows_are_refused():
         seed_level_test([], [32.0])
     identical = seed_level_test([30.0, 30.0], [30.0, 30.0])
     assert identical["p_value"] == 1.0
+
+
+def test_holm_adjustment_by_hand_and_its_family_wise_rate():
+    """Holm's step-down adjustment: the k-th smallest of m p-values times (m − k + 1), never below the one before
+    it, capped at 1, rows without a p-value left out; five rows drawn like the baseline are all called the same in
+    about 95% of tables (unadjusted, over 20% of tables call one row different)."""
+    assert holm_adjusted([0.01, 0.04, 0.03, 0.005, None]) == [0.03, 0.06, 0.06, 0.02, None]
+    assert holm_adjusted([0.6, 0.7]) == [1.0, 1.0] and holm_adjusted([0.02]) == [0.02]
+    rng = np.random.default_rng(2)
+    any_called, any_called_raw = [], []
+    for baseline, *rows in rng.normal(32.0, 0.8, size=(600, 6, 3)):
+        p_values = [seed_level_test(baseline, row)["p_value"] for row in rows]
+        any_called.append(min(holm_adjusted(p_values)) < 0.05)
+        any_called_raw.append(min(p_values) < 0.05)
+    assert np.mean(any_called) < 0.075 and np.mean(any_called_raw) > 0.12

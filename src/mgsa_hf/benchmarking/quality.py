@@ -63,6 +63,7 @@ from .quality_report import (  # noqa: F401  (the report's functions, read as th
     render_budget,
     replace_section,
     update_markdown,
+    with_seed_tests,
 )
 from .rows import (
     BASELINE,
@@ -186,7 +187,7 @@ def prepared_folder(args, name: str) -> Path:
 
 def train(args, name: str, budget: dict) -> None:
     """Every row × seed, `--jobs` processes at a time; finished runs are skipped, interrupted ones resume."""
-    run_pending(args, pending_runs(args, name, budget))
+    run_pending(args, record_trainings(args, pending_runs(args, name, budget)))
 
 
 def pending_runs(args, name: str, budget: dict) -> list[tuple[str, Path, list[str]]]:
@@ -219,6 +220,33 @@ def pending_runs(args, name: str, budget: dict) -> list[tuple[str, Path, list[st
             command += ["--max-steps", str(args.max_steps)] if args.max_steps else []
             pending.append((f"{name}: {row} seed {seed}", run_dir, command))
     return pending
+
+
+TRAINED_BY = "trained_by.jsonl"
+
+
+def record_trainings(args, pending: list[tuple[str, Path, list[str]]]) -> list[tuple[str, Path, list[str]]]:
+    """Append this command, the commit and the runs it starts (`pending_runs`) to each budget's `trained_by.jsonl`
+    (in its kept runs' folder), which `report` shows: a table whose seeds came from several commands names all of
+    them. Returns `pending`."""
+    by_folder = {}
+    for label, _, command in pending:  # label: "<budget>: <row> seed <seed>"
+        row, seed = label.split(": ", 1)[1].rsplit(" seed ", 1)
+        runs = by_folder.setdefault(Path(command[command.index("--kept-runs") + 1]), {})
+        runs.setdefault(row, []).append(int(seed))
+    argv = getattr(args, "argv", sys.argv[1:])
+    entry = {"command": recorded_command("scripts/bench_quality.py", argv), "commit": git_commit()}
+    for folder, runs in by_folder.items():
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / TRAINED_BY, "a") as log:
+            log.write(json.dumps({**entry, "runs": runs}, ensure_ascii=False) + "\n")
+    return pending
+
+
+def trainings(folder: Path) -> list[dict]:
+    """The records of [`record_trainings`] in a kept runs' folder, oldest first."""
+    path = folder / TRAINED_BY
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
 def run_pending(args, pending: list[tuple[str, Path, list[str]]]) -> None:
@@ -468,6 +496,7 @@ def report(args, name: str, budget: dict, argv) -> dict:
         "significance": significance(runs, corpus.references("test"), target_lang),
         "papers": {k: v for k, v in PAPER_RESULTS.items() if k in {r["name"] for r in runs}},
         "runs": [{k: v for k, v in r.items() if k != "run_dir"} for r in runs],
+        "trained_by": trainings(kept_root),
     }
     result["plot"] = plot_curves(runs, results_path.with_suffix("").parent / f"quality-{name}-curves.png")
     if result["plot"]:
@@ -503,6 +532,7 @@ def kept_hypotheses(results_path: Path, record: dict, target_lang: str) -> Path:
 def write_results(args, result: dict, results_path: Path) -> None:
     """The results JSON, and the quality section of BENCHMARKS.md with every reported budget's table."""
     results_path.parent.mkdir(parents=True, exist_ok=True)
+    with_seed_tests(result)  # the p-values adjusted over the table's rows (`holm`) go into the JSON too
     results_path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     markdown = Path(args.markdown) if args.markdown else REPOSITORY / "benchmarks" / "BENCHMARKS.md"
     others = sorted(p for p in results_path.parent.glob("quality-*.json") if p != results_path)
@@ -536,8 +566,11 @@ def reported_runs(results_path: Path, target_lang: str) -> tuple[dict, list[dict
 def select_runs(runs_by_budget: dict[str, list[dict]], by: str) -> tuple[list[dict], dict]:
     """For every row that all the budgets ran, the runs of the budget with the highest mean `by` (validation BLEU or
     chrF) over the seeds the budgets share for that row (ties: the first budget); the transformer by the same rule.
+    The choice reads only the shared seeds; the table then reads every seed the chosen budget ran (seeds added to a
+    chosen row later count in its test, not in its choice).
 
-    Returns the chosen runs (those seeds) and, per row, each budget's mean validation and test scores, the choice."""
+    Returns the chosen runs and, per row, each budget's mean validation and test scores over the shared seeds and
+    the choice."""
     split, metric, _ = SELECTION_METRICS[by]
     budgets = list(runs_by_budget)
     names = set.intersection(*({r["name"] for r in runs} for runs in runs_by_budget.values()))
@@ -554,7 +587,15 @@ def select_runs(runs_by_budget: dict[str, list[dict]], by: str) -> tuple[list[di
                               "test": round(float(np.mean([r["test"][metric] for r in records])), 2)}
         best = max(budgets, key=lambda budget: scores[budget]["validation"])  # max keeps the first of equals
         selection[name] = {"seeds": seeds, "by": by, "scores": scores, "chosen": best}
-        chosen += [r for r in runs_by_budget[best] if r["name"] == name and r["seed"] in seeds]
+        if len(budgets) == 2:  # how sure the choice is: the t-test over the shared seeds, the other against the chosen
+            other = next(budget for budget in budgets if budget != best)
+            per_seed = {budget: {r["seed"]: r for r in runs_by_budget[budget] if r["name"] == name}
+                        for budget in budgets}
+            selection[name]["against_the_other"] = {
+                part: seed_level_test([per_seed[best][seed][part][metric] for seed in seeds],
+                                      [per_seed[other][seed][part][metric] for seed in seeds])["p_value"]
+                for part in (split, "test")}
+        chosen += [r for r in runs_by_budget[best] if r["name"] == name]
     return chosen, selection
 
 
@@ -608,8 +649,9 @@ def run_selection(args, name: str, budget: dict, argv) -> dict | None:
         for source, (_, source_budget) in sources.items():
             prepare(arguments[source], source, source_budget)
     if args.step in ("train", "all"):  # every source's runs listed (and its recipe checked) before any starts
-        run_pending(args, [run for source, (_, source_budget) in sources.items()
-                           for run in pending_runs(arguments[source], source, source_budget)])
+        pending = [run for source, (_, source_budget) in sources.items()
+                   for run in pending_runs(arguments[source], source, source_budget)]
+        run_pending(args, record_trainings(args, pending))
     if args.step == "all":
         for source, (_, source_budget) in sources.items():
             report(arguments[source], source, source_budget, argv)
@@ -674,6 +716,7 @@ def load_budget_path(spec: str) -> Path:
 def main(argv=None) -> dict | None:
     """Run the step of `scripts/bench_quality.py` the command line names; returns the report where it writes one."""
     args = parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what `record_trainings` writes
     name, budget = load_budget(args.budget)
     if args.step == "run-one":
         return run_one(args, name, budget)

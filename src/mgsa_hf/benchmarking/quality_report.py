@@ -7,12 +7,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..evaluation import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, seed_level_test
+from ..evaluation import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, holm_adjusted, seed_level_test
 from .rows import BASELINE
 
 
 SECTION = "## Translation quality"
-SIGNIFICANCE = ("Student's t-test over seed-level test scores, two-sided (the null: the same recipe, another seed); "
+SIGNIFICANCE = ("Student's t-test over seed-level test scores, two-sided (the null: the same recipe, another seed), "
+                "with Holm's adjustment over the rows tested against `transformer` (the verdicts: adjusted p < 0.05, "
+                "the chance of calling any row different when none is stays under 5%); "
                 f"test-set interval: paired bootstrap, {BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, "
                 "seed-averaged")
 
@@ -51,17 +53,19 @@ def _cell(stats: dict | None, scale: float = 1.0, digits: int = 2) -> str:
     return text + (f" ± {stats['std'] * scale:.{digits}f}" if stats["std"] is not None else "")
 
 
-def _verdict(test: dict) -> str:
-    """What the t-test over seeds says of a row against the baseline."""
-    if test["p_value"] is None:
+def _verdict(test: dict, adjusted: float | None) -> str:
+    """What the t-test over seeds says of a row against the baseline, at its Holm-adjusted p-value."""
+    if adjusted is None:
         return "not tested (one seed)"
-    if test["p_value"] >= 0.05:
+    if adjusted >= 0.05:
         return "no significant difference"
-    return "better (p < 0.05)" if test["delta"] > 0 else "worse (p < 0.05)"
+    return "better (Holm p < 0.05)" if test["delta"] > 0 else "worse (Holm p < 0.05)"
 
 
-def _p(test: dict) -> str:
-    return "–" if test["p_value"] is None else f"{test['p_value']:.3f}"
+def _p(test: dict, adjusted: float | None = None) -> str:
+    if test["p_value"] is None:
+        return "–"
+    return f"{test['p_value']:.3f}" + (f"; {adjusted:.3f}" if adjusted is not None else "")
 
 
 def _seed_test(tests: dict, metric: str) -> dict:
@@ -71,30 +75,41 @@ def _seed_test(tests: dict, metric: str) -> dict:
 
 def with_seed_tests(report: dict) -> dict:
     """`report` with the t-test over seeds of every tested row, computed from its runs' test scores where a report
-    written before the test has only the paired bootstrap."""
+    written before the test has only the paired bootstrap, and (`holm`) each metric's p-values adjusted over the
+    family of rows tested against the baseline ([`holm_adjusted`])."""
     for name, tests in report["significance"].items():
         for metric in ("bleu", "chrf"):
             if f"{metric}_seeds" not in tests:
                 scores = [[run["test"][metric] for run in report["runs"] if run["name"] == row]
                           for row in (BASELINE, name)]
                 tests[f"{metric}_seeds"] = seed_level_test(*scores)
+    names = list(report["significance"])
+    report["holm"] = {}
+    for metric in ("bleu", "chrf"):
+        p_values = [report["significance"][name][f"{metric}_seeds"]["p_value"] for name in names]
+        report["holm"][metric] = dict(zip(names, holm_adjusted(p_values), strict=True))
     return report
 
 
 def render_budget(report: dict) -> str:
     """The markdown table of one budget."""
     summary, tests = report["summary"], with_seed_tests(report)["significance"]
+    holm = report["holm"]
     base = summary.get(BASELINE)
     lines = [
         f"### Budget `{report['budget']}`",
         "",
         f"Command: `{report['command']}` (at commit `{(report.get('commit') or 'unknown')[:10]}`)  ",
+        *(f"Runs trained by `{entry['command']}` (at commit `{(entry.get('commit') or 'unknown')[:10]}`): "
+          + "; ".join(f"`{row}` seeds {', '.join(map(str, seeds))}" for row, seeds in entry["runs"].items()) + "  "
+          for entry in report.get("trained_by", [])),
         f"Recipe: `{report['budget_file']}` ({report['protocol']}); {report['environment']['device']}."
         + (f"  \nResults: [{Path(report['results_file']).name}]({report['results_file']})"
            if report.get("results_file") else ""),
         "",
         "| row | seeds | steps | params (M) | steps/s (ratio) | valid BLEU | test BLEU | test chrF | "
-        "Δ test BLEU [95% CI over seeds] | p (seeds) | test-set 95% CI (bootstrap) | Δ chrF | p (chrF, seeds) | "
+        "Δ test BLEU [95% CI over seeds] | p (seeds; Holm) | test-set 95% CI (bootstrap) | Δ chrF | "
+        "p (chrF, seeds; Holm) | "
         "distinct test outputs |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -103,9 +118,9 @@ def render_budget(report: dict) -> str:
         if test:
             bleu, chrf, boot = _seed_test(test, "bleu"), _seed_test(test, "chrf"), test["bleu"]
             interval = f" [{bleu['delta_ci'][0]:+.2f}, {bleu['delta_ci'][1]:+.2f}]" if bleu["delta_ci"] else ""
-            delta = (f"{bleu['delta']:+.2f}{interval} | {_p(bleu)} | "
+            delta = (f"{bleu['delta']:+.2f}{interval} | {_p(bleu, holm['bleu'][name])} | "
                      f"[{boot['delta_95ci'][0]:+.2f}, {boot['delta_95ci'][1]:+.2f}] | {chrf['delta']:+.2f} | "
-                     f"{_p(chrf)}")
+                     f"{_p(chrf, holm['chrf'][name])}")
         else:
             delta = "– | – | – | – | –"
         ratio = row["steps_per_second"]["mean"] / base["steps_per_second"]["mean"] if base else float("nan")
@@ -121,8 +136,10 @@ def render_budget(report: dict) -> str:
     if len(hosts) > 1:  # steps/s of runs on different machines are not each other's measure
         lines += [f"Steps/s: these runs trained on {len(hosts)} machines (each run's `hosts`), so their ratios mix "
                   "machines; the speed tables compare speed.", ""]
-    verdicts = [f"`{name}` {_verdict(_seed_test(test, 'bleu'))} (Δ BLEU {_seed_test(test, 'bleu')['delta']:+.2f}, "
-                f"p = {_p(_seed_test(test, 'bleu'))})" for name, test in tests.items()]
+    verdicts = [f"`{name}` {_verdict(_seed_test(test, 'bleu'), holm['bleu'][name])} (Δ BLEU "
+                f"{_seed_test(test, 'bleu')['delta']:+.2f}, p = {_p(_seed_test(test, 'bleu'))}, Holm "
+                f"{'–' if holm['bleu'][name] is None else format(holm['bleu'][name], '.3f')})"
+                for name, test in tests.items()]
     if verdicts:
         lines += ["Against `transformer` on test 2016: " + "; ".join(verdicts) + ".", ""]
     if report.get("plot"):
@@ -138,13 +155,18 @@ def render_selection(report: dict) -> list[str]:
     budgets = list(next(iter(selection.values()))["scores"])
     by = SELECTION_METRICS[next(iter(selection.values()))["by"]][2]
     header = " | ".join(f"`{budget}`: valid / test" for budget in budgets)
+    tested = all("against_the_other" in row for row in selection.values())
     lines = [f"Each row's budget, chosen by the mean {by} over the seeds shown (the test scores beside it are not "
-             "used to choose):", "", f"| row | seeds | {header} | chosen |",
-             "| --- | --- | " + " | ".join("---" for _ in budgets) + " | --- |"]
+             "used to choose)" + (", and the t-test over those seeds of the other budget against the chosen one "
+                                  "(p on validation / test)" if tested else "") + ":", "",
+             f"| row | seeds | {header} | chosen |" + (" p (valid / test) |" if tested else ""),
+             "| --- | --- | " + " | ".join("---" for _ in budgets) + " | --- |" + (" --- |" if tested else "")]
     for name, row in selection.items():
         cells = " | ".join(f"{row['scores'][b]['validation']:.2f} / {row['scores'][b]['test']:.2f}" for b in budgets)
         recipe = ", ".join(f"{key} {value}" for key, value in row["recipe"].items())
-        lines.append(f"| `{name}` | {', '.join(map(str, row['seeds']))} | {cells} | `{row['chosen']}` ({recipe}) |")
+        p_values = " / ".join("–" if p is None else f"{p:.3f}" for p in row.get("against_the_other", {}).values())
+        lines.append(f"| `{name}` | {', '.join(map(str, row['seeds']))} | {cells} | `{row['chosen']}` ({recipe}) |"
+                     + (f" {p_values} |" if tested else ""))
     return lines + [""]
 
 
@@ -169,7 +191,8 @@ def render_section(reports: list[dict]) -> str:
              "from detokenized output against the raw references, mean ± std over seeds, the share of distinct test "
              "translations, and each row against `transformer` on test 2016 (Δ = row − transformer): Student's t-test "
              "over the seeds' scores, whose null is the same recipe with another seed (its false-positive rate: "
-             "[seed-test-calibration.json](seed-test-calibration.json), `scripts/seed_test_calibration.py`), with "
+             "[seed-test-calibration.json](seed-test-calibration.json), `scripts/seed_test_calibration.py`), its p "
+             "adjusted by Holm's method over the table's rows (a verdict needs the adjusted p under 0.05), with "
              "the paired bootstrap's interval (1000 resamples, seed-averaged) beside it: how far another test set "
              "could move Δ, blind to training variance.", ""]
     parts += [render_budget(report) for report in reports]

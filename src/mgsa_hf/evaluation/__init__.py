@@ -146,6 +146,28 @@ def seed_level_test(baseline: list[float], system: list[float], confidence: floa
     return result
 
 
+def holm_adjusted(p_values: list[float | None]) -> list[float | None]:
+    """
+    Holm's step-down adjustment of one family of p-values (every row of a table tested against the same baseline):
+    a row is called different when its adjusted p is under the level, and the chance that any row of the family is
+    called different when none is stays under that level, however many rows the table has. The k-th smallest of m
+    p-values becomes max over j ≤ k of min(1, (m − j + 1) · p₍ⱼ₎). Written here because scipy offers only the
+    false-discovery-rate adjustments (`scipy.stats.false_discovery_control`), not a family-wise one; statsmodels'
+    `multipletests(method="holm")` computes the same and would be a dependency for these lines.
+
+    Args:
+        p_values: one p-value per test; None (a row with one seed) is left out of the family and stays None.
+
+    Returns: the adjusted p-values in the order given, rounded to 4 places.
+    """
+    ranked = sorted((p, index) for index, p in enumerate(p_values) if p is not None)
+    adjusted, running = [None] * len(p_values), 0.0
+    for rank, (p, index) in enumerate(ranked):
+        running = max(running, min(1.0, (len(ranked) - rank) * p))
+        adjusted[index] = round(running, 4)
+    return adjusted
+
+
 def mean_std(values: list[float]) -> dict:
     """`{"mean", "std", "values"}` of per-seed scores, rounded to 2 places; `std` (sample, ddof 1) is `None` for one
     value."""
