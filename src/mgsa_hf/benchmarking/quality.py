@@ -578,24 +578,23 @@ def select_runs(runs_by_budget: dict[str, list[dict]], by: str) -> tuple[list[di
         raise SystemExit(f"every selected budget needs `{BASELINE}` runs.")
     chosen, selection = [], {}
     for name in sorted(names, key=lambda n: (n != BASELINE, n)):
-        seeds = sorted(set.intersection(*({r["seed"] for r in runs if r["name"] == name}
-                                          for runs in runs_by_budget.values())))
-        scores = {}
-        for budget in budgets:
-            records = [r for r in runs_by_budget[budget] if r["name"] == name and r["seed"] in seeds]
-            scores[budget] = {"validation": round(float(np.mean([r[split][metric] for r in records])), 2),
-                              "test": round(float(np.mean([r["test"][metric] for r in records])), 2)}
+        # seed → this row's run, per budget: for the choice (shared seeds), the test between budgets and the table
+        per_seed = {budget: {r["seed"]: r for r in runs if r["name"] == name}
+                    for budget, runs in runs_by_budget.items()}
+        seeds = sorted(set.intersection(*(set(runs) for runs in per_seed.values())))
+        shared = {budget: [per_seed[budget][seed] for seed in seeds] for budget in budgets}
+        scores = {budget: {"validation": round(float(np.mean([r[split][metric] for r in shared[budget]])), 2),
+                           "test": round(float(np.mean([r["test"][metric] for r in shared[budget]])), 2)}
+                  for budget in budgets}
         best = max(budgets, key=lambda budget: scores[budget]["validation"])  # max keeps the first of equals
         selection[name] = {"seeds": seeds, "by": by, "scores": scores, "chosen": best}
         if len(budgets) == 2:  # how sure the choice is: the t-test over the shared seeds, the other against the chosen
             other = next(budget for budget in budgets if budget != best)
-            per_seed = {budget: {r["seed"]: r for r in runs_by_budget[budget] if r["name"] == name}
-                        for budget in budgets}
             selection[name]["against_the_other"] = {
-                part: seed_level_test([per_seed[best][seed][part][metric] for seed in seeds],
-                                      [per_seed[other][seed][part][metric] for seed in seeds])["p_value"]
+                part: seed_level_test([r[part][metric] for r in shared[best]],
+                                      [r[part][metric] for r in shared[other]])["p_value"]
                 for part in (split, "test")}
-        chosen += [r for r in runs_by_budget[best] if r["name"] == name]
+        chosen += list(per_seed[best].values())
     return chosen, selection
 
 
