@@ -148,7 +148,7 @@ def pair_batch(multi30k_processor, multi30k_val):
     return batch
 
 
-# the Marian backbone's one-graph rows are traced in test_compile.py (`test_training_forward_is_one_graph`)
+# the Marian backbone's one-graph rows are traced in test_compile.py (`test_compiled_loss_and_gradients_equal_eager`)
 @pytest.mark.parametrize("backbone, encoder_type, fields",
                          [("t5", *row) for row in [*ROWS.items(), RECURRENCE]] + [("marian", *RECURRENCE)],
                          ids=lambda value: str(value))
