@@ -10,6 +10,7 @@ faster forward pass can give.
 """
 
 import argparse
+import functools
 import json
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ class Timer:
         self.seconds = 0.0
 
     def wrap(self, function):
+        @functools.wraps(function)  # the signature `generate` checks its keyword arguments against
         def timed(*args, **kwargs):
             start = time.perf_counter()
             try:

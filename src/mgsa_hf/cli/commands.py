@@ -157,6 +157,13 @@ def add_threads_argument(parser) -> None:
 
 
 def _apply_threads(args) -> None:
+    """`--threads`, and on CPU glibc's allocator told to keep what decoding frees: each step's scores over the
+    vocabulary (a batch of 32 at beam 4 with 32k tokens: 16 MiB a tensor, several a step) would otherwise be mapped and
+    faulted in afresh (`benchmarks/BENCHMARKS.md`, "How fast serving could be")."""
+    if getattr(args, "device", "cpu") == "cpu":
+        from ..training.cpu_memory import reuse_freed_cpu_memory
+
+        reuse_freed_cpu_memory()
     if args.threads is not None:
         import torch
 

@@ -1,4 +1,4 @@
-"""glibc's allocator told to keep what a CPU training process frees (no import beyond the standard library)."""
+"""glibc's allocator told to keep what a CPU process frees, training or decoding (no import beyond the standard library)."""
 
 
 def reuse_freed_cpu_memory() -> bool:
