@@ -10,6 +10,8 @@ Measured:
   `--workers` processes: seconds, CPU seconds of the whole process tree (per source word), the peak memory of each
   process, the prepared folder's peak and final size, and the processed splits' bytes a pair, as stored and in the
   earlier int64 layout;
+* `tokenizer`: the tokenizer's training alone (`scripts/train_tokenizer.py`) at the prepare runs' sizes and at
+  `--tokenizer-pairs`, whose CPU the WMT14 extrapolation counts at the share of pairs WMT14's recipe trains it on;
 * `launch`: for each corpus size, a first launch (the main process trains the tokenizer and prepares the tokenized
   corpus, the other waits) and a second one of the same recipe (`overwrite_output_dir=true`: both processes read what
   the first prepared), each process's seconds to its first training step and peak memory: a transformer (no parse)
@@ -22,7 +24,7 @@ import os
 import platform
 import shutil
 import sys
-from itertools import product
+from itertools import pairwise, product
 from pathlib import Path
 
 import torch
@@ -64,21 +66,48 @@ RECIPE = ["vocab_size=8000", "max_eval_samples=8", "max_test_samples=8", "traini
 WMT14_PAIRS, WMT14_SOURCE_WORDS = 4_500_000, 116_000_000
 
 
+def slope(first: dict, second: dict) -> float:
+    """CPU seconds a source word adds between two measured runs (the fixed start-up cancels)."""
+    return (second["cpu_seconds"] - first["cpu_seconds"]) / (second["source_words"] - first["source_words"])
+
+
+def tokenizer_sample_share() -> float:
+    """The share of WMT14's pairs that its recipe trains the tokenizer on (`tokenizer_max_sentences`)."""
+    import yaml
+
+    from mgsa_hf.training.catalogue import recipe_path
+
+    sample = yaml.safe_load(recipe_path("wmt14").read_text())["tokenizer_max_sentences"]
+    return min(1.0, sample / WMT14_PAIRS)
+
+
 def extrapolate(results: dict, args) -> None:
     """WMT14's processed step (tokens, and the parse for a type that reads syntax) from the CPU time a source word
     costs: the slope between the two largest `--parse-pairs` runs (what a word adds, without the fixed start-up), on
-    one node of 16 cores and on 8 such nodes, assuming the work spreads evenly over the workers of every node."""
+    one node of 16 cores and on 8 such nodes, assuming the work spreads evenly over the workers of every node. The
+    tokenizer's training, measured alone at the same sizes, trains there on every pair; WMT14's recipe trains it on a
+    sample (`tokenizer_sample_share`), so its slope counts at that share, at the larger of its two measured slopes
+    (the cost a word grows with the sample)."""
     sizes = sorted(args.parse_pairs)[-2:]
     if len(sizes) < 2:
         return
+    trainings = [results.get(f"tokenizer/{pairs}") for pairs in sorted({*sizes, *args.tokenizer_pairs})]
+    tokenizer_slope = tokenizer_wmt14 = 0.0
+    if None not in trainings and len(trainings) >= 2:
+        tokenizer_slope = slope(*[results[f"tokenizer/{pairs}"] for pairs in sizes])
+        largest = max(slope(first, second) for first, second in pairwise(trainings))
+        tokenizer_wmt14 = largest * tokenizer_sample_share()
     for encoder_type, workers in product(args.prepare_types, args.workers):
         runs = [results.get(f"prepare/{encoder_type}/{pairs}/workers-{workers}") for pairs in sizes]
         if None in runs:
             continue
-        slope = (runs[1]["cpu_seconds"] - runs[0]["cpu_seconds"]) / (runs[1]["source_words"] - runs[0]["source_words"])
-        cpu_minutes = slope * WMT14_SOURCE_WORDS / 60
+        per_word = slope(*runs)
+        cpu_minutes = (per_word - tokenizer_slope + tokenizer_wmt14) * WMT14_SOURCE_WORDS / 60
         results[f"extrapolation/{encoder_type}/workers-{workers}"] = {
-            "cpu_ms_per_source_word": round(1000 * slope, 4), "wmt14_cpu_minutes": round(cpu_minutes, 1),
+            "cpu_ms_per_source_word": round(1000 * per_word, 4),
+            "tokenizer_cpu_ms_per_source_word": round(1000 * tokenizer_slope, 4),
+            "wmt14_cpu_ms_per_source_word": round(1000 * (per_word - tokenizer_slope + tokenizer_wmt14), 4),
+            "wmt14_cpu_minutes": round(cpu_minutes, 1),
             "one_node_16_cores_minutes": round(cpu_minutes / 16, 1),
             "eight_nodes_minutes": round(cpu_minutes / 128, 1),
             "bytes_per_pair": runs[1]["processed_bytes_per_pair"],
@@ -96,6 +125,8 @@ def parse_args():
     parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 100_000, 290_000], help="corpus pairs")
     parser.add_argument("--parse-pairs", type=int, nargs="+", default=[5000, 20000],
                         help="pairs of the prepare runs (two sizes: the CPU a word is the slope between them)")
+    parser.add_argument("--tokenizer-pairs", type=int, nargs="*", default=[100_000],
+                        help="corpus pairs at which the tokenizer's training is timed alone, besides --parse-pairs")
     parser.add_argument("--workers", type=int, nargs="+", default=[2], help="worker processes of the prepare runs")
     parser.add_argument("--prepare-types", nargs="+", default=["rhe", "transformer"],
                         help="encoder types of the prepare runs (rhe: its corpus is parsed)")
@@ -138,6 +169,20 @@ def main():
                         "final_disk_mb": round(folder_bytes(prepared) / 2**20, 1),
                         "processed_bytes_per_pair": round(folder_bytes(processed) / rows, 1),
                         "processed_bytes_per_pair_int64": round(int64_layout_bytes(processed) / rows, 1)}
+        save()
+        print(key, results[key])
+    for pairs in sorted({*args.parse_pairs, *args.tokenizer_pairs}):
+        key = f"tokenizer/{pairs}"
+        if key in results:
+            continue
+        corpus = make_corpus(args.multi30k, args.work / f"corpus-{pairs}", pairs)
+        measured = measure_command([sys.executable, str(Path(__file__).parent / "train_tokenizer.py"), "--source",
+                                    str(corpus / "train.en.gz"), "--target", str(corpus / "train.de.gz"), "--output",
+                                    str(args.work / f"tokenizer-{pairs}"), "--vocab-size", RECIPE[0].split("=")[1]],
+                                   env=env, cwd=args.work)
+        measured.pop("output")
+        words = sum(len(line.split()) for line in read_lines(corpus / "train.en.gz"))
+        results[key] = {**measured, "pairs": pairs, "source_words": words}
         save()
         print(key, results[key])
     extrapolate(results, args)
