@@ -57,13 +57,19 @@ def int64_layout_bytes(processed: Path) -> int:
     return total
 
 
-RECIPE = ["vocab_size=8000", "max_eval_samples=8", "max_test_samples=8", "training.max_steps=1",
+VOCAB_SIZE = 8000
+RECIPE = [f"vocab_size={VOCAB_SIZE}", "max_eval_samples=8", "max_test_samples=8", "training.max_steps=1",
           "training.eval_strategy=no", "training.save_strategy=no", "training.per_device_train_batch_size=32",
           "reuse_cpu_memory=false"]
 
 
 # WMT14 En-De's training corpus: 4.5M pairs, 116M English words (Luong et al., 2015)
 WMT14_PAIRS, WMT14_SOURCE_WORDS = 4_500_000, 116_000_000
+
+
+def source_words(corpus: Path) -> int:
+    """The words of a made corpus's English training side."""
+    return sum(len(line.split()) for line in read_lines(corpus / "train.en.gz"))
 
 
 def slope(first: dict, second: dict) -> float:
@@ -150,7 +156,7 @@ def main():
 
     for (pairs, encoder_type, workers) in product(args.parse_pairs, args.prepare_types, args.workers):
         corpus = make_corpus(args.multi30k, args.work / f"corpus-{pairs}", pairs)
-        words = sum(len(line.split()) for line in read_lines(corpus / "train.en.gz"))
+        words = source_words(corpus)
         key = f"prepare/{encoder_type}/{pairs}/workers-{workers}"
         if key in results:
             continue
@@ -178,10 +184,10 @@ def main():
         corpus = make_corpus(args.multi30k, args.work / f"corpus-{pairs}", pairs)
         measured = measure_command([sys.executable, str(Path(__file__).parent / "train_tokenizer.py"), "--source",
                                     str(corpus / "train.en.gz"), "--target", str(corpus / "train.de.gz"), "--output",
-                                    str(args.work / f"tokenizer-{pairs}"), "--vocab-size", RECIPE[0].split("=")[1]],
+                                    str(args.work / f"tokenizer-{pairs}"), "--vocab-size", str(VOCAB_SIZE)],
                                    env=env, cwd=args.work)
         measured.pop("output")
-        words = sum(len(line.split()) for line in read_lines(corpus / "train.en.gz"))
+        words = source_words(corpus)
         results[key] = {**measured, "pairs": pairs, "source_words": words}
         save()
         print(key, results[key])

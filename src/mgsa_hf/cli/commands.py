@@ -156,7 +156,7 @@ def add_threads_argument(parser) -> None:
                              "core; on a busy machine 1 is often faster)")
 
 
-def _apply_threads(args) -> None:
+def _apply_process_settings(args) -> None:
     """`--threads`, and on CPU glibc's allocator told to keep what decoding frees: each step's scores over the
     vocabulary (a batch of 32 at beam 4 with 32k tokens: 16 MiB a tensor, several a step) would otherwise be mapped and
     faulted in afresh (`benchmarks/BENCHMARKS.md`, "How fast serving could be")."""
@@ -206,7 +206,7 @@ def run_translate(args) -> None:
 
     if not Path(args.model).is_dir():
         raise FileNotFoundError(f"model folder {args.model!r} does not exist.")
-    _apply_threads(args)
+    _apply_process_settings(args)
     sentences = _read_sources(args.input)
     options = {name: getattr(args, name) for name in ("num_beams", "max_length", "max_new_tokens", "max_source_length")
                if getattr(args, name) is not None}
@@ -295,7 +295,7 @@ def run_evaluate(args) -> dict:
         raise FileNotFoundError(f"model folder {args.folder!r} does not exist.")
     if not Path(args.data).is_dir():
         raise FileNotFoundError(missing_data_message(args.data, "--data FOLDER (of {split}.{lang}[.gz] files)"))
-    _apply_threads(args)
+    _apply_process_settings(args)
     sources, references = (list(read_lines(find_split_file(Path(args.data), args.split, lang)))
                            for lang in (args.source_lang, args.target_lang))
     if len(sources) != len(references):
