@@ -1,7 +1,8 @@
-"""Generation as one onnxruntime call (`mgsa_hf.export.onnx_search`): for the encoder types that read no syntax (the
-Transformer, hybrid, n-gram MG-SA), the graph holding onnxruntime's `BeamSearch` gives PyTorch `generate`'s tokens
-(greedy, beam 4, `num_return_sequences=2`) on real test 2016 sentences through the real processor, with hypotheses
-ending by EOS at many lengths; settings the op cannot reproduce, syntax-reading types and T5 are refused by name."""
+"""Generation as one onnxruntime call (`mgsa_hf.export.onnx_search`): for the Transformer, hybrid, n-gram MG-SA and
+the types that read source syntax (syntactic MG-SA, RHE), the graph holding onnxruntime's `BeamSearch` gives PyTorch
+`generate`'s tokens (greedy, beam 4, `num_return_sequences=2`) on real test 2016 sentences through the real processor
+(spaCy parses), with hypotheses ending by EOS at many lengths; settings the op cannot reproduce, PR and T5 are
+refused by name."""
 
 import json
 
@@ -44,6 +45,10 @@ MODELS = {
     "hybrid": ("hybrid", {}, {"bad_words_ids": [[5]], "suppress_tokens": [7], "no_repeat_ngram_size": 3,
                               "min_length": 3, "length_penalty": 0.8}, 3.0),
     "phrase_memory-ngram": ("phrase_memory", NGRAM, {}, 4.5),
+    # the types that read source syntax: the processor's parse (spaCy) in the main graph's inputs. The default MG-SA
+    # (syntactic phrases, tag supervision, the ON-LSTM interaction's scan); RHE's dependency and phrase fields
+    "phrase_memory": ("phrase_memory", {}, {}, 3.0),
+    "rhe": ("rhe", {}, {}, 5.5),
 }
 FROM_FOLDER = "hybrid"
 MAX_NEW_TOKENS = 10
@@ -179,12 +184,34 @@ def test_refused_settings_are_named():
     assert greedy["num_beams"] == 1 and not greedy["beam_search"] and greedy["masked_tokens"] == [2, 9]
 
 
-def test_syntax_types_and_t5_are_refused(multi30k_processor, tiny_config, tiny_t5_config, tmp_path):
+def test_syntax_fields_are_graph_inputs(exported, multi30k_processor, test_sources):
+    """A type that reads syntax takes the processor's fields in the main graph (the encoder subgraph reads them from
+    there); `translate` runs the processor, and a batch without a field the encoder reads is refused by name."""
+    name, model, search, folder = exported
+    if name != "phrase_memory":
+        pytest.skip("checked on the syntactic MG-SA")
+    graph = onnx.load(folder / "search_model.onnx").graph
+    assert [tensor.name for tensor in graph.input][-1] == "phrase_ids"
+    assert json.loads((folder / "onnx_search.json").read_text())["syntax_fields"] == ["phrase_ids"]
+    batch = multi30k_processor(test_sources, return_tensors="pt")
+    with torch.no_grad():
+        expected = model.generate(**batch, max_new_tokens=MAX_NEW_TOKENS, num_beams=4)
+    assert search.translate(multi30k_processor, test_sources, max_new_tokens=MAX_NEW_TOKENS, num_beams=4) == (
+        multi30k_processor.tokenizer.batch_decode(expected, skip_special_tokens=True))
+    with pytest.raises(ValueError, match="reads 'phrase_ids', which the inputs lack"):
+        search.generate(batch["input_ids"], batch["attention_mask"])
+    with pytest.raises(ValueError, match=r"phrase_ids has shape \(6, \d+, \d+\), input_ids"):
+        search.generate(batch["input_ids"][:, 1:], batch["attention_mask"][:, 1:], phrase_ids=batch["phrase_ids"])
+    with pytest.raises(ValueError, match="translate needs the model's `MgsaProcessor`"):
+        search.translate(multi30k_processor.tokenizer, test_sources)
+
+
+def test_pr_and_t5_are_refused(multi30k_processor, tiny_config, tiny_t5_config, tmp_path):
     """Refused before any tracing, naming what the op cannot pass."""
-    syntactic = tiny_model(multi30k_processor, tiny_config, "phrase_memory")
-    with pytest.raises(ValueError, match=r"reads \['phrase_ids'\].*export_generation_onnx"):
-        export_search_onnx(syntactic, tmp_path / "mgsa", processor=multi30k_processor)
+    pr = tiny_model(multi30k_processor, tiny_config, "phrase_representation", pr_segmentation="parse")
+    with pytest.raises(ValueError, match=r"phrase_representation.*phrase states.*export_generation_onnx"):
+        export_search_onnx(pr, tmp_path / "pr", processor=multi30k_processor)
     t5 = MgsaT5ForConditionalGeneration(tiny_t5_config(multi30k_processor, "transformer"))
     with pytest.raises(ValueError, match="Marian backbone"):
         export_search_onnx(t5, tmp_path / "t5", processor=multi30k_processor)
-    assert not (tmp_path / "mgsa").exists() and not (tmp_path / "t5").exists()
+    assert not (tmp_path / "pr").exists() and not (tmp_path / "t5").exists()

@@ -1,10 +1,8 @@
 """Generation as one onnxruntime call: the search runs inside the graph.
 
-[`export_search_onnx`] writes a saved MGSA model (or a model object; Marian backbone) whose encoder reads only
-`input_ids` and `attention_mask` (the plain Transformer, hybrid and n-gram MG-SA; see
-[`~mgsa_hf.export.onnx_syntax_fields`]) to a folder holding `search_model.onnx`: one graph whose node is
-onnxruntime's contrib `BeamSearch` (domain `com.microsoft`, encoder-decoder form, as `onnxruntime.transformers` builds
-it for T5) over two subgraphs:
+[`export_search_onnx`] writes a saved MGSA model (or a model object; Marian backbone; every encoder type but PR) to
+a folder holding `search_model.onnx`: one graph whose node is onnxruntime's contrib `BeamSearch` (domain
+`com.microsoft`, encoder-decoder form, as `onnxruntime.transformers` builds it for T5) over two subgraphs:
 
 - the encoder with the first decoding step: `encoder_input_ids`, `encoder_attention_mask`, `decoder_input_ids`
   `(batch, 1)` (int32) → `logits` `(batch, 1, vocab_size)`, `encoder_hidden_states`, `present_key_self_{i}` /
@@ -13,6 +11,14 @@ it for T5) over two subgraphs:
   caches → `logits` and the self-attention caches one position longer. Marian's positions follow the cache length;
   its embedding scale and `final_logits_bias` are inside.
 
+The op passes its encoder subgraph only those three inputs. The source syntax fields that the encoder type reads
+([`~mgsa_hf.export.onnx_syntax_fields`]: syntactic MG-SA's `phrase_ids` `(batch, levels, source_len)`, RHE's
+`(batch, source_len)` fields) are inputs of the main graph (int64), which the encoder subgraph reads from the
+enclosing scope: the op passes a subgraph the outer values it reads (its implicit inputs). The encoder subgraph runs
+once per sentence, before the op copies its outputs per beam, so the fields keep the sentences' batch. PR is refused:
+its decoder reads phrase states and their mask, which the op does not carry from the encoder subgraph to the decoder
+one.
+
 The weights live once, in the main graph. The search settings come from the model's generation config: `num_beams`,
 `max_length`, `min_length`, `length_penalty`, `no_repeat_ngram_size`, `num_return_sequences`, the decoder start, pad
 and EOS ids, `forced_eos_token_id` (in the subgraphs) and the tokens that `bad_words_ids` (single tokens) and
@@ -20,8 +26,9 @@ and EOS ids, `forced_eos_token_id` (in the subgraphs) and the tokens that `bad_w
 refused by name ([`check_search_settings`]); beam search needs `early_stopping=True` and a forced EOS
 ([`BEAM_SEARCH_LIMITS`]).
 
-[`OrtSearchModel`] runs the folder: `generate(input_ids, attention_mask, num_beams=..., max_new_tokens=...)` returns
-the token ids that the PyTorch model's `generate` returns.
+[`OrtSearchModel`] runs the folder: `generate(input_ids, attention_mask, num_beams=..., max_new_tokens=...)`, with
+the processor's syntax fields for a type that reads them, returns the token ids that the PyTorch model's `generate`
+returns.
 
 This module is a tool: the model's own modules never import it. It needs the `export` extra (onnx, onnxscript,
 onnxruntime).
@@ -53,7 +60,8 @@ SEARCH_GRAPH = "search_model.onnx"
 SEARCH_MANIFEST = "onnx_search.json"
 SEARCH_FOLDER_FILES = (SEARCH_GRAPH, SEARCH_MANIFEST, *ONNX_FOLDER_FILES)
 CONTRIB_DOMAIN = "com.microsoft"
-# a processor batch's fields that no encoder the search takes reads
+# the fields of a processor batch that `generate` takes: the syntax fields an encoder reads are passed on, the others
+# ignored
 PROCESSOR_FIELDS = (*EXPORTABLE_SYNTAX_FIELDS, "phrase_tags", "token_type_ids")
 
 # generation-config fields the op reproduces, and each one's value when it is not set
@@ -144,21 +152,24 @@ def check_search_settings(generation_config: GenerationConfig, where: str = "gen
 
 class SearchEncoderGraph(nn.Module):
     """The op's encoder subgraph: the encoder and the first decoding step. Inputs are int32, `(batch, source_len)`
-    and `(batch, 1)`; outputs the logits `(batch, 1, vocab_size)`, the source states `(batch, source_len, d_model)`,
-    the self-attention caches `(batch, heads, 1, head_dim)` and the cross-attention ones `(batch, heads, source_len,
-    head_dim)`."""
+    and `(batch, 1)`, then the syntax fields `syntax_names` (int64, read from the main graph); outputs the logits
+    `(batch, 1, vocab_size)`, the source states `(batch, source_len, d_model)`, the self-attention caches
+    `(batch, heads, 1, head_dim)` and the cross-attention ones `(batch, heads, source_len, head_dim)`."""
 
-    def __init__(self, model: nn.Module, num_layers: int):
+    def __init__(self, model: nn.Module, num_layers: int, syntax_names: tuple[str, ...] = ()):
         super().__init__()
         self.encoder = EncoderGraph(model)
         self.first_step = DecoderGraph(model, ["encoder_hidden_states"], num_layers, 0, with_past=False)
+        self.syntax_names = syntax_names
 
-    def forward(self, encoder_input_ids, encoder_attention_mask, *decoder_input_ids):
-        """The source `(batch, source_len)` and `decoder_input_ids` `(batch, 1)` (the decoder start, one tensor in
-        the varargs, as the exporter traces them) → `(logits, encoder_hidden_states, *self_caches, *cross_caches)`."""
+    def forward(self, encoder_input_ids, encoder_attention_mask, *tensors):
+        """The source `(batch, source_len)`, then in `tensors` `decoder_input_ids` `(batch, 1)` (the decoder start)
+        and the syntax fields (varargs, as the exporter traces them) → `(logits, encoder_hidden_states,
+        *self_caches, *cross_caches)`."""
         mask = encoder_attention_mask.long()
-        (hidden_states,) = self.encoder(encoder_input_ids.long(), mask)
-        logits, *caches = self.first_step(decoder_input_ids[0].long(), mask, hidden_states)
+        syntax = dict(zip(self.syntax_names, tensors[1:], strict=True))
+        (hidden_states,) = self.encoder(encoder_input_ids.long(), mask, **syntax)
+        logits, *caches = self.first_step(tensors[0].long(), mask, hidden_states)
         return logits[:, None], hidden_states, *caches
 
 
@@ -183,22 +194,26 @@ def _cache_names(kind: str, side: str, count: int) -> list[str]:
     return [f"{kind}_{part}_{side}_{i}" for i in range(count) for part in ("key", "value")]
 
 
-def _export_subgraphs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, folder: Path, opset):
-    """Trace both subgraphs on a batch; return the two ONNX models."""
+def _export_subgraphs(model, batch: dict, syntax_names: tuple[str, ...], folder: Path, opset):
+    """Trace both subgraphs on a processor `batch`; return the two ONNX models. The encoder subgraph reads the
+    syntax fields `syntax_names` from the main graph (its inputs of these names), not as inputs of its own."""
     import onnx
 
     config = model.config
     num_layers = config.decoder_layers if hasattr(config, "decoder_layers") else config.num_decoder_layers
-    batch, source = torch.export.Dim("batch"), torch.export.Dim("source_length")
-    ids, mask = input_ids.int(), attention_mask.int()
+    batch_dim, source = torch.export.Dim("batch"), torch.export.Dim("source_length")
+    ids, mask = batch["input_ids"].int(), batch["attention_mask"].int()
+    syntax = [torch.as_tensor(batch[name]).long() for name in syntax_names]
+    syntax_shapes = [{0: batch_dim, 2 if name == "phrase_ids" else 1: source} for name in syntax_names]
     start = torch.full((ids.shape[0], 1), config.decoder_start_token_id, dtype=torch.int32)
-    encoder = SearchEncoderGraph(model, num_layers).eval()
+    encoder = SearchEncoderGraph(model, num_layers, syntax_names).eval()
     with torch.no_grad():
-        first = encoder(ids, mask, start)
+        first = encoder(ids, mask, start, *syntax)
     self_names = _cache_names("present", "self", num_layers)
     cross_names = _cache_names("present", "cross", num_layers)
-    trace_to_onnx(encoder, (ids, mask, start), [{0: batch, 1: source}, {0: batch, 1: source}, {0: batch}],
-                 ["encoder_input_ids", "encoder_attention_mask", "decoder_input_ids"],
+    trace_to_onnx(encoder, (ids, mask, start, *syntax),
+                 [{0: batch_dim, 1: source}, {0: batch_dim, 1: source}, {0: batch_dim}, *syntax_shapes],
+                 ["encoder_input_ids", "encoder_attention_mask", "decoder_input_ids", *syntax_names],
                  ["logits", "encoder_hidden_states", *self_names, *cross_names], folder / "encoder.onnx", opset)
     past = torch.export.Dim("past_length")
     hidden_states, caches = first[1], first[2:]
@@ -206,12 +221,17 @@ def _export_subgraphs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     decoder = SearchDecoderGraph(model, num_layers).eval()
     next_token = torch.full((ids.shape[0], 1), 5, dtype=torch.int32)
     trace_to_onnx(decoder, (next_token, mask, hidden_states, *self_past, *cross_past),
-                 [{0: batch}, {0: batch, 1: source}, {0: batch, 1: source},
-                  *[{0: batch, 2: past}] * len(self_past), *[{0: batch, 2: source}] * len(cross_past)],
+                 [{0: batch_dim}, {0: batch_dim, 1: source}, {0: batch_dim, 1: source},
+                  *[{0: batch_dim, 2: past}] * len(self_past), *[{0: batch_dim, 2: source}] * len(cross_past)],
                  ["input_ids", "encoder_attention_mask", "encoder_hidden_states",
                   *_cache_names("past", "self", num_layers), *_cache_names("past", "cross", num_layers)],
                  ["logits", *self_names], folder / "decoder.onnx", opset)
-    return onnx.load(folder / "encoder.onnx"), onnx.load(folder / "decoder.onnx")
+    encoder_model = onnx.load(folder / "encoder.onnx")
+    # the op passes its encoder three inputs: the syntax fields come from the main graph's scope (implicit inputs)
+    kept = [value for value in encoder_model.graph.input if value.name not in syntax_names]
+    del encoder_model.graph.input[:]
+    encoder_model.graph.input.extend(kept)
+    return encoder_model, onnx.load(folder / "decoder.onnx")
 
 
 def _nested_graphs(graph) -> list:
@@ -301,9 +321,10 @@ def _search_node(settings: dict, encoder, decoder, vocab_mask: bool):
                                  **attributes)
 
 
-def _search_model(settings: dict, encoder_model, decoder_model, vocab_size: int):
+def _search_model(settings: dict, encoder_model, decoder_model, vocab_size: int, syntax_names: tuple[str, ...] = ()):
     """The main graph: `input_ids`, `attention_mask` `(batch, source_len)`, `max_length`, `num_beams` and
-    `num_return_sequences` (int32, `(1,)`) in; `sequences` `(batch, num_return_sequences, max_length)` out."""
+    `num_return_sequences` (int32, `(1,)`), then the syntax fields `syntax_names` (int64, `(batch, source_len)`;
+    `phrase_ids` `(batch, levels, source_len)`) in; `sequences` `(batch, num_return_sequences, max_length)` out."""
     from onnx import TensorProto, helper, numpy_helper
 
     encoder, decoder = encoder_model.graph, decoder_model.graph
@@ -325,7 +346,10 @@ def _search_model(settings: dict, encoder_model, decoder_model, vocab_size: int)
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch_size", "source_length"]),
               helper.make_tensor_value_info("attention_mask", TensorProto.INT32, ["batch_size", "source_length"]),
               *[helper.make_tensor_value_info(name, TensorProto.INT32, [1])
-                for name in ("max_length", "num_beams", "num_return_sequences")]]
+                for name in ("max_length", "num_beams", "num_return_sequences")],
+              *[helper.make_tensor_value_info(name, TensorProto.INT64, ["batch_size", "levels", "source_length"]
+                                              if name == "phrase_ids" else ["batch_size", "source_length"])
+                for name in syntax_names]]
     outputs = [helper.make_tensor_value_info("sequences", TensorProto.INT32,
                                              ["batch_size", "num_return_sequences", "max_length"])]
     graph = helper.make_graph(nodes, "mgsa search", inputs, outputs, initializer=initializers)
@@ -350,15 +374,17 @@ def export_search_onnx(
     Args:
         model_or_folder: a folder saved by `save_pretrained` (model and processor), or a Marian-backbone model
             ([`MgsaForConditionalGeneration`]) with its `processor`.
+        processor: the model's processor, or its tokenizer for a type that reads no syntax (read from the folder
+            when `model_or_folder` is one).
         output_dir: the folder to write; a folder that holds files is refused unless `overwrite`.
-        processor: the model's processor or tokenizer (read from the folder when `model_or_folder` is one).
         opset: the ONNX opset of the subgraphs (None: the exporter's default).
         overwrite: replace an earlier export in `output_dir` (its other files are kept).
         trust_remote_code: load a saved processor whose settings name code to run.
 
     Raises:
-        ValueError: for the T5 backbone, for an encoder type that reads source syntax (its fields are not inputs of
-            the op), and for generation settings the op cannot reproduce ([`check_search_settings`]).
+        ValueError: for the T5 backbone, for PR (`encoder_type="phrase_representation"`: its phrase states and
+            mask do not pass between the op's subgraphs), for a processor that does not make the syntax fields the
+            encoder reads, and for generation settings the op cannot reproduce ([`check_search_settings`]).
     """
     import onnx
 
@@ -371,25 +397,31 @@ def export_search_onnx(
         raise ValueError(f"The one-call ONNX search takes the Marian backbone (`mgsa`), not {config.model_type!r}: "
                          "serve this model with `export_generation_onnx`.")
     syntax = onnx_syntax_fields(config)
-    if syntax:
-        raise ValueError(f'encoder_type="{config.encoder_type}" reads {list(syntax)}, which the search op cannot '
-                         "pass to its encoder: serve this model with `export_generation_onnx`.")
+    if config.encoder_type == "phrase_representation":
+        raise ValueError('encoder_type="phrase_representation" gives the decoder phrase states and their mask, which '
+                         "the search op does not pass from its encoder to its decoder subgraph: serve this model "
+                         "with `export_generation_onnx`.")
     check_onnx_exportable(config)
     settings = check_search_settings(model.generation_config or GenerationConfig.from_model_config(config),
                                      "model.generation_config")
-    tokenizer = getattr(processor, "tokenizer", processor)
-    batch = tokenizer(EXAMPLES, return_tensors="pt", padding=True)
+    if syntax:
+        batch = processor(EXAMPLES, return_tensors="pt")
+        missing = [name for name in syntax if batch.get(name) is None]
+        if missing:
+            raise ValueError(f'encoder_type="{config.encoder_type}" reads {missing}, which the processor does not '
+                             "make: pass the model's `MgsaProcessor` (with its parser).")
+    else:
+        batch = getattr(processor, "tokenizer", processor)(EXAMPLES, return_tensors="pt", padding=True)
     with export_folder(output_dir, source, overwrite, SEARCH_FOLDER_FILES) as staging:
         was_training = model.training
         model.eval()
         try:
-            encoder_model, decoder_model = _export_subgraphs(model, batch["input_ids"], batch["attention_mask"],
-                                                             staging, opset)
+            encoder_model, decoder_model = _export_subgraphs(model, batch, syntax, staging, opset)
         finally:
             model.train(was_training)
         (staging / "encoder.onnx").unlink()
         (staging / "decoder.onnx").unlink()
-        search = _search_model(settings, encoder_model, decoder_model, config.vocab_size)
+        search = _search_model(settings, encoder_model, decoder_model, config.vocab_size, syntax)
         onnx.save(search, staging / SEARCH_GRAPH)
         config.save_pretrained(staging)
         processor.save_pretrained(staging)
@@ -397,7 +429,8 @@ def export_search_onnx(
         config_dict = json.loads((staging / "config.json").read_text())
         config_dict.pop("auto_map", None)
         (staging / "config.json").write_text(json.dumps(config_dict, indent=2))
-        (staging / SEARCH_MANIFEST).write_text(json.dumps({"graph": SEARCH_GRAPH, "settings": settings}, indent=2))
+        (staging / SEARCH_MANIFEST).write_text(json.dumps({"graph": SEARCH_GRAPH, "settings": settings,
+                                                             "syntax_fields": list(syntax)}, indent=2))
         # last: the digests of the graph, config.json and the tokenizer files, which loading checks
         write_onnx_record(staging, {"model_type": config.model_type, "encoder_type": config.encoder_type,
                                     "backbone": type(model).__name__, "weights_sha256": weights_digest(model)})
@@ -412,11 +445,12 @@ class OrtSearchModel:
     Load with [`from_pretrained`].
     """
 
-    def __init__(self, folder: Path, session, config, settings: dict):
+    def __init__(self, folder: Path, session, config, settings: dict, syntax_fields: tuple[str, ...] = ()):
         self.folder = folder
         self.session = session
         self.config = config
         self.settings = settings
+        self.syntax_fields = tuple(syntax_fields)  # the processor fields the encoder reads
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, *, threads: int | None = None) -> "OrtSearchModel":
@@ -433,6 +467,7 @@ class OrtSearchModel:
         try:
             manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
             settings = manifest["settings"]
+            syntax_fields = tuple(manifest.get("syntax_fields", ()))
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
             raise ValueError(f"{manifest_path} is damaged ({error!r}): export the model again.") from None
         verify_onnx_record(folder, {"search": manifest["graph"]})
@@ -444,7 +479,7 @@ class OrtSearchModel:
             options.intra_op_num_threads = threads
         session = onnxruntime.InferenceSession(str(folder / manifest["graph"]), options,
                                                providers=["CPUExecutionProvider"])
-        return cls(folder, session, AutoConfig.from_pretrained(folder), settings)
+        return cls(folder, session, AutoConfig.from_pretrained(folder), settings, syntax_fields)
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                  num_beams: int | None = None, max_length: int | None = None, max_new_tokens: int | None = None,
@@ -459,8 +494,9 @@ class OrtSearchModel:
             max_length: the longest output, decoder start token included (None: the generation config's).
             max_new_tokens: the most tokens after the decoder start token (takes the place of `max_length`).
             num_return_sequences: hypotheses returned per sentence, at most `num_beams` (None: the config's).
-            kwargs: the processor's other outputs, which the encoder does not read (syntax fields,
-                `token_type_ids`); other `generate` arguments are refused by name.
+            kwargs: the processor's other outputs: the syntax fields the encoder reads (`syntax_fields`;
+                `(batch_size, source_len)`, `phrase_ids` `(batch_size, levels, source_len)`) are passed on, the others
+                (`phrase_tags`, `token_type_ids`, ...) ignored; other `generate` arguments are refused by name.
 
         Returns:
             (batch_size * num_return_sequences, length) the token ids, decoder start token first, EOS then padding
@@ -495,13 +531,28 @@ class OrtSearchModel:
         if attention_mask.shape != input_ids.shape:
             raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids "
                              f"{tuple(input_ids.shape)}: pass the processor's mask of these tokens.")
-        feeds = {"input_ids": input_ids.cpu().numpy().astype(np.int32),
+        feeds = {name: self._syntax_field(kwargs, name, input_ids.shape) for name in self.syntax_fields}
+        feeds |= {"input_ids": input_ids.cpu().numpy().astype(np.int32),
                  "attention_mask": attention_mask.cpu().numpy().astype(np.int32),
                  "max_length": np.array([max_length], np.int32), "num_beams": np.array([num_beams], np.int32),
                  "num_return_sequences": np.array([returns], np.int32)}
         (sequences,) = self.session.run(["sequences"], feeds)
         sequences = torch.from_numpy(sequences.astype(np.int64)).flatten(0, 1)
         return self._as_generate_returns(sequences)
+
+    def _syntax_field(self, fields: dict, name: str, shape: torch.Size) -> np.ndarray:
+        """The syntax field `name` of a processor batch `fields` as the graph takes it (int64), or a `ValueError`
+        naming it when it is missing or does not match the tokens' `(batch_size, source_len)`."""
+        if fields.get(name) is None:
+            raise ValueError(f'encoder_type="{self.config.encoder_type}" reads {name!r}, which the inputs lack: pass '
+                             "the output of the model's `MgsaProcessor` (`generate(**processor(texts, "
+                             "return_tensors='pt'))`).")
+        value = torch.as_tensor(fields[name])
+        kept = (value.shape[0], value.shape[-1]) if name == "phrase_ids" and value.dim() == 3 else tuple(value.shape)
+        if kept != tuple(shape):
+            raise ValueError(f"{name} has shape {tuple(value.shape)}, input_ids {tuple(shape)}: pass the processor's "
+                             "fields of these tokens.")
+        return value.cpu().numpy().astype(np.int64)
 
     def _as_generate_returns(self, sequences: torch.LongTensor) -> torch.LongTensor:
         """The op fills a finished hypothesis's row with EOS after its tokens (the node's `pad_token_id`: EOS, the one
@@ -515,11 +566,19 @@ class OrtSearchModel:
         lengths = 1 + (seen == 0).sum(1) + (seen[:, -1] > 0).long()  # start, tokens, the EOS if any
         return torch.cat([sequences[:, :1], generated], dim=1)[:, : int(lengths.max())]
 
-    def translate(self, tokenizer, texts: list[str], **settings) -> list[str]:
-        """Translate `texts` with the model's tokenizer (or processor): the best hypothesis of each, decoded without
-        special tokens. `settings` go to [`generate`] (`num_beams`, `max_new_tokens`, ...)."""
-        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
-        batch = tokenizer(list(texts), return_tensors="pt", padding=True)
-        sequences = self.generate(batch["input_ids"], batch["attention_mask"], **settings)
+    def translate(self, processor, texts: list[str], **settings) -> list[str]:
+        """Translate `texts` with the model's processor (a tokenizer will do for an encoder that reads no syntax):
+        the best hypothesis of each, decoded without special tokens. `settings` go to [`generate`] (`num_beams`,
+        `max_new_tokens`, ...)."""
+        tokenizer = getattr(processor, "tokenizer", processor)
+        if self.syntax_fields:
+            if tokenizer is processor:
+                raise ValueError(f'encoder_type="{self.config.encoder_type}" reads {list(self.syntax_fields)}: '
+                                 "translate needs the model's `MgsaProcessor`, not its tokenizer.")
+            batch = processor(list(texts), return_tensors="pt")
+        else:
+            batch = tokenizer(list(texts), return_tensors="pt", padding=True)
+        fields = {name: batch[name] for name in self.syntax_fields if name in batch}
+        sequences = self.generate(batch["input_ids"], batch["attention_mask"], **fields, **settings)
         best = sequences[:: len(sequences) // len(texts)]
         return tokenizer.batch_decode(best, skip_special_tokens=True)
