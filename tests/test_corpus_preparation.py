@@ -22,7 +22,7 @@ from mgsa_hf.cli import main as cli_main
 from mgsa_hf.data_collator import MgsaDataCollator
 from mgsa_hf.tokenization_utils import read_lines
 from mgsa_hf.training.catalogue import accelerate_config_path
-from mgsa_hf.training.config import load_train_config
+from mgsa_hf.training.config import load_train_config, source_syntax_fields
 from mgsa_hf.training.corpus import prepare, tokenizer_sample
 from mgsa_hf.training.data import load_parallel_corpus
 from mgsa_hf.training.trainer import column_lengths
@@ -53,9 +53,14 @@ def test_prepared_once_equal_to_mapping_in_memory(tmp_path, monkeypatch):
     in_memory = in_memory.__class__({split: data.select(range(min(len(data), limit))) for (split, data), limit
                                      in zip(in_memory.items(), (40, 8, 8), strict=True)})
     collator = MgsaDataCollator(tokenizer=processor.tokenizer)
+    # RHE's fields alone: MG-SA's phrases and tags and PR's phrases are not made nor stored
+    stored = ("word_ids", "head_word_ids", "local_phrase_start", "local_phrase_end", "tree_depth")
+    assert source_syntax_fields(config) == stored
     for split, limit in (("train", 32), ("validation", 64), ("test", 64)):  # the scored splits: the positions only
         expected = processor.map_dataset(in_memory[split].flatten(), "translation.en", "translation.de",
-                                         max_length=limit, max_target_length=limit, truncation=True)
+                                         max_length=limit, max_target_length=limit, truncation=True,
+                                         syntax_fields=stored)
+        assert processed[split].column_names == ["input_ids", *stored, "labels"]
         assert processed[split][:] == expected.remove_columns("attention_mask")[:]
         assert corpus[split][:] == in_memory[split][:]
         assert all(str(tmp_path) in file["filename"] for file in processed[split].cache_files)
@@ -66,7 +71,7 @@ def test_prepared_once_equal_to_mapping_in_memory(tmp_path, monkeypatch):
         assert all(batch[key].dtype == torch.long for key in batch)
     types = {column: feature.feature.dtype if column not in ("phrase_ids", "phrase_tags") else
              feature.feature.feature.dtype for column, feature in processed["train"].features.items()}
-    assert types["input_ids"] == types["labels"] == types["word_ids"] == "int16" and types["phrase_tags"] == "int8"
+    assert types["input_ids"] == types["labels"] == types["word_ids"] == types["tree_depth"] == "int16"
     assert "attention_mask" not in types
 
     def no_build(*args, **kwargs):

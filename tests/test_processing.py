@@ -293,6 +293,22 @@ def test_tensors_are_padded_with_the_documented_values(processor, multi30k_val):
     assert multiple["phrase_ids"].shape[-1] % 8 == 0 and multiple["input_ids"].shape == multiple["word_ids"].shape
 
 
+@pytest.mark.parametrize("names", [["local_phrase_end", "word_ids"], ["phrase_tags"], ["pr_phrase_ids"], []])
+def test_a_subset_of_the_syntax_fields_is_that_of_all_of_them(processor, multi30k_val, names):
+    """`syntax_fields=` makes those fields alone, in the table's order, each equal to the field of a call making all
+    of them (special tokens and truncation included), and padded alike; a name that is no field is refused."""
+    sources = [*multi30k_val[0][:6], "", "</s> a dog"]
+    every = processor(sources, max_length=9, truncation=True)
+    some = processor(sources, max_length=9, truncation=True, syntax_fields=names)
+    expected = [name for name in SOURCE_SYNTAX_PAD_VALUES if name in names]
+    assert list(some) == ["input_ids", "attention_mask", *expected]
+    assert all(some[name] == every[name] for name in some)
+    padded = processor(sources, return_tensors="pt", syntax_fields=names)
+    assert all(torch.equal(padded[name], processor(sources, return_tensors="pt")[name]) for name in padded)
+    with pytest.raises(ValueError, match=r"\['phrase'\] are no source syntax fields"):
+        processor(sources, syntax_fields=["phrase", "word_ids"])
+
+
 def test_save_and_load_round_trip(processor, tmp_path, multi30k_val):
     settings = dict(
         phrase_levels=2, pr_max_phrase_words=6, pr_min_phrase_words=2, pr_length_ratio=5, max_relative_position=4,

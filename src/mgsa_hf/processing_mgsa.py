@@ -20,7 +20,7 @@ from .constituency_conversion import MODEL_FILE
 from .data_collator import pad_batch
 from .input_checks import as_text_batch, check_text_lengths, check_tree_batch, check_unicode
 from .saved_files import check_json_files, check_processor_files, json_object_or_empty
-from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
+from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES, check_syntax_field_names
 from .syntax_parser import SyntaxParser
 from .syntax_spacy import package_version, refuse_saved_code
 from .syntax_token_fields import token_fields, token_words
@@ -346,6 +346,7 @@ class MgsaProcessor(ProcessorMixin):
         padding: bool | str | None = None,
         pad_to_multiple_of: int | None = None,
         return_tensors: str | None = None,
+        syntax_fields: list[str] | tuple[str, ...] | None = None,
     ) -> BatchEncoding:
         """Encodes source sentences with their syntax fields (see the class docstring), and target sentences as
         `labels`.
@@ -366,6 +367,8 @@ class MgsaProcessor(ProcessorMixin):
                 `max_length`); defaults to padding exactly when `return_tensors` is set.
             pad_to_multiple_of (`int`, *optional*): round padded lengths up to a multiple of this.
             return_tensors (`"pt"` or `"np"`, *optional*): return tensors instead of python lists.
+            syntax_fields (`list[str]`, *optional*): the source syntax fields to make (default: all); a model reads
+                `config.variant.syntax_fields(config)`, MG-SA's tag loss `phrase_tags` too.
 
         Returns:
             [`BatchEncoding`]; for a single string without `return_tensors`, the lists of that sentence.
@@ -405,7 +408,7 @@ class MgsaProcessor(ProcessorMixin):
             check_text_lengths(texts, SPACY_MAX_CHARACTERS)
 
         with cyclic_gc_paused():
-            encoding = self._encode_source(texts, tree_list, max_length, truncation, parses)
+            encoding = self._encode_source(texts, tree_list, max_length, truncation, parses, syntax_fields)
             if targets is not None:
                 target_length = max_target_length if max_target_length is not None else max_length
                 encoding["labels"] = self.tokenizer(text_target=targets, max_length=target_length,
@@ -419,11 +422,12 @@ class MgsaProcessor(ProcessorMixin):
             encoding = {name: values[0] for name, values in encoding.items()}
         return BatchEncoding(encoding, tensor_type=return_tensors)
 
-    def _encode_source(self, texts, trees, max_length, truncation, syntaxes=None) -> dict[str, list]:
+    def _encode_source(self, texts, trees, max_length, truncation, syntaxes=None, names=None) -> dict[str, list]:
         """Tokenizes and parses the sources (unless `syntaxes` gives their analyses); each analysis is turned into
         token fields (and dropped) as the parse goes, which keeps few objects alive for the garbage collector. The
         parse starts first: a long batch is parsed beside this thread (see
-        [`~mgsa_hf.syntax_parser.SyntaxParser.pipe`]) while the tokenizer runs here."""
+        [`~mgsa_hf.syntax_parser.SyntaxParser.pipe`]) while the tokenizer runs here. `names`: the fields to make."""
+        names = check_syntax_field_names(names)
         if self.with_syntax and syntaxes is None:
             syntaxes = self.parser.pipe(texts, trees, self.parser_batch_size, self.n_process)
         fast = self.tokenizer.is_fast
@@ -450,11 +454,11 @@ class MgsaProcessor(ProcessorMixin):
             uncut = zip(whole["offset_mapping"] if fast else list(map(self._piece_offsets, texts,
                                                                        whole["special_tokens_mask"])),
                         whole["special_tokens_mask"], strict=True)
-        sentences = list(map(self._syntax_fields, syntaxes, offsets, masks, uncut))
-        fields = {name: [sentence[name] for sentence in sentences] for name in SOURCE_SYNTAX_PAD_VALUES}
+        sentences = list(map(self._syntax_fields, syntaxes, offsets, masks, uncut, [names] * len(texts)))
+        fields = {name: [sentence[name] for sentence in sentences] for name in names}
         return {**tokens, **fields}
 
-    def _syntax_fields(self, syntax, offsets, special_tokens_mask, uncut=None) -> dict[str, list]:
+    def _syntax_fields(self, syntax, offsets, special_tokens_mask, uncut=None, names=None) -> dict[str, list]:
         """The token fields of one sentence; `uncut`, the (offsets, special tokens mask) of its whole source when it
         was truncated, gives `tokens_as_printed` phrases their token counts."""
         words = token_words(offsets, special_tokens_mask, syntax.spans)
@@ -462,7 +466,7 @@ class MgsaProcessor(ProcessorMixin):
         if uncut is not None:
             whole_content = [word for word in token_words(*uncut, syntax.spans) if word >= 0]
             pr_phrases = lambda tree, content: self.pr_phrases(tree, whole_content)  # noqa: E731
-        return token_fields(syntax, words, self.phrase_levels, self.tag_vocab, pr_phrases)
+        return token_fields(syntax, words, self.phrase_levels, self.tag_vocab, pr_phrases, names)
 
     def _piece_offsets(self, text, special_tokens_mask):
         """Character spans of the tokens of a tokenizer without offsets. Its pieces of `text` (surface strings, also
@@ -529,7 +533,7 @@ class MgsaProcessor(ProcessorMixin):
             remove_columns (`bool`, defaults to `True`): drop the dataset's own columns from the result.
             cache_dir (`str`, *optional*): the folder of the result's Arrow files (by default `datasets`' own: the
                 data's folder, or memory for data held in memory).
-            **processor_kwargs (`dict`): `max_length`, `max_target_length`, `truncation` of
+            **processor_kwargs (`dict`): `max_length`, `max_target_length`, `truncation`, `syntax_fields` of
                 [`~MgsaProcessor.__call__`].
         """
         datasets = import_datasets()
@@ -540,7 +544,7 @@ class MgsaProcessor(ProcessorMixin):
             options.update(load_from_cache_file=load_from_cache_file, cache_dir=cache_dir, **processor_kwargs)
             columns = (source_column, target_column, tree_column)
             return DatasetDict({split: self.map_dataset(data, *columns, **options) for split, data in dataset.items()})
-        unknown = set(processor_kwargs) - {"max_length", "max_target_length", "truncation"}
+        unknown = set(processor_kwargs) - {"max_length", "max_target_length", "truncation", "syntax_fields"}
         if unknown:
             raise TypeError(f"map_dataset() got unexpected arguments {sorted(unknown)}.")
         if not hasattr(dataset, "_fingerprint"):

@@ -37,3 +37,20 @@ SOURCE_SYNTAX_PAD_VALUES = {
 
 # fields with a leading granularity dimension: (B, K, L) instead of (B, L)
 LEVELLED_SYNTAX_FIELDS = ("phrase_ids", "phrase_tags")
+
+
+def check_syntax_field_names(names=None) -> tuple[str, ...]:
+    """`names`, source syntax fields to make (None: all of them), as a tuple in this table's order.
+
+    Raises:
+        `ValueError` naming those that are no source syntax field.
+    """
+    if names is None:
+        return tuple(SOURCE_SYNTAX_PAD_VALUES)
+    if isinstance(names, str) or not all(isinstance(name, str) for name in names):
+        raise ValueError(f"syntax_fields must be a list of field names, got {names!r}.")
+    unknown = [name for name in names if name not in SOURCE_SYNTAX_PAD_VALUES]
+    if unknown:
+        raise ValueError(f"syntax_fields={list(names)}: {unknown} are no source syntax fields; the fields are "
+                         f"{list(SOURCE_SYNTAX_PAD_VALUES)}.")
+    return tuple(name for name in SOURCE_SYNTAX_PAD_VALUES if name in names)

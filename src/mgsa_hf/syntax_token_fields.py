@@ -4,6 +4,8 @@ makes for every sentence."""
 
 from itertools import groupby
 
+from .syntax_fields import check_syntax_field_names
+
 
 def token_words(offsets, special_tokens_mask, word_spans) -> list[int]:
     """Word index of each token, -1 for special tokens: the first word its characters overlap, else the next word
@@ -20,48 +22,55 @@ def token_words(offsets, special_tokens_mask, word_spans) -> list[int]:
     return token_words
 
 
-def token_fields(syntax, token_words, levels, tag_vocab, pr_phrases) -> dict[str, list]:
-    """The syntax fields of one sentence's tokens, given the word of each token (-1: special token).
+def token_fields(syntax, token_words, levels, tag_vocab, pr_phrases, names=None) -> dict[str, list]:
+    """The syntax fields of one sentence's tokens, given the word of each token (-1: special token); `names`, the
+    fields to make (None: all of them; see [`~mgsa_hf.syntax_fields.check_syntax_field_names`]).
 
     Phrase ids number the runs of equal tree nodes over the tokens, so phrases without tokens take no id.
     `pr_phrases(tree, content_words)` gives Algorithm 1's phrases as word spans."""
+    names = check_syntax_field_names(names)
     tree, num_words = syntax.tree, len(syntax.spans)
     specials = [position for position, word in enumerate(token_words) if word < 0]
     if not specials or specials[0] == len(token_words) - len(specials):  # usually: EOS last
         content = token_words[: len(token_words) - len(specials)]
     else:
         content = [word for word in token_words if word >= 0]
-    paths = [tree.paths[word] for word in content]
-    # a word's phrase at level k: its ancestor k steps below the root, or its leaf when that is higher up
-    phrase_nodes = [[path[k] if len(path) > k else path[-1] for path in paths] for k in range(1, levels + 1)]
-    pr_phrases = [
-        index
-        for index, (start, end) in enumerate(pr_phrases(tree, content))
-        for _ in range(start, end)
-    ]
-    local_phrases, first_token = tree.local_phrases(), _first_tokens(token_words, num_words)
-    heads, start, end = syntax.heads, tree.start, tree.end
-    node_tags = [tag_vocab[label] for label in tree.label]
-    fields = {
-        "word_ids": content,
-        "head_word_ids": [heads[word] for word in content],
-        "phrase_ids": [_run_ids(nodes) for nodes in phrase_nodes],
-        "phrase_tags": [[node_tags[node] for node in nodes] for nodes in phrase_nodes],
-        "pr_phrase_ids": _run_ids([pr_phrases[word] for word in content]),
-        "local_phrase_start": [first_token[start[local_phrases[word]]] for word in content],
-        "local_phrase_end": [first_token[end[local_phrases[word]]] for word in content],
-        "tree_depth": [len(path) for path in paths],
-    }
+    made = {"word_ids": content}
+    if "head_word_ids" in names:
+        heads = syntax.heads
+        made["head_word_ids"] = [heads[word] for word in content]
+    if "phrase_ids" in names or "phrase_tags" in names:
+        # a word's phrase at level k: its ancestor k steps below the root, or its leaf when that is higher up
+        paths = [tree.paths[word] for word in content]
+        phrase_nodes = [[path[k] if len(path) > k else path[-1] for path in paths] for k in range(1, levels + 1)]
+        made["phrase_ids"] = [_run_ids(nodes) for nodes in phrase_nodes]
+        if "phrase_tags" in names:
+            node_tags = [tag_vocab[label] for label in tree.label]
+            made["phrase_tags"] = [[node_tags[node] for node in nodes] for nodes in phrase_nodes]
+    if "pr_phrase_ids" in names:
+        phrases = [index for index, (start, end) in enumerate(pr_phrases(tree, content)) for _ in range(start, end)]
+        made["pr_phrase_ids"] = _run_ids([phrases[word] for word in content])
+    if "local_phrase_start" in names or "local_phrase_end" in names:
+        local_phrases, first_token = tree.local_phrases(), _first_tokens(token_words, num_words)
+        made["local_phrase_start"] = [first_token[tree.start[local_phrases[word]]] for word in content]
+        made["local_phrase_end"] = [first_token[tree.end[local_phrases[word]]] for word in content]
+    if "tree_depth" in names:
+        paths = tree.paths
+        made["tree_depth"] = [len(paths[word]) for word in content]
+    fields = {name: made[name] for name in names}
     if specials:
         _insert_special_tokens(fields, specials, num_words)
     return fields
 
 
 def _insert_special_tokens(fields, positions, num_words):
-    """Inserts the values of the special tokens at `positions` (ascending): each is its own word (and its own
-    head) after the last word, its own phrase after the last phrase, its own local phrase, tag -100, depth 0."""
-    phrase_counts = [ids[-1] + 1 if ids else 0 for ids in fields["phrase_ids"]]
-    pr_count = fields["pr_phrase_ids"][-1] + 1 if fields["pr_phrase_ids"] else 0
+    """Inserts the values of the special tokens at `positions` (ascending) into the `fields` made: each is its own
+    word (and its own head) after the last word, its own phrase after the last phrase, its own local phrase, tag -100,
+    depth 0."""
+    pr_ids = fields.get("pr_phrase_ids")
+    pr_count = pr_ids[-1] + 1 if pr_ids else 0
+    phrase_ids, phrase_tags = fields.get("phrase_ids", ()), fields.get("phrase_tags", ())
+    phrase_counts = [ids[-1] + 1 if ids else 0 for ids in phrase_ids]
     for rank, position in enumerate(positions):
         for name, value in [
             ("word_ids", num_words + rank),
@@ -71,9 +80,11 @@ def _insert_special_tokens(fields, positions, num_words):
             ("local_phrase_end", position + 1),
             ("tree_depth", 0),
         ]:
-            fields[name].insert(position, value)
-        for ids, tags, count in zip(fields["phrase_ids"], fields["phrase_tags"], phrase_counts, strict=True):
+            if name in fields:
+                fields[name].insert(position, value)
+        for ids, count in zip(phrase_ids, phrase_counts, strict=True):
             ids.insert(position, count + rank)
+        for tags in phrase_tags:
             tags.insert(position, -100)
 
 

@@ -469,15 +469,27 @@ def validate_model_section(config: TrainConfig) -> None:
     config_class.from_pretrained(config.init_from, **config.model)
 
 
-def _reads_source_syntax(config: TrainConfig) -> bool:
-    """Whether the model to train reads any of the processor's syntax fields (see `MgsaConfig.reads_source_syntax`:
-    not the transformer, hybrid attention or n-gram MG-SA)."""
+def source_syntax_fields(config: TrainConfig) -> tuple[str, ...]:
+    """The processor's syntax fields that the model to train reads (its variant's `syntax_fields`: none for the
+    transformer, hybrid attention or n-gram MG-SA) and that its loss reads (MG-SA's `phrase_tags`): what a prepared
+    corpus stores."""
+    from ..syntax_fields import check_syntax_field_names
     from .conversion import BACKBONES, checkpoint_backbone
 
     if not config.init_from:
-        return _backbone_classes(config)[0](**config.model).reads_source_syntax
-    config_class = BACKBONES[checkpoint_backbone(config.init_from)][0]
-    return config_class.from_pretrained(config.init_from, **config.model).reads_source_syntax
+        model_config = _backbone_classes(config)[0](**config.model)
+    else:
+        config_class = BACKBONES[checkpoint_backbone(config.init_from)][0]
+        model_config = config_class.from_pretrained(config.init_from, **config.model)
+    fields = tuple(model_config.variant.syntax_fields(model_config))
+    if getattr(model_config, "trains_tag_loss", False):
+        fields += ("phrase_tags",)
+    return check_syntax_field_names(fields)
+
+
+def _reads_source_syntax(config: TrainConfig) -> bool:
+    """Whether the model to train reads any of the processor's syntax fields (see `MgsaConfig.reads_source_syntax`)."""
+    return bool(source_syntax_fields(config))
 
 
 def add_train_arguments(parser) -> None:

@@ -369,14 +369,14 @@ def build_processed(processor, corpus, config, staging: Path, num_proc: int | No
     [`processed_features`]: no copy, no type inference."""
     from datasets import concatenate_datasets
 
-    from ..syntax_fields import SOURCE_SYNTAX_PAD_VALUES
     from ..syntax_trees import PARSE_FIELDS
     from .data import TREE_COLUMN
 
     tree_column = TREE_COLUMN if TREE_COLUMN in corpus["train"].column_names and parsed is None else None
     source, target = f"translation.{config.source_lang}", f"translation.{config.target_lang}"
     # the processor's output fields, in its order, but those not stored
-    columns = ["input_ids", *(SOURCE_SYNTAX_PAD_VALUES if processor.with_syntax else ()), "labels"]
+    syntax_fields = stored_syntax_fields(config, processor)
+    columns = ["input_ids", *syntax_fields, "labels"]
     features = processed_features(columns, len(processor.tokenizer))
     staging.mkdir(parents=True, exist_ok=True)
     files = {}
@@ -390,7 +390,8 @@ def build_processed(processor, corpus, config, staging: Path, num_proc: int | No
                                  "the corpus: remove its folder from `prepared_dir` to parse it again.")
             data = concatenate_datasets([data, parsed[split].select_columns(list(PARSE_FIELDS))], axis=1)
         function = _NarrowRows(processor, features, split, parse_columns=PARSE_FIELDS if parsed is not None else (),
-                               source_column=source, target_column=target, tree_column=tree_column, **lengths)
+                               source_column=source, target_column=target, tree_column=tree_column,
+                               syntax_fields=syntax_fields or None, **lengths)
         workers = num_proc if num_proc and num_proc > 1 and len(data) >= 10 * num_proc else None
         mapped = data.map(function, batched=True, with_indices=True, batch_size=1000, num_proc=workers,
                           remove_columns=data.column_names, features=features, load_from_cache_file=False,
@@ -470,10 +471,23 @@ def load_processed(folder: Path):
     return load_listed(folder)
 
 
+def stored_syntax_fields(config, processor) -> tuple[str, ...]:
+    """The syntax fields a processed split stores: those the model to train reads
+    ([`~mgsa_hf.training.config.source_syntax_fields`]); every field when the processor is told to parse for a model
+    that reads none; none without syntax."""
+    from ..syntax_fields import SOURCE_SYNTAX_PAD_VALUES
+    from .config import source_syntax_fields
+
+    if not processor.with_syntax:
+        return ()
+    return source_syntax_fields(config) or tuple(SOURCE_SYNTAX_PAD_VALUES)
+
+
 def processed_parts(config, corpus_key: str, processor, limit: int | None) -> dict:
     """What decides the processed step's content, besides the corpus."""
     return {"corpus": corpus_key, "processor": processor._fingerprint(),
-            "lengths": [config.max_source_length, config.max_target_length, limit]}
+            "lengths": [config.max_source_length, config.max_target_length, limit],
+            "fields": list(stored_syntax_fields(config, processor))}
 
 
 # ---------------------------------------------------------------------------------------------------------------------

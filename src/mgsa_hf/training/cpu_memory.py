@@ -1,4 +1,5 @@
-"""glibc's allocator told to keep what a CPU process frees, training or decoding (no import beyond the standard library)."""
+"""glibc's allocator told to keep what a CPU process frees, training or decoding (no import beyond the standard
+library)."""
 
 
 def reuse_freed_cpu_memory() -> bool:
