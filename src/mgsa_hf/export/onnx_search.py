@@ -1,7 +1,7 @@
 """Generation as one onnxruntime call: the search runs inside the graph.
 
-[`export_search_onnx`] writes a saved MGSA model (or a model object; Marian backbone; every encoder type but PR) to
-a folder holding `search_model.onnx`: one graph whose node is onnxruntime's contrib `BeamSearch` (domain
+[`export_search_onnx`] writes a saved MGSA model (or a model object; Marian backbone, every encoder type) to a
+folder holding `search_model.onnx`: one graph whose node is onnxruntime's contrib `BeamSearch` (domain
 `com.microsoft`, encoder-decoder form, as `onnxruntime.transformers` builds it for T5) over two subgraphs:
 
 - the encoder with the first decoding step: `encoder_input_ids`, `encoder_attention_mask`, `decoder_input_ids`
@@ -15,9 +15,11 @@ The op passes its encoder subgraph only those three inputs. The source syntax fi
 ([`~mgsa_hf.export.onnx_syntax_fields`]: syntactic MG-SA's `phrase_ids` `(batch, levels, source_len)`, RHE's
 `(batch, source_len)` fields) are inputs of the main graph (int64), which the encoder subgraph reads from the
 enclosing scope: the op passes a subgraph the outer values it reads (its implicit inputs). The encoder subgraph runs
-once per sentence, before the op copies its outputs per beam, so the fields keep the sentences' batch. PR is refused:
-its decoder reads phrase states and their mask, which the op does not carry from the encoder subgraph to the decoder
-one.
+once per sentence, before the op copies its outputs per beam, so the fields keep the sentences' batch.
+
+The op carries one key and one value per decoder layer from the encoder subgraph to the decoder one, and checks that
+count. PR's decoder also reads phrase keys and values and the phrase mask: they ride in the token cross caches
+([`pack_phrase_caches`]), and the decoder subgraph splits them at the source length.
 
 The weights live once, in the main graph. The search settings come from the model's generation config: `num_beams`,
 `max_length`, `min_length`, `length_penalty`, `no_repeat_ngram_size`, `num_return_sequences`, the decoder start, pad
@@ -150,17 +152,51 @@ def check_search_settings(generation_config: GenerationConfig, where: str = "gen
             "masked_tokens": sorted(masked)}
 
 
+# PR's decoder memories beside the source states: the phrase states and their mask
+PHRASE_MEMORIES = ["encoder_hidden_states", "encoder_phrase_states", "encoder_phrase_mask"]
+
+
+def pack_phrase_caches(caches: list[torch.Tensor], attention_mask, phrase_mask, num_layers: int) -> list:
+    """PR's cross caches as the op carries them: it takes one key and one value per decoder layer from the encoder
+    subgraph to the decoder one (`encoder_subgraph_.num_layers == decoder_subgraph_.num_layers`,
+    beam_search_impl_t5.h). Each layer's phrase key or value `(batch, heads, num_phrases, head_dim)` follows its
+    token one `(batch, heads, source_len, head_dim)` on the length axis, and the first key has one more channel: the
+    source mask then the phrase mask, as floats. [`unpack_phrase_caches`] undoes it."""
+    tokens, phrases = caches[: 2 * num_layers], caches[2 * num_layers:]
+    packed = [torch.cat([token, phrase], dim=2) for token, phrase in zip(tokens, phrases, strict=True)]
+    key = packed[0]
+    masks = torch.cat([attention_mask, phrase_mask], dim=1).to(key.dtype)
+    packed[0] = torch.cat([key, masks[:, None, :, None].expand(-1, key.shape[1], -1, 1)], dim=3)
+    return packed
+
+
+def unpack_phrase_caches(packed: tuple, source_len: int, d_model: int) -> tuple[list, torch.Tensor, torch.Tensor]:
+    """`(cross_caches, phrase_states, phrase_mask)` from [`pack_phrase_caches`]' tensors: the token caches, then
+    the phrase ones, as the decoder's cache holds them; zero phrase states `(batch, 1, num_phrases, d_model)` (with
+    the phrase keys and values cached, the decoder reads only their shape) and the mask `(batch, num_phrases)`."""
+    head_dim = packed[1].shape[3]
+    first = packed[0]
+    phrase_mask = first[:, 0, source_len:, head_dim] > 0.5
+    caches = [first[..., :head_dim], *packed[1:]]
+    token_caches = [cache[:, :, :source_len] for cache in caches]
+    phrase_caches = [cache[:, :, source_len:] for cache in caches]
+    phrase_states = first.new_zeros(first.shape[0], 1, phrase_mask.shape[1], d_model)
+    return [*token_caches, *phrase_caches], phrase_states, phrase_mask
+
+
 class SearchEncoderGraph(nn.Module):
     """The op's encoder subgraph: the encoder and the first decoding step. Inputs are int32, `(batch, source_len)`
     and `(batch, 1)`, then the syntax fields `syntax_names` (int64, read from the main graph); outputs the logits
     `(batch, 1, vocab_size)`, the source states `(batch, source_len, d_model)`, the self-attention caches
-    `(batch, heads, 1, head_dim)` and the cross-attention ones `(batch, heads, source_len, head_dim)`."""
+    `(batch, heads, 1, head_dim)` and the cross-attention ones `(batch, heads, source_len, head_dim)` (PR: with the
+    phrase ones and masks, [`pack_phrase_caches`])."""
 
-    def __init__(self, model: nn.Module, num_layers: int, syntax_names: tuple[str, ...] = ()):
+    def __init__(self, model: nn.Module, num_layers: int, syntax_names: tuple[str, ...] = (), phrases: bool = False):
         super().__init__()
         self.encoder = EncoderGraph(model)
-        self.first_step = DecoderGraph(model, ["encoder_hidden_states"], num_layers, 0, with_past=False)
-        self.syntax_names = syntax_names
+        memories = PHRASE_MEMORIES if phrases else PHRASE_MEMORIES[:1]
+        self.first_step = DecoderGraph(model, memories, num_layers, 0, with_past=False)
+        self.syntax_names, self.phrases, self.num_layers = syntax_names, phrases, num_layers
 
     def forward(self, encoder_input_ids, encoder_attention_mask, *tensors):
         """The source `(batch, source_len)`, then in `tensors` `decoder_input_ids` `(batch, 1)` (the decoder start)
@@ -168,23 +204,34 @@ class SearchEncoderGraph(nn.Module):
         *self_caches, *cross_caches)`."""
         mask = encoder_attention_mask.long()
         syntax = dict(zip(self.syntax_names, tensors[1:], strict=True))
-        (hidden_states,) = self.encoder(encoder_input_ids.long(), mask, **syntax)
-        logits, *caches = self.first_step(tensors[0].long(), mask, hidden_states)
-        return logits[:, None], hidden_states, *caches
+        memories = self.encoder(encoder_input_ids.long(), mask, **syntax)
+        logits, *caches = self.first_step(tensors[0].long(), mask, *memories)
+        if self.phrases:
+            self_caches, cross_caches = caches[: 2 * self.num_layers], caches[2 * self.num_layers:]
+            caches = [*self_caches, *pack_phrase_caches(cross_caches, mask, memories[2], self.num_layers)]
+        return logits[:, None], memories[0], *caches
 
 
 class SearchDecoderGraph(nn.Module):
     """The op's decoder subgraph: one step after the first, `input_ids` `(batch, 1)` and `encoder_attention_mask`
-    (int32), the source states and the caches in; the logits `(batch, 1, vocab_size)` and the self-attention caches
-    one position longer out."""
+    (int32), the source states and the caches in (PR: the cross caches packed, [`pack_phrase_caches`]); the logits
+    `(batch, 1, vocab_size)` and the self-attention caches one position longer out."""
 
-    def __init__(self, model: nn.Module, num_layers: int):
+    def __init__(self, model: nn.Module, num_layers: int, phrases: bool = False):
         super().__init__()
-        self.step = DecoderGraph(model, ["encoder_hidden_states"], num_layers, num_layers, with_past=True)
+        memories = PHRASE_MEMORIES if phrases else PHRASE_MEMORIES[:1]
+        self.step = DecoderGraph(model, memories, num_layers, 2 * num_layers if phrases else num_layers,
+                                 with_past=True)
+        self.num_layers, self.phrases, self.d_model = num_layers, phrases, model.config.d_model
 
     def forward(self, input_ids, encoder_attention_mask, *tensors):
         """`tensors`: the source states, then every layer's self-attention and cross-attention key and value;
         returns `(logits, *self_caches)`."""
+        if self.phrases:
+            hidden_states, self_caches = tensors[0], tensors[1: 1 + 2 * self.num_layers]
+            cross_caches, phrase_states, phrase_mask = unpack_phrase_caches(
+                tensors[1 + 2 * self.num_layers:], encoder_attention_mask.shape[1], self.d_model)
+            tensors = (hidden_states, phrase_states, phrase_mask, *self_caches, *cross_caches)
         logits, *caches = self.step(input_ids.long(), encoder_attention_mask.long(), *tensors)
         return logits[:, None], *caches
 
@@ -201,12 +248,13 @@ def _export_subgraphs(model, batch: dict, syntax_names: tuple[str, ...], folder:
 
     config = model.config
     num_layers = config.decoder_layers if hasattr(config, "decoder_layers") else config.num_decoder_layers
+    phrases = config.encoder_type == "phrase_representation"
     batch_dim, source = torch.export.Dim("batch"), torch.export.Dim("source_length")
     ids, mask = batch["input_ids"].int(), batch["attention_mask"].int()
     syntax = [torch.as_tensor(batch[name]).long() for name in syntax_names]
     syntax_shapes = [{0: batch_dim, 2 if name == "phrase_ids" else 1: source} for name in syntax_names]
     start = torch.full((ids.shape[0], 1), config.decoder_start_token_id, dtype=torch.int32)
-    encoder = SearchEncoderGraph(model, num_layers, syntax_names).eval()
+    encoder = SearchEncoderGraph(model, num_layers, syntax_names, phrases).eval()
     with torch.no_grad():
         first = encoder(ids, mask, start, *syntax)
     self_names = _cache_names("present", "self", num_layers)
@@ -216,13 +264,15 @@ def _export_subgraphs(model, batch: dict, syntax_names: tuple[str, ...], folder:
                  ["encoder_input_ids", "encoder_attention_mask", "decoder_input_ids", *syntax_names],
                  ["logits", "encoder_hidden_states", *self_names, *cross_names], folder / "encoder.onnx", opset)
     past = torch.export.Dim("past_length")
+    # PR's cross caches run over the source and its phrases: their length is a dimension of its own
+    memory = torch.export.Dim("memory_length") if phrases else source
     hidden_states, caches = first[1], first[2:]
     self_past, cross_past = caches[: 2 * num_layers], caches[2 * num_layers:]
-    decoder = SearchDecoderGraph(model, num_layers).eval()
+    decoder = SearchDecoderGraph(model, num_layers, phrases).eval()
     next_token = torch.full((ids.shape[0], 1), 5, dtype=torch.int32)
     trace_to_onnx(decoder, (next_token, mask, hidden_states, *self_past, *cross_past),
                  [{0: batch_dim}, {0: batch_dim, 1: source}, {0: batch_dim, 1: source},
-                  *[{0: batch_dim, 2: past}] * len(self_past), *[{0: batch_dim, 2: source}] * len(cross_past)],
+                  *[{0: batch_dim, 2: past}] * len(self_past), *[{0: batch_dim, 2: memory}] * len(cross_past)],
                  ["input_ids", "encoder_attention_mask", "encoder_hidden_states",
                   *_cache_names("past", "self", num_layers), *_cache_names("past", "cross", num_layers)],
                  ["logits", *self_names], folder / "decoder.onnx", opset)
@@ -382,9 +432,8 @@ def export_search_onnx(
         trust_remote_code: load a saved processor whose settings name code to run.
 
     Raises:
-        ValueError: for the T5 backbone, for PR (`encoder_type="phrase_representation"`: its phrase states and
-            mask do not pass between the op's subgraphs), for a processor that does not make the syntax fields the
-            encoder reads, and for generation settings the op cannot reproduce ([`check_search_settings`]).
+        ValueError: for the T5 backbone, for a processor that does not make the syntax fields the encoder reads,
+            and for generation settings the op cannot reproduce ([`check_search_settings`]).
     """
     import onnx
 
@@ -397,10 +446,6 @@ def export_search_onnx(
         raise ValueError(f"The one-call ONNX search takes the Marian backbone (`mgsa`), not {config.model_type!r}: "
                          "serve this model with `export_generation_onnx`.")
     syntax = onnx_syntax_fields(config)
-    if config.encoder_type == "phrase_representation":
-        raise ValueError('encoder_type="phrase_representation" gives the decoder phrase states and their mask, which '
-                         "the search op does not pass from its encoder to its decoder subgraph: serve this model "
-                         "with `export_generation_onnx`.")
     check_onnx_exportable(config)
     settings = check_search_settings(model.generation_config or GenerationConfig.from_model_config(config),
                                      "model.generation_config")
