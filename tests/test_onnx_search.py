@@ -1,8 +1,8 @@
-"""Generation as one onnxruntime call (`mgsa_hf.export.onnx_search`): for the Transformer, hybrid, n-gram MG-SA and
-the types that read source syntax (syntactic MG-SA, RHE, PR), the graph holding onnxruntime's `BeamSearch` gives
-PyTorch `generate`'s tokens (greedy, beam 4, `num_return_sequences=2`) on real test 2016 sentences through the real
-processor (spaCy parses), with hypotheses ending by EOS at many lengths; settings the op cannot reproduce and T5 are
-refused by name."""
+"""Generation as one onnxruntime call (`mgsa_hf.export.onnx_search`): for the Transformer, hybrid, n-gram MG-SA,
+fixed-size PR and the types that read source syntax (syntactic MG-SA, RHE, PR), the graph holding onnxruntime's
+`BeamSearch` gives PyTorch `generate`'s tokens (greedy, beam 4, `num_return_sequences=2`) on real test 2016 sentences
+through the real processor (spaCy parses), with hypotheses ending by EOS at many lengths; settings the op cannot
+reproduce and T5 are refused by name."""
 
 import json
 
@@ -53,6 +53,8 @@ MODELS = {
     # (wider initial weights: at 0.2 a random PR model says the same for every source)
     "phrase_representation": ("phrase_representation",
                               {"pr_segmentation": "parse", "init_std": 0.5, "decoder_layers": 2}, {}, 8.0),
+    # fixed-size PR reads no syntax, but its decoder reads phrases as the parse's does
+    "phrase_representation-fixed": ("phrase_representation", {"init_std": 0.5}, {}, 10.0),
 }
 FROM_FOLDER = "hybrid"
 MAX_NEW_TOKENS = 10
