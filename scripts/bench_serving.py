@@ -7,7 +7,9 @@ For each encoder type, the same test 2016 sentences, in the same batches made be
 each engine translates a warm-up batch first. Reported per row: seconds, sentences per second, the speed-up over
 PyTorch `generate` with the same settings, sacreBLEU BLEU against the references and the share of translations
 identical to `generate`'s. ONNX folders come from `mgsa_hf.export.onnx_generation.export_generation_onnx` (the encoder
-graph and the decoder graphs with past key/values), read by `OrtMgsaForConditionalGeneration`.
+graph and the decoder graphs with past key/values), read by `OrtMgsaForConditionalGeneration`; `ort-search` folders
+from `mgsa_hf.export.onnx_search.export_search_onnx` (the whole search in one onnxruntime call, Marian backbone),
+read by `OrtSearchModel`.
 
 Models: trained folders (`--model TYPE=FOLDER`, e.g. `mgsa-hf train model.encoder_type=rhe output_dir=...`), or, for
 the types given none, a freshly initialised model per type and backbone (`--backbones marian t5`; CTranslate2 only
@@ -58,7 +60,8 @@ DATA = REPO.parent / "shared" / "data" / "multi30k"
 # every encoder type at its default config (MG-SA: syntactic phrases, SANs composition, ON-LSTM interaction; PR: its
 # default segmentation)
 TYPES = ["transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe"]
-ENGINES = ["pytorch", "ort-fp32", "ort-int8", "ctranslate2"]
+# ort-search: the whole search in one onnxruntime call (`mgsa_hf.export.onnx_search`, Marian backbone)
+ENGINES = ["pytorch", "ort-fp32", "ort-int8", "ort-search", "ctranslate2"]
 BACKBONES = ["marian", "t5"]
 SIZES = ["default", "base"]
 
@@ -180,6 +183,21 @@ def exported(args, folder: Path, encoder_type: str, engine: str) -> Path:
 
         log(f"exporting {folder} to {target}")
         export_generation_onnx(folder, target)
+    if engine == "ort-search" and not (target / "onnx_search.json").is_file():
+        from transformers import AutoModelForSeq2SeqLM
+
+        from mgsa_hf.export.onnx_search import export_search_onnx
+        from mgsa_hf.processing_mgsa import MgsaProcessor
+
+        log(f"exporting {folder} to {target}")
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder)
+        # the settings the op needs for beam search; with a fixed number of new tokens every hypothesis ends at the
+        # last step, so they change nothing there. EOS is held off before it, as `min_new_tokens` holds it off
+        model.generation_config.update(early_stopping=True, forced_eos_token_id=model.config.eos_token_id,
+                                       num_beams=max(2, *args.beams))
+        if args.fixed_new_tokens is not None:
+            model.generation_config.min_length = args.fixed_new_tokens
+        export_search_onnx(model, target, processor=MgsaProcessor.from_pretrained(folder), overwrite=True)
     if engine == "ctranslate2" and not (target / "model.bin").is_file():
         from mgsa_hf.export import export_ctranslate2
 
@@ -203,6 +221,20 @@ def translator(args, folder: Path, encoder_type: str, engine: str, threads: int,
             return [text for batch in batches for text in translate_ctranslate2(
                 model, processor.tokenizer, batch["texts"], beam_size=beams, max_batch_size=len(batch["texts"]),
                 max_decoding_length=args.max_new_tokens - 1, **fixed)]
+
+        return translate
+    if engine == "ort-search":
+        from mgsa_hf.export.onnx_search import OrtSearchModel
+
+        search = OrtSearchModel.from_pretrained(exported(args, folder, encoder_type, engine), threads=threads or None)
+
+        def translate(batches, beams):
+            translations = []
+            for batch in batches:
+                inputs = {name: value for name, value in batch.items() if name != "texts"}
+                output = search.generate(**inputs, num_beams=beams, max_new_tokens=args.max_new_tokens)
+                translations += processor.tokenizer.batch_decode(output, skip_special_tokens=True)
+            return translations
 
         return translate
     if engine == "pytorch":
@@ -254,13 +286,14 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def processor_batches(processor, sources: list[str], batch_size: int) -> tuple[list[dict], float]:
-    """The processor's batches of `batch_size` sentences (with their texts) and the seconds the processor took."""
+def processor_batches(processor, sources: list[str], batch_size: int, fields) -> tuple[list[dict], float]:
+    """The processor's batches of `batch_size` sentences (with their texts), with the syntax `fields` the model
+    reads (as the translation pipeline makes them), and the seconds the processor took."""
     processor(sources[:1])  # warm-up: spaCy's pipeline loads once per process
     batches, start = [], time.perf_counter()
     for first in range(0, len(sources), batch_size):
         texts = sources[first: first + batch_size]
-        batches.append({**processor(texts, return_tensors="pt"), "texts": texts})
+        batches.append({**processor(texts, return_tensors="pt", syntax_fields=fields), "texts": texts})
     return batches, time.perf_counter() - start
 
 
@@ -303,10 +336,12 @@ def main(argv=None) -> None:
             reads_syntax = bool(onnx_syntax_fields(config))
             processor = MgsaProcessor.from_pretrained(folder)
             engines = [engine for engine in args.engines
-                       if engine != "ctranslate2" or (encoder_type == "transformer" and backbone == "marian")]
+                       if (engine != "ctranslate2" or (encoder_type == "transformer" and backbone == "marian"))
+                       and (engine != "ort-search" or backbone == "marian")]
             for batch_size in args.batch_sizes:
                 parse_cpu = cpu_seconds()
-                batches, parse_seconds = processor_batches(processor, sources, batch_size)
+                batches, parse_seconds = processor_batches(processor, sources, batch_size,
+                                                           onnx_syntax_fields(config))
                 parse_cpu = cpu_seconds() - parse_cpu
                 for threads in args.threads:
                     cores = threads or os.cpu_count()

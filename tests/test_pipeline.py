@@ -114,7 +114,9 @@ def test_source_truncation_has_its_own_names(rhe_folder, rhe_translator, multi30
     assert rhe_translator(longest, max_source_length=7) == rows([expected])
     assert rhe_translator(longest) != rows([expected])
     inputs = rhe_translator.preprocess(longest, max_source_length=7)
-    assert inputs.keys() == cut.keys() and all(torch.equal(inputs[name], cut[name]) for name in cut)
+    # the syntax fields RHE reads, no others, as the processor makes them
+    assert list(inputs) == ["input_ids", "attention_mask", *model.config.source_syntax_fields]
+    assert all(torch.equal(inputs[name], cut[name]) for name in inputs)
 
     translator = pipeline("translation", model=str(rhe_folder[0]), device="cpu")
     translator.processor.tokenizer.model_max_length = 7
@@ -151,7 +153,8 @@ def test_every_input_kind_and_batches_translate_as_single_sentences(
     # a batch is padded as the processor pads it: each field with its own value, levelled fields per level
     batch = translator._collate([translator.preprocess(source) for source in sources])
     padded = multi30k_processor(sources, return_tensors="pt")
-    assert batch.keys() == padded.keys() and all(torch.equal(batch[name], padded[name]) for name in padded)
+    assert list(batch) == ["input_ids", "attention_mask", *model.config.source_syntax_fields]  # those it reads
+    assert all(torch.equal(batch[name], padded[name]) for name in batch)
     assert translator(sources[0]) == rows(alone[:1])
     for batch_size in (1, 2, 5):
         assert translator(sources, batch_size=batch_size) == rows(alone), batch_size

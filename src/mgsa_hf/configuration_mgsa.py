@@ -154,6 +154,12 @@ class MgsaVariantConfig(*_VARIANT_FIELD_MIXINS):
         return bool(self.variant.syntax_fields(self))
 
     @property
+    def source_syntax_fields(self) -> tuple[str, ...]:
+        """The processor's syntax fields that the model's logits read (its variant's `syntax_fields`): what to pass
+        as the processor's `syntax_fields=` to make no others. MG-SA's tag loss also reads `phrase_tags`."""
+        return tuple(self.variant.syntax_fields(self))
+
+    @property
     def variant_layers(self) -> list[int]:
         """Encoder layers whose self-attention the chosen variant replaces (empty for a variant of whole layers)."""
         return self.variant.layers(self)

@@ -10,6 +10,7 @@ works where the package is not installed.
 
 import collections.abc
 import copy
+import inspect
 import json
 import math
 import os
@@ -199,6 +200,10 @@ class MgsaTranslationPipeline(Pipeline):
         if getattr(self.processor, "with_syntax", False) and not reads_syntax:
             self.processor = copy.copy(self.processor)  # it parses nothing the model does not read
             self.processor.with_syntax = False
+        # the processor makes the syntax fields the model reads, no others (one of older code makes them all)
+        self._syntax_options = {}
+        if reads_syntax and "syntax_fields" in inspect.signature(self.processor.__call__).parameters:
+            self._syntax_options = {"syntax_fields": self.model.config.source_syntax_fields}
         tokenizer = self.tokenizer if self.processor is None else self.processor.tokenizer
         check_tokenizer_fits(tokenizer, self.model, "the translation pipeline")
         check_tokenizer_record(tokenizer, self.model.config)  # not another model's vocabulary (config.json's record)
@@ -261,7 +266,7 @@ class MgsaTranslationPipeline(Pipeline):
             encoding = self.tokenizer([sentence], **options)
             inputs = {name: encoding[name] for name in ("input_ids", "attention_mask")}
         else:
-            inputs = dict(self.processor([sentence], **options))
+            inputs = dict(self.processor([sentence], **options, **self._syntax_options))
         num_tokens = inputs["input_ids"].shape[-1]
         if position_limit is not None and num_tokens > position_limit:
             raise SourceTooLongError(sentence, num_tokens, position_limit)

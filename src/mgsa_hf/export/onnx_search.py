@@ -620,7 +620,7 @@ class OrtSearchModel:
             if tokenizer is processor:
                 raise ValueError(f'encoder_type="{self.config.encoder_type}" reads {list(self.syntax_fields)}: '
                                  "translate needs the model's `MgsaProcessor`, not its tokenizer.")
-            batch = processor(list(texts), return_tensors="pt")
+            batch = processor(list(texts), return_tensors="pt", syntax_fields=self.syntax_fields)
         else:
             batch = tokenizer(list(texts), return_tensors="pt", padding=True)
         fields = {name: batch[name] for name in self.syntax_fields if name in batch}
