@@ -12,6 +12,8 @@ Measured:
   earlier int64 layout;
 * `tokenizer`: the tokenizer's training alone (`scripts/train_tokenizer.py`) at the prepare runs' sizes and at
   `--tokenizer-pairs`, whose CPU the WMT14 extrapolation counts at the share of pairs WMT14's recipe trains it on;
+* with `--repeats N`, each prepare and tokenizer row is measured N times: the row is the run of median CPU time,
+  with every run's CPU seconds beside it (`cpu_seconds_runs`);
 * `launch`: for each corpus size, a first launch (the main process trains the tokenizer and prepares the tokenized
   corpus, the other waits) and a second one of the same recipe (`overwrite_output_dir=true`: both processes read what
   the first prepared), each process's seconds to its first training step and peak memory: a transformer (no parse)
@@ -123,6 +125,19 @@ def extrapolate(results: dict, args) -> None:
         }
 
 
+def median_run(command: list[str], repeats: int, clear: Path | None = None, **options) -> dict:
+    """`measure_command(command, **options)` run `repeats` times, each after removing the folder `clear`: the run of
+    median CPU seconds, with every run's (`cpu_seconds_runs`, in order). This machine's CPU time varies by 10-30%
+    between identical runs."""
+    runs = []
+    for _ in range(repeats):
+        if clear is not None:
+            shutil.rmtree(clear, ignore_errors=True)
+        runs.append(measure_command(command, **options))
+    median = sorted(runs, key=lambda run: run["cpu_seconds"])[(repeats - 1) // 2]
+    return {**median, "cpu_seconds_runs": [run["cpu_seconds"] for run in runs]} if repeats > 1 else median
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--multi30k", type=Path, required=True, help="folder of Multi30k's train/val/test files")
@@ -140,6 +155,8 @@ def parse_args():
                         help="encoder types of the launches (rhe: its corpus is parsed)")
     parser.add_argument("--parse-sizes", type=int, nargs="+", default=[20_000, 100_000],
                         help="corpus sizes of the launches of types that parse")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="times each prepare and tokenizer row is measured (the row: the run of median CPU time)")
     return parser.parse_args()
 
 
@@ -161,13 +178,13 @@ def main():
         if key in results:
             continue
         run = args.work / f"prepare-{encoder_type}-{pairs}-{workers}"
-        shutil.rmtree(run.parent / f"{run.name}-run", ignore_errors=True)
         prepared = run.parent / f"{run.name}-run" / "prepared"
-        measured = measure_command([sys.executable, "-m", "mgsa_hf.cli", "prepare", f"data={corpus}",
-                                    f"output_dir={run}", f"model.encoder_type={encoder_type}", *RECIPE[:3],
-                                    "--num-proc", str(workers)], env=env, cwd=args.work, watch=prepared)
+        measured = median_run([sys.executable, "-m", "mgsa_hf.cli", "prepare", f"data={corpus}", f"output_dir={run}",
+                               f"model.encoder_type={encoder_type}", *RECIPE[:3], "--num-proc", str(workers)],
+                              args.repeats, clear=run.parent / f"{run.name}-run", env=env, cwd=args.work,
+                              watch=prepared)
         measured.pop("output")
-        processed = next(prepared.glob("processed-*[!d]"))
+        processed = next(path for path in prepared.glob("processed-*") if (path / "prepared.json").is_file())
         rows = sum(json.loads((processed / "prepared.json").read_text())["rows"].values())
         results[key] = {**measured, "pairs": pairs, "source_words": words,
                         "pairs_per_second": round(pairs / measured["seconds"], 1),
@@ -182,10 +199,10 @@ def main():
         if key in results:
             continue
         corpus = make_corpus(args.multi30k, args.work / f"corpus-{pairs}", pairs)
-        measured = measure_command([sys.executable, str(Path(__file__).parent / "train_tokenizer.py"), "--source",
-                                    str(corpus / "train.en.gz"), "--target", str(corpus / "train.de.gz"), "--output",
-                                    str(args.work / f"tokenizer-{pairs}"), "--vocab-size", str(VOCAB_SIZE)],
-                                   env=env, cwd=args.work)
+        command = [sys.executable, str(Path(__file__).parent / "train_tokenizer.py"), "--source",
+                   str(corpus / "train.en.gz"), "--target", str(corpus / "train.de.gz"), "--output",
+                   str(args.work / f"tokenizer-{pairs}"), "--vocab-size", str(VOCAB_SIZE)]
+        measured = median_run(command, args.repeats, env=env, cwd=args.work)
         measured.pop("output")
         words = source_words(corpus)
         results[key] = {**measured, "pairs": pairs, "source_words": words}

@@ -44,3 +44,18 @@ def test_the_tokenizer_counts_at_the_recipes_sample_share():
     del results["tokenizer/100000"], results["extrapolation/rhe/workers-2"]
     bench_data_path.extrapolate(results, args)
     assert results["extrapolation/rhe/workers-2"]["wmt14_cpu_ms_per_source_word"] == pytest.approx(0.2)
+
+
+def test_repeats_keep_the_run_of_median_cpu(tmp_path, monkeypatch):
+    """`--repeats 3`: the row is the run of median CPU time, every run's CPU beside it; the folder to clear is
+    removed before each run."""
+    cleared, seconds = tmp_path / "run", iter([3.0, 1.0, 2.0])
+
+    def measure(command, **options):
+        assert not cleared.exists() and options == {"cwd": tmp_path}
+        cleared.mkdir()
+        return {"cpu_seconds": next(seconds), "command": command}
+
+    monkeypatch.setattr(bench_data_path, "measure_command", measure)
+    row = bench_data_path.median_run(["prepare"], 3, clear=cleared, cwd=tmp_path)
+    assert row == {"cpu_seconds": 2.0, "command": ["prepare"], "cpu_seconds_runs": [3.0, 1.0, 2.0]}

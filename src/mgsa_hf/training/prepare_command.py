@@ -3,6 +3,7 @@
 longer uses removed (`--clean`)."""
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -17,11 +18,13 @@ def folder_bytes(folder: Path) -> int:
     if Path(folder).is_file():
         return Path(folder).stat().st_size
     total = 0
-    for path in Path(folder).rglob("*"):
-        try:
-            total += path.stat().st_size if path.is_file() else 0
-        except OSError:  # removed while walking (a staging folder renamed into place)
-            continue
+    # os.walk skips a folder that goes while it walks (a staging folder renamed into place), where rglob raises
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_size
+            except OSError:  # removed while walking
+                continue
     return total
 
 
