@@ -49,12 +49,10 @@ MODELS = {
     # (syntactic phrases, tag supervision, the ON-LSTM interaction's scan); RHE's dependency and phrase fields
     "phrase_memory": ("phrase_memory", {}, {}, 3.0),
     "rhe": ("rhe", {}, {}, 5.5),
-    # PR over the parse's phrases, two decoder layers: its phrase caches and mask ride in the token cross caches
+    # PR (its default, fixed-size phrases), two decoder layers: its phrase caches and mask ride in the token cross
+    # caches, as they do with the parse's phrases, whose `pr_phrase_ids` are an input like MG-SA's `phrase_ids`
     # (wider initial weights: at 0.2 a random PR model says the same for every source)
-    "phrase_representation": ("phrase_representation",
-                              {"pr_segmentation": "parse", "init_std": 0.5, "decoder_layers": 2}, {}, 8.0),
-    # fixed-size PR reads no syntax, but its decoder reads phrases as the parse's does
-    "phrase_representation-fixed": ("phrase_representation", {"init_std": 0.5}, {}, 10.0),
+    "phrase_representation": ("phrase_representation", {"init_std": 0.5, "decoder_layers": 2}, {}, 10.0),
 }
 FROM_FOLDER = "hybrid"
 MAX_NEW_TOKENS = 10
