@@ -232,9 +232,10 @@ def test_reused_cpu_memory_is_not_faulted_in_again():
     (_, default), (applied, reused) = faults("default"), faults("reuse")
     if not applied:
         pytest.skip("not glibc on Linux: reuse_freed_cpu_memory does nothing here")
-    # the heap may grow once or twice more before the blocks fit (alignment): at most 4 of the 16 tensors fresh
+    # the heap may grow a few times more before the blocks fit (alignment): at most 5 of the 16 tensors fresh (the
+    # lowest versions' torch once took 4 fresh tensors and 7 pages more)
     pages = 16 * 64 * 2**20 // os.sysconf("SC_PAGE_SIZE")
-    assert default > pages / 2 and reused < pages / 4, (default, reused)
+    assert default > pages / 2 and reused < 5 * pages / 16, (default, reused)
 
 
 @pytest.mark.parametrize("batching", [[], ["max_tokens_per_batch=800"]], ids=["sentences", "tokens"])
