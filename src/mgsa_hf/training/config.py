@@ -481,7 +481,7 @@ def source_syntax_fields(config: TrainConfig) -> tuple[str, ...]:
     else:
         config_class = BACKBONES[checkpoint_backbone(config.init_from)][0]
         model_config = config_class.from_pretrained(config.init_from, **config.model)
-    fields = tuple(model_config.variant.syntax_fields(model_config))
+    fields = model_config.source_syntax_fields
     if getattr(model_config, "trains_tag_loss", False):
         fields += ("phrase_tags",)
     return check_syntax_field_names(fields)
