@@ -330,6 +330,23 @@ def test_fused_path_matches_the_explicit_distributions(fields):
             assert weights.shape == (2, 4, 9, 9) and no_weights is None
 
 
+def test_the_banded_local_pattern_keeps_the_values_dtype_when_softmax_runs_in_fp32(monkeypatch):
+    """CUDA autocast runs softmax in fp32 while the projections give bf16 (CPU autocast does not, so it is imitated
+    here): the banded local context still comes out in the values' dtype, which Eq. 4's gate needs (lerp takes one
+    dtype). Found training Transformer-base in bf16 on a GPU, on sentences past `fused_local_max_length`."""
+    import mgsa_hf.variant_hybrid as variant_hybrid
+
+    softmax = torch.nn.functional.softmax
+    monkeypatch.setattr(variant_hybrid.nn.functional, "softmax", lambda x, dim: softmax(x.float(), dim=dim))
+    torch.manual_seed(0)
+    attention = HybridAttention(hybrid_config(attn_implementation="sdpa"), 4, layer_idx=0).eval().bfloat16()
+    attention.fused_local_max_length = 4
+    hidden, padding_mask, _ = padded_inputs(lengths=(9, 5), width=9)
+    output, _, contribution = attention(hidden.bfloat16(), syntax=MgsaSyntaxInputs(padding_mask=padding_mask))
+    assert output.dtype == torch.bfloat16 and output.isfinite().all()
+    assert contribution.gates.dtype == torch.bfloat16
+
+
 def test_configs_readme_maps_every_file_with_its_parameter_count():
     """Every row file has a row in `rows/hybrid/README.md`, whose "package" column is the number of parameters
     the row adds to the Transformer at base size (d_model 512, 8 heads), as counted here."""

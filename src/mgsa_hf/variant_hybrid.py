@@ -258,7 +258,9 @@ class HybridAttention(MgsaAttention):
             energy = energy + position_bias.gather(-1, columns.expand(*position_bias.shape[:2], -1, -1))
         in_window = nn.functional.pad(padding_mask, (window, window)).unfold(1, width, 1)  # (B, L, 2m + 1)
         energy = energy.masked_fill(~in_window[:, None], torch.finfo(energy.dtype).min)
-        weights = self.attention_dropout(nn.functional.softmax(energy, dim=-1))
+        # CUDA autocast runs softmax in fp32: the weights go back to the values' dtype, so that the context has the
+        # fused path's dtype (Eq. 4's gate mixes it with the global context)
+        weights = self.attention_dropout(nn.functional.softmax(energy, dim=-1).to(value.dtype))
         context = weights[..., 0, None] * padded_values[:, :, :length]
         for offset in range(1, width):
             context = context + weights[..., offset, None] * padded_values[:, :, offset : offset + length]
