@@ -215,7 +215,7 @@ def test_chains_recalled_by_head_signature_equal_scored_ones():
     for heads, tags, deps in parses:
         projective, grid = projective_grid(heads, deps)
         scored = conversion._score_chains(grid, range(len(heads)), tags, deps, projective, word_dep_tags(tags, deps))
-        expected = _build_tree(grid, projective, tags, scored, conversion.classes)
+        expected = _build_tree(grid, projective, tags, scored, conversion._class_names)
         words = [str(word) for word in range(len(heads))]
         assert conversion.tree(heads, tags, deps).to_ptb(words) == expected.to_ptb(words)
     assert len(conversion._chains) < sum(len(heads) for heads, _, _ in parses) / 2

@@ -74,22 +74,26 @@ class HeadGrid:
     def __init__(self, heads: list[int], deps: list[str]):
         n = len(heads)
         self.left_deps, self.right_deps, self.punct_deps = ([[] for _ in range(n)] for _ in range(3))
-        self.first, self.last, self.size = list(range(n)), list(range(n)), [1] * n
-        self.order = _bottom_up(heads)
-        for word in self.order:
-            head = heads[word]
+        for word, head in enumerate(heads):  # in word order: each side's list comes out sorted
             if head == word:
                 continue
-            self.first[head] = min(self.first[head], self.first[word])
-            self.last[head] = max(self.last[head], self.last[word])
-            self.size[head] += self.size[word]
             if deps[word] in _PUNCT_DEPS:
                 self.punct_deps[head].append(word)
             else:
                 (self.left_deps if word < head else self.right_deps)[head].append(word)
-        for word in range(n):
-            self.left_deps[word].sort(reverse=True)
-            self.right_deps[word].sort()
+        for left in self.left_deps:
+            left.reverse()  # nearest first
+        self.first, self.last, self.size = list(range(n)), list(range(n)), [1] * n
+        self.order = _bottom_up(heads)
+        first, last, size = self.first, self.last, self.size
+        for word in self.order:
+            head = heads[word]
+            if head != word:
+                if first[word] < first[head]:
+                    first[head] = first[word]
+                if last[word] > last[head]:
+                    last[head] = last[word]
+                size[head] += size[word]
 
     @property
     def is_projective(self) -> bool:
@@ -191,6 +195,7 @@ class DependencyToConstituency:
     def __init__(self, features: dict[str, int], weights: np.ndarray, classes: list[str]):
         self.features, self.weights, self.classes = features, np.asarray(weights, dtype=np.float32), list(classes)
         self.none_class = self.classes.index(NO_CONSTITUENT)
+        self._class_names = [label.split("+") for label in self.classes]  # a class's label chain, top-down
         self._weights_with_zero_row = np.concatenate([self.weights, np.zeros_like(self.weights[:1])])
         self._groups = tuple(_GroupScores(self, make) for make in (head_features, chain_features, span_features))
         self._chains = {}  # head_signature → chosen chain, filled on first use (bounded like the group tables)
@@ -254,10 +259,12 @@ class DependencyToConstituency:
             # a leaf's signature (see `head_signature`), for all words at once
             parent_tags = [tags[parent] if parent != word else "ROOT" for word, parent in enumerate(heads)]
             n = len(tags)
-            leaf_signatures = zip(tags, deps, parent_tags, ["^", *tags][:n], [*tags[1:], "$"][:n], strict=True)
+            before, after = ["^", *tags][:n], [*tags[1:], "$"][:n]
+            leaf_signatures = zip(tags, deps, parent_tags, before, after, strict=True)
             is_leaf = map(_no_dependents, grid.left_deps, grid.right_deps, grid.punct_deps)
             for head, (leaf_signature, leaf) in enumerate(zip(leaf_signatures, is_leaf, strict=True)):
-                signature = leaf_signature if leaf else head_signature(grid, head, tags, deps, heads, dep_tags)
+                signature = leaf_signature if leaf else head_signature(grid, head, tags, deps, heads, dep_tags,
+                                                                       before, after)
                 chain = self._chains.get(signature)
                 if chain is None:
                     unseen.append((len(sentences), head, signature))
@@ -272,7 +279,7 @@ class DependencyToConstituency:
                 self._chains[signature] = chain
                 if chain:
                     sentences[index][5][head] = chain
-        return [_build_tree(grid, heads, tags, chains, self.classes)
+        return [_build_tree(grid, heads, tags, chains, self._class_names)
                 for heads, tags, _, grid, _, chains in sentences]
 
     def _score_chains(self, grid, chain_heads, tags, deps, heads, dep_tags) -> dict[int, tuple]:
@@ -306,38 +313,35 @@ def _no_dependents(left, right, punct) -> bool:
     return not (left or right or punct)
 
 
-def head_signature(grid: HeadGrid, head: int, tags, deps, heads, dep_tags) -> tuple:
+def head_signature(grid: HeadGrid, head: int, tags, deps, heads, dep_tags, before, after) -> tuple:
     """Everything that the chain chosen for `head` depends on: its points' feature keys (see [`head_points`]) and
     whether it has punctuation dependents, in O(k + m) instead of the (k + 1)(m + 1) points (a leaf's: its word's
     tag and label, its head's tag and its neighbours' tags). A point's span length enters its key as min(length, 8),
     which the distances from the head to the span's edges, each capped at 8, give. Heads of the same signature choose
-    the same chain; in Multi30k most heads (leaves and common phrases) share their signature with earlier ones."""
-    n = len(tags)
+    the same chain; in Multi30k most heads (leaves and common phrases) share their signature with earlier ones.
+    `before[w]` and `after[w]` are the tags next to word `w` (`^` and `$` at the ends)."""
     left, right, parent = grid.left_deps[head], grid.right_deps[head], heads[head]
+    parent_tag = tags[parent] if parent != head else "ROOT"
     if not (left or right or grid.punct_deps[head]):  # a leaf: one point, the word itself
-        return (tags[head], deps[head], tags[parent] if parent != head else "ROOT", tags[head - 1] if head else "^",
-                tags[head + 1] if head + 1 < n else "$")
-
-    def left_edge(first):
-        return min(head - first, 8), tags[first], tags[first - 1] if first else "^"
-
-    def right_edge(last):
-        return min(last - head, 8), tags[last], tags[last + 1] if last + 1 < n else "$"
-
+        return tags[head], deps[head], parent_tag, before[head], after[head]
     first, last = grid.first, grid.last
+    # a span edge: its distance from the head (capped at 8), its tag and the tag outside it
+    left_edges = tuple((min(head - first[w], 8), tags[first[w]], before[first[w]]) for w in left)
+    right_edges = tuple((min(last[w] - head, 8), tags[last[w]], after[last[w]]) for w in right)
+    subtree_first, subtree_last = first[head], last[head]
     return (
         tags[head],
         deps[head],
-        tags[parent] if parent != head else "ROOT",
+        parent_tag,
         bool(grid.punct_deps[head]),
         tuple(dep_tags[w] for w in left),
         tuple(dep_tags[w] for w in right),
-        left_edge(head),
-        right_edge(head),
-        tuple(left_edge(first[w]) for w in left),
-        tuple(right_edge(last[w]) for w in right),
-        left_edge(first[head]),
-        right_edge(last[head]),
+        (0, tags[head], before[head]),
+        (0, tags[head], after[head]),
+        left_edges,
+        right_edges,
+        (min(head - subtree_first, 8), tags[subtree_first], before[subtree_first]),
+        (min(subtree_last - head, 8), tags[subtree_last], after[subtree_last]),
     )
 
 
@@ -407,64 +411,67 @@ def _best_chain(grid, head, points, gain, best_label) -> tuple[tuple[int, int, i
     return tuple(chain[::-1])
 
 
-def _build_tree(grid, heads, tags, chains, classes) -> ConstituencyTree:
-    """The tree of the chosen chains: each chosen point is a node (a unary chain of nodes for a label chain) whose
-    children are the previous point's node and the dependents it adds; punctuation joins the innermost point whose
-    span covers it."""
+def _build_tree(grid, heads, tags, chains, class_names) -> ConstituencyTree:
+    """The tree of the chosen chains: each chosen point is a node (a unary chain of nodes for a label chain,
+    `class_names[c]` top-down) whose children are the previous point's node and the dependents it adds; punctuation
+    joins the innermost point whose span covers it. Nodes `0 .. n - 1` are the words' leaves."""
     n = len(heads)
-    labels, parent = [], []
-
-    def new_node(label):
-        labels.append(label)
-        parent.append(None)
-        return len(labels) - 1
-
-    leaf = [new_node(tags[w]) for w in range(n)]
+    labels, parent = list(tags), [-1] * n  # -1: no parent (yet)
     left_out = set()  # nodes that hold dependents but are no constituent: their children join their parent
-    top = list(leaf)  # per word, the outermost node of its projection
+    top = list(range(n))  # per word, the outermost node of its projection
     for head in grid.order:
-        chain = chains.get(head, [])
-        inner = leaf[head]
-        point_nodes = []
+        chain = chains.get(head)
+        if not chain:  # no chosen point: a word without dependents
+            continue
+        inner, point_nodes = head, []
         for a, b, label_class, is_constituent in chain:
-            names = classes[label_class].split("+")
-            outer = new_node(names[0])
-            node = outer
-            for name in names[1:]:
-                child = new_node(name)
-                parent[child] = node
-                node = child
+            names = class_names[label_class]
+            outer = len(labels)
+            node = outer + len(names) - 1
+            labels += names
+            parent.append(-1)
+            parent += range(outer, node)  # a label chain's nodes, each the child of the one before
             if not is_constituent and heads[head] != head:
                 left_out.update(range(outer, node + 1))
             parent[inner] = node
             point_nodes.append((a, b, node))
             inner = outer
         top[head] = inner
-        left, right = grid.left_deps[head], grid.right_deps[head]
-        for deps, side in ((left, 0), (right, 1)):
+        # the i-th nearest dependent on a side joins the first point that holds i dependents on that side (the
+        # points grow on both sides)
+        for side, deps in ((0, grid.left_deps[head]), (1, grid.right_deps[head])):
+            point = 0
             for i, dep in enumerate(deps, 1):
-                parent[top[dep]] = next(node for a, b, node in point_nodes if (a, b)[side] >= i)
+                while point_nodes[point][side] < i:
+                    point += 1
+                parent[top[dep]] = point_nodes[point][2]
         for dep in grid.punct_deps[head]:
-            host = None
+            host = point_nodes[-1][2]
             for a, b, node in point_nodes:
                 first, last = grid.span(head, a, b)
                 if first <= dep <= last:
                     host = node
                     break
-            parent[top[dep]] = host if host is not None else point_nodes[-1][2]
+            parent[top[dep]] = host
     roots = [top[w] for w in range(n) if heads[w] == w]
     if len(roots) > 1:
-        root = new_node("S")
+        root = len(labels)
+        labels.append("S")
+        parent.append(-1)
         for node in roots:
             parent[node] = root
+    # each word's path from the root: its parent's path, kept per node, and the word's leaf
+    path_of = {-1: ()}
     paths = []
     for w in range(n):
-        path, node = [], leaf[w]
-        while node is not None:
-            if node not in left_out:
-                path.append(node)
+        up, node = [], parent[w]
+        while node not in path_of:
+            up.append(node)
             node = parent[node]
-        paths.append(path[::-1])
+        path = path_of[node]
+        for node in reversed(up):
+            path = path_of[node] = path if node in left_out else path + (node,)
+        paths.append([*path, w])
     return ConstituencyTree(paths, labels)
 
 
