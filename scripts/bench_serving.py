@@ -227,16 +227,8 @@ def translator(args, folder: Path, encoder_type: str, engine: str, threads: int,
         from mgsa_hf.export.onnx_search import OrtSearchModel
 
         search = OrtSearchModel.from_pretrained(exported(args, folder, encoder_type, engine), threads=threads or None)
-
-        def translate(batches, beams):
-            translations = []
-            for batch in batches:
-                inputs = {name: value for name, value in batch.items() if name != "texts"}
-                output = search.generate(**inputs, num_beams=beams, max_new_tokens=args.max_new_tokens)
-                translations += processor.tokenizer.batch_decode(output, skip_special_tokens=True)
-            return translations
-
-        return translate
+        return batch_translator(processor.tokenizer, lambda inputs, beams: search.generate(
+            **inputs, num_beams=beams, max_new_tokens=args.max_new_tokens))
     if engine == "pytorch":
         from transformers import AutoModelForSeq2SeqLM
 
@@ -249,14 +241,23 @@ def translator(args, folder: Path, encoder_type: str, engine: str, threads: int,
 
     fixed = {} if args.fixed_new_tokens is None else {"min_new_tokens": args.fixed_new_tokens}
 
+    def generate(inputs, beams):
+        with torch.inference_mode():
+            return model.generate(**inputs, num_beams=beams, max_new_tokens=args.max_new_tokens, do_sample=False,
+                                  **fixed)
+
+    return batch_translator(processor.tokenizer, generate)
+
+
+def batch_translator(tokenizer, generate):
+    """`translate(batches, beams)`: the translations of processor batches, each batch's token ids from
+    `generate(inputs, beams)` (the batch without its `texts`) decoded by `tokenizer`."""
+
     def translate(batches, beams):
         translations = []
         for batch in batches:
             inputs = {name: value for name, value in batch.items() if name != "texts"}
-            with torch.inference_mode():
-                output = model.generate(**inputs, num_beams=beams, max_new_tokens=args.max_new_tokens,
-                                        do_sample=False, **fixed)
-            translations += processor.tokenizer.batch_decode(output, skip_special_tokens=True)
+            translations += tokenizer.batch_decode(generate(inputs, beams), skip_special_tokens=True)
         return translations
 
     return translate
