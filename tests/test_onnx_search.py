@@ -1,15 +1,15 @@
 """Generation as one onnxruntime call (`mgsa_hf.export.onnx_search`): for the Transformer, hybrid, n-gram MG-SA,
-fixed-size PR and the types that read source syntax (syntactic MG-SA, RHE, PR), the graph holding onnxruntime's
-`BeamSearch` gives PyTorch `generate`'s tokens (greedy, beam 4, `num_return_sequences=2`) on real test 2016 sentences
-through the real processor (spaCy parses), with hypotheses ending by EOS at many lengths; settings the op cannot
-reproduce and T5 are refused by name."""
+fixed-size PR and the types that read source syntax (syntactic MG-SA, RHE, PR), on the Marian backbone, and for the
+T5 Transformer and RHE, the graph holding onnxruntime's `BeamSearch` gives PyTorch `generate`'s tokens (greedy, beam 4,
+`num_return_sequences=2`) on real test 2016 sentences through the real processor (spaCy parses), with hypotheses
+ending by EOS at many lengths; settings the op cannot reproduce and other model types are refused by name."""
 
 import json
 
 import pytest
 import torch
 from conftest import MULTI30K, ONNX_EXPORT_LAYERS, onnx_kinds
-from transformers import GenerationConfig
+from transformers import GenerationConfig, T5Config, T5ForConditionalGeneration
 
 from mgsa_hf import MgsaForConditionalGeneration, MgsaT5ForConditionalGeneration
 from mgsa_hf.tokenization_utils import read_lines
@@ -54,6 +54,13 @@ MODELS = {
     # (wider initial weights: at 0.2 a random PR model says the same for every source)
     "phrase_representation": ("phrase_representation", {"init_std": 0.5, "decoder_layers": 2}, {}, 10.0),
 }
+# T5 rows: (encoder type, config fields, generation settings, the factor on the EOS embedding: T5's tied head has no
+# bias, and a longer EOS row gives its logit the spread that ends hypotheses at many lengths). The decoder's relative
+# position bias follows the cache length; the tied head is scaled by d_model^-0.5; the decoder starts from padding
+T5_MODELS = {
+    "t5-transformer": ("transformer", {}, {"no_repeat_ngram_size": 3}, 8.0),
+    "t5-rhe": ("rhe", {}, {}, 8.0),
+}
 FROM_FOLDER = "hybrid"
 MAX_NEW_TOKENS = 10
 
@@ -76,8 +83,18 @@ def tiny_model(processor, tiny_config, encoder_type: str, eos_bias: float = 0.0,
     return model
 
 
-@pytest.fixture(scope="module", params=onnx_kinds(MODELS))
-def exported(request, multi30k_processor, tiny_config, tmp_path_factory):
+def tiny_t5_model(processor, tiny_t5_config, encoder_type: str, eos_scale: float = 1.0, **fields
+                  ) -> MgsaT5ForConditionalGeneration:
+    torch.manual_seed(0)
+    model = MgsaT5ForConditionalGeneration(tiny_t5_config(processor, encoder_type,
+                                                          **{**ONNX_EXPORT_LAYERS["t5"], **fields})).eval()
+    with torch.no_grad():
+        model.shared.weight[model.config.eos_token_id] *= eos_scale
+    return model
+
+
+@pytest.fixture(scope="module", params=onnx_kinds({**MODELS, **T5_MODELS}))
+def exported(request, multi30k_processor, tiny_config, tiny_t5_config, tmp_path_factory):
     """A tiny random model of each type, its generation config set for beam search, exported once:
     `(name, PyTorch model, OrtSearchModel, folder)`."""
     try:
@@ -85,9 +102,16 @@ def exported(request, multi30k_processor, tiny_config, tmp_path_factory):
     except RuntimeError as refused:  # an onnxruntime that cannot load the search graph
         pytest.skip(str(refused))
     name = request.param
-    encoder_type, fields, generation, eos_bias = MODELS[name]
-    model = tiny_model(multi30k_processor, tiny_config, encoder_type, eos_bias, **fields)
-    assert model.generation_config.forced_eos_token_id == model.config.eos_token_id  # the Marian default
+    if name in T5_MODELS:
+        encoder_type, fields, generation, eos_scale = T5_MODELS[name]
+        model = tiny_t5_model(multi30k_processor, tiny_t5_config, encoder_type, eos_scale, **fields)
+        assert model.config.scale_decoder_outputs  # the tied head's d_model^-0.5 scale is in the graphs
+        assert model.generation_config.forced_eos_token_id is None  # T5 sets no forced EOS: beam search needs it
+        generation = {"forced_eos_token_id": model.config.eos_token_id, **generation}
+    else:
+        encoder_type, fields, generation, eos_bias = MODELS[name]
+        model = tiny_model(multi30k_processor, tiny_config, encoder_type, eos_bias, **fields)
+        assert model.generation_config.forced_eos_token_id == model.config.eos_token_id  # the Marian default
     model.generation_config.update(num_beams=4, early_stopping=True, **generation)
     folder = tmp_path_factory.mktemp(name)
     if name == FROM_FOLDER:
@@ -139,9 +163,10 @@ def test_graph_is_one_search_node(exported):
     stored = sum(onnx.numpy_helper.to_array(tensor).size for tensor in graph.initializer)
     assert stored < 1.2 * sum(parameter.numel() for parameter in model.parameters())
     settings = json.loads((folder / "onnx_search.json").read_text())["settings"]
-    masked = MODELS[name][2].get("bad_words_ids", []) + [[token] for token in MODELS[name][2].get("suppress_tokens",
-                                                                                                  [])]
+    generation = {**MODELS, **T5_MODELS}[name][2]
+    masked = generation.get("bad_words_ids", []) + [[token] for token in generation.get("suppress_tokens", [])]
     assert settings["masked_tokens"] == sorted(token for (token,) in masked)
+    assert settings["decoder_start_token_id"] == model.config.decoder_start_token_id  # T5: the pad token
 
 
 def test_translate_and_bad_calls(exported, multi30k_processor, test_sources, tmp_path):
@@ -213,9 +238,10 @@ def test_syntax_fields_are_graph_inputs(exported, multi30k_processor, test_sourc
         search.translate(multi30k_processor.tokenizer, test_sources)
 
 
-def test_t5_is_refused(multi30k_processor, tiny_t5_config, tmp_path):
-    """Refused before any tracing, naming the backbone."""
-    t5 = MgsaT5ForConditionalGeneration(tiny_t5_config(multi30k_processor, "transformer"))
-    with pytest.raises(ValueError, match="Marian backbone"):
+def test_other_model_types_are_refused(multi30k_processor, tmp_path):
+    """A model of neither backbone (here transformers' own T5) is refused before any tracing, naming its type."""
+    t5 = T5ForConditionalGeneration(T5Config(vocab_size=len(multi30k_processor.tokenizer), d_model=16, d_kv=4,
+                                             d_ff=16, num_layers=1, num_heads=2))
+    with pytest.raises(ValueError, match="takes the Marian and T5 backbones, not 't5'"):
         export_search_onnx(t5, tmp_path / "t5", processor=multi30k_processor)
     assert not (tmp_path / "t5").exists()

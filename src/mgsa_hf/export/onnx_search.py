@@ -1,6 +1,6 @@
 """Generation as one onnxruntime call: the search runs inside the graph.
 
-[`export_search_onnx`] writes a saved MGSA model (or a model object; Marian backbone, every encoder type) to a
+[`export_search_onnx`] writes a saved MGSA model (or a model object; Marian or T5 backbone, every encoder type) to a
 folder holding `search_model.onnx`: one graph whose node is onnxruntime's contrib `BeamSearch` (domain
 `com.microsoft`, encoder-decoder form, as `onnxruntime.transformers` builds it for T5) over two subgraphs:
 
@@ -8,8 +8,9 @@ folder holding `search_model.onnx`: one graph whose node is onnxruntime's contri
   `(batch, 1)` (int32) → `logits` `(batch, 1, vocab_size)`, `encoder_hidden_states`, `present_key_self_{i}` /
   `present_value_self_{i}` and `present_key_cross_{i}` / `present_value_cross_{i}`;
 - every later step: `input_ids` `(batch, 1)`, `encoder_attention_mask` (int32), `encoder_hidden_states` and the
-  caches → `logits` and the self-attention caches one position longer. Marian's positions follow the cache length;
-  its embedding scale and `final_logits_bias` are inside.
+  caches → `logits` and the self-attention caches one position longer. The step's position follows the cache
+  length: Marian's position embedding, T5's decoder relative position bias. Marian's embedding scale and
+  `final_logits_bias`, T5's d_model^-0.5 scale of a tied head, are inside; T5 starts from its pad token.
 
 The op passes its encoder subgraph only those three inputs. The source syntax fields that the encoder type reads
 ([`~mgsa_hf.export.onnx_syntax_fields`]: syntactic MG-SA's `phrase_ids` `(batch, levels, source_len)`, RHE's
@@ -26,7 +27,7 @@ The weights live once, in the main graph. The search settings come from the mode
 and EOS ids, `forced_eos_token_id` (in the subgraphs) and the tokens that `bad_words_ids` (single tokens) and
 `suppress_tokens` forbid (the op's vocabulary mask). One beam is greedy search. Settings the op cannot reproduce are
 refused by name ([`check_search_settings`]); beam search needs `early_stopping=True` and a forced EOS
-([`BEAM_SEARCH_LIMITS`]).
+([`BEAM_SEARCH_LIMITS`]), which a T5 model's generation config does not set by default.
 
 [`OrtSearchModel`] runs the folder: `generate(input_ids, attention_mask, num_beams=..., max_new_tokens=...)`, with
 the processor's syntax fields for a type that reads them, returns the token ids that the PyTorch model's `generate`
@@ -422,8 +423,8 @@ def export_search_onnx(
     generation config and processor files, to `output_dir`, for [`OrtSearchModel`].
 
     Args:
-        model_or_folder: a folder saved by `save_pretrained` (model and processor), or a Marian-backbone model
-            ([`MgsaForConditionalGeneration`]) with its `processor`.
+        model_or_folder: a folder saved by `save_pretrained` (model and processor), or a model
+            ([`MgsaForConditionalGeneration`], [`MgsaT5ForConditionalGeneration`]) with its `processor`.
         processor: the model's processor, or its tokenizer for a type that reads no syntax (read from the folder
             when `model_or_folder` is one).
         output_dir: the folder to write; a folder that holds files is refused unless `overwrite`.
@@ -432,8 +433,9 @@ def export_search_onnx(
         trust_remote_code: load a saved processor whose settings name code to run.
 
     Raises:
-        ValueError: for the T5 backbone, for a processor that does not make the syntax fields the encoder reads,
-            and for generation settings the op cannot reproduce ([`check_search_settings`]).
+        ValueError: for a model type other than `mgsa` and `mgsa_t5`, for a processor that does not make the syntax
+            fields the encoder reads, and for generation settings the op cannot reproduce
+            ([`check_search_settings`]).
     """
     import onnx
 
@@ -442,8 +444,8 @@ def export_search_onnx(
     if processor is None:
         raise ValueError("export_search_onnx needs the model's processor: pass `processor=` with a model object.")
     config = model.config
-    if config.model_type != "mgsa":
-        raise ValueError(f"The one-call ONNX search takes the Marian backbone (`mgsa`), not {config.model_type!r}: "
+    if config.model_type not in ("mgsa", "mgsa_t5"):
+        raise ValueError(f"The one-call ONNX search takes the Marian and T5 backbones, not {config.model_type!r}: "
                          "serve this model with `export_generation_onnx`.")
     syntax = onnx_syntax_fields(config)
     check_onnx_exportable(config)
