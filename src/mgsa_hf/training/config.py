@@ -456,17 +456,22 @@ def validate_model_section(config: TrainConfig) -> None:
     heads that add up). With `init_from`, the checkpoint's configuration with the section's keys over it is checked,
     the configuration the run will train.
     """
+    trained_model_config(config)
+
+
+def trained_model_config(config: TrainConfig):
+    """The model configuration the run trains, checked (see [`validate_model_section`]): the `model` section over the
+    backbone's defaults, or over the configuration of the checkpoint `init_from` names."""
     from .conversion import BACKBONES, checkpoint_backbone
 
     if not config.init_from:
         config_class = _backbone_classes(config)[0]
         config_class.reject_unknown_fields(config.model)
-        config_class(**config.model)
-        return
+        return config_class(**config.model)
     _init_from_config(config)  # a clear error where there is none
     config_class = BACKBONES[checkpoint_backbone(config.init_from)][0]
     config_class.reject_unknown_fields(config.model)
-    config_class.from_pretrained(config.init_from, **config.model)
+    return config_class.from_pretrained(config.init_from, **config.model)
 
 
 def source_syntax_fields(config: TrainConfig) -> tuple[str, ...]:
@@ -474,13 +479,8 @@ def source_syntax_fields(config: TrainConfig) -> tuple[str, ...]:
     transformer, hybrid attention or n-gram MG-SA) and that its loss reads (MG-SA's `phrase_tags`): what a prepared
     corpus stores."""
     from ..syntax_fields import check_syntax_field_names
-    from .conversion import BACKBONES, checkpoint_backbone
 
-    if not config.init_from:
-        model_config = _backbone_classes(config)[0](**config.model)
-    else:
-        config_class = BACKBONES[checkpoint_backbone(config.init_from)][0]
-        model_config = config_class.from_pretrained(config.init_from, **config.model)
+    model_config = trained_model_config(config)
     fields = model_config.source_syntax_fields
     if getattr(model_config, "trains_tag_loss", False):
         fields += ("phrase_tags",)
