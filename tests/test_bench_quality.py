@@ -335,8 +335,9 @@ def test_runs_cut_short_finish_at_their_common_step(dry_run, tmp_path):
     shutil.rmtree(tmp_path / "quality-cut.runs")  # runs cut short never finished: none of them was kept
     for run in ("transformer", "hybrid"):
         (runs / run / "seed-1" / "result.json").unlink()
-    for step in (4, 6):  # hybrid "was stopped" after its step-2 checkpoint
+    for step in (4, 6):  # hybrid "was stopped" after its step-2 checkpoint, before its first logged step
         (runs / "hybrid" / "seed-1" / "checkpoints" / f"step-{step}.safetensors").unlink()
+    (runs / "hybrid" / "seed-1" / "log.jsonl").unlink()
     shutil.copyfile(runs / "transformer" / "seed-1" / "checkpoints" / "step-6.safetensors",
                     runs / "transformer" / "seed-1" / "checkpoints" / "step-8.safetensors")
     assert bench_quality.common_step([runs / "transformer" / "seed-1", runs / "hybrid" / "seed-1"]) == 2
@@ -344,6 +345,7 @@ def test_runs_cut_short_finish_at_their_common_step(dry_run, tmp_path):
     for run in ("transformer", "hybrid"):
         result = json.loads((runs / run / "seed-1" / "result.json").read_text())
         assert result["steps"] == 2 and result["averaged_checkpoints"] == ["step-2"]
+        assert (tmp_path / "quality-cut.runs" / run / "seed-1" / "result.json").is_file()  # kept, log or none
 
 
 def test_prepare_reads_tree_files(tmp_path):

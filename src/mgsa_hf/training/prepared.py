@@ -571,5 +571,6 @@ def _finish(corpus, run_dir, model, recipe, row, seed, step, train_seconds, devi
         hypotheses = translate_split(model, corpus.split(split), tokenizer, device, recipe)
         (run_dir / f"{split}.hyp.{target_lang}").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
         result[split] = translation_scores(hypotheses, corpus.references(split))
+    (run_dir / "log.jsonl").touch()  # a run scored before its first logged step still has its (empty) log
     (run_dir / "result.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     return result
