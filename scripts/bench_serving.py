@@ -8,7 +8,7 @@ each engine translates a warm-up batch first. Reported per row: seconds, sentenc
 PyTorch `generate` with the same settings, sacreBLEU BLEU against the references and the share of translations
 identical to `generate`'s. ONNX folders come from `mgsa_hf.export.onnx_generation.export_generation_onnx` (the encoder
 graph and the decoder graphs with past key/values), read by `OrtMgsaForConditionalGeneration`; `ort-search` folders
-from `mgsa_hf.export.onnx_search.export_search_onnx` (the whole search in one onnxruntime call, Marian backbone),
+from `mgsa_hf.export.onnx_search.export_search_onnx` (the whole search in one onnxruntime call),
 read by `OrtSearchModel`.
 
 Models: trained folders (`--model TYPE=FOLDER`, e.g. `mgsa-hf train model.encoder_type=rhe output_dir=...`), or, for
@@ -60,7 +60,7 @@ DATA = REPO.parent / "shared" / "data" / "multi30k"
 # every encoder type at its default config (MG-SA: syntactic phrases, SANs composition, ON-LSTM interaction; PR: its
 # default segmentation)
 TYPES = ["transformer", "phrase_memory", "phrase_representation", "hybrid", "rhe"]
-# ort-search: the whole search in one onnxruntime call (`mgsa_hf.export.onnx_search`, Marian backbone)
+# ort-search: the whole search in one onnxruntime call (`mgsa_hf.export.onnx_search`)
 ENGINES = ["pytorch", "ort-fp32", "ort-int8", "ort-search", "ctranslate2"]
 BACKBONES = ["marian", "t5"]
 SIZES = ["default", "base"]
@@ -239,7 +239,10 @@ def translator(args, folder: Path, encoder_type: str, engine: str, threads: int,
         model = OrtMgsaForConditionalGeneration.from_pretrained(exported(args, folder, encoder_type, engine),
                                                                 threads=threads or None)
 
-    fixed = {} if args.fixed_new_tokens is None else {"min_new_tokens": args.fixed_new_tokens}
+    # a fixed number of new tokens: every hypothesis reaches `max_new_tokens`, where EOS is forced as the one-call
+    # search forces it (Marian's default; T5's generation config forces none)
+    fixed = {} if args.fixed_new_tokens is None else {"min_new_tokens": args.fixed_new_tokens,
+                                                      "forced_eos_token_id": model.config.eos_token_id}
 
     def generate(inputs, beams):
         with torch.inference_mode():
@@ -337,8 +340,7 @@ def main(argv=None) -> None:
             reads_syntax = bool(onnx_syntax_fields(config))
             processor = MgsaProcessor.from_pretrained(folder)
             engines = [engine for engine in args.engines
-                       if (engine != "ctranslate2" or (encoder_type == "transformer" and backbone == "marian"))
-                       and (engine != "ort-search" or backbone == "marian")]
+                       if engine != "ctranslate2" or (encoder_type == "transformer" and backbone == "marian")]
             for batch_size in args.batch_sizes:
                 parse_cpu = cpu_seconds()
                 batches, parse_seconds = processor_batches(processor, sources, batch_size,

@@ -446,7 +446,7 @@ def export_search_onnx(
     config = model.config
     if config.model_type not in ("mgsa", "mgsa_t5"):
         raise ValueError(f"The one-call ONNX search takes the Marian and T5 backbones, not {config.model_type!r}: "
-                         "serve this model with `export_generation_onnx`.")
+                         "an mgsa-hf model (model_type `mgsa` or `mgsa_t5`) is what it exports.")
     syntax = onnx_syntax_fields(config)
     check_onnx_exportable(config)
     settings = check_search_settings(model.generation_config or GenerationConfig.from_model_config(config),
