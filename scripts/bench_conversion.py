@@ -17,6 +17,7 @@ import sys
 import time
 from itertools import islice
 
+from mgsa_hf.benchmarking.rows import recorded_command
 from mgsa_hf.constituency_conversion import MODEL_FILE, DependencyToConstituency
 from mgsa_hf.syntax_parser import SyntaxParser
 from mgsa_hf.syntax_spacy import word_arrays
@@ -51,7 +52,7 @@ def main(argv=None) -> None:
         cold.append(timed_trees(conversion, parses))
         warm.append(timed_trees(conversion, parses))
     result = {
-        "command": "python scripts/bench_conversion.py " + " ".join(argv or sys.argv[1:]),
+        "command": recorded_command("scripts/bench_conversion.py", sys.argv[1:] if argv is None else argv),
         "machine": platform.platform(),
         "sentences": len(parses),
         "words": words,
