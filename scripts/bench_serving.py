@@ -94,6 +94,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--fixed-new-tokens", type=int, default=None, metavar="N",
                         help="exactly N new tokens per sentence (min = max new tokens = N; replaces --max-new-tokens)")
     parser.add_argument("--model-fields", default="{}", help="JSON config fields of the fresh models (e.g. sizes)")
+    parser.add_argument("--ort-spinning", action="store_true",
+                        help="onnxruntime's intra-op threads spin between runs (default: they wait; see "
+                             "mgsa_hf.export.onnx_generation.cpu_session_options)")
     parser.add_argument("--work-dir", default=str(REPO / "runs" / "serving-exports"),
                         help="where the fresh models and the exports are kept (reused by a rerun)")
     parser.add_argument("--output", default=str(REPO / "benchmarks" / "serving-cpu.json"))
@@ -226,7 +229,8 @@ def translator(args, folder: Path, encoder_type: str, engine: str, threads: int,
     if engine == "ort-search":
         from mgsa_hf.export.onnx_search import OrtSearchModel
 
-        search = OrtSearchModel.from_pretrained(exported(args, folder, encoder_type, engine), threads=threads or None)
+        search = OrtSearchModel.from_pretrained(exported(args, folder, encoder_type, engine),
+                                                **ort_threads(args, threads))
         return batch_translator(processor.tokenizer, lambda inputs, beams: search.generate(
             **inputs, num_beams=beams, max_new_tokens=args.max_new_tokens))
     if engine == "pytorch":
@@ -237,7 +241,7 @@ def translator(args, folder: Path, encoder_type: str, engine: str, threads: int,
         from mgsa_hf.export.onnx_generation import OrtMgsaForConditionalGeneration
 
         model = OrtMgsaForConditionalGeneration.from_pretrained(exported(args, folder, encoder_type, engine),
-                                                                threads=threads or None)
+                                                                **ort_threads(args, threads))
 
     # a fixed number of new tokens: every hypothesis reaches `max_new_tokens`, where EOS is forced as the one-call
     # search forces it (Marian's default; T5's generation config forces none)
@@ -250,6 +254,16 @@ def translator(args, folder: Path, encoder_type: str, engine: str, threads: int,
                                   **fixed)
 
     return batch_translator(processor.tokenizer, generate)
+
+
+def ort_threads(args, threads: int) -> dict:
+    """The thread arguments of an ONNX Runtime model's `from_pretrained`: `threads` intra-op threads, spinning
+    between runs with `--ort-spinning`."""
+    from mgsa_hf.export.onnx_generation import cpu_session_options
+
+    if args.ort_spinning:
+        return {"session_options": cpu_session_options(threads or None, spinning=True)}
+    return {"threads": threads or None}
 
 
 def batch_translator(tokenizer, generate):
@@ -267,8 +281,9 @@ def batch_translator(tokenizer, generate):
 
 
 def markdown(report: dict) -> str:
-    lines = ["| type | backbone | engine | beams | batch | threads | sentences | sent/s | speed-up | BLEU | identical "
-             "| end-to-end sent/s | CPU ms/sent |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"CPU: {report['cpu']}\n"] if "cpu" in report else []
+    lines += ["| type | backbone | engine | beams | batch | threads | sentences | sent/s | speed-up | BLEU | "
+              "identical | end-to-end sent/s | CPU ms/sent |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
         cells = [row["encoder_type"], row.get("backbone", "marian"), row["engine"], row["beams"], row["batch_size"],
                  row["threads"], row.get("sentences", report["sentences"]), row["sentences_per_second"],
@@ -304,7 +319,7 @@ def processor_batches(processor, sources: list[str], batch_size: int, fields) ->
 def main(argv=None) -> None:
     from transformers import AutoConfig
 
-    from mgsa_hf.benchmarking.rows import recorded_command
+    from mgsa_hf.benchmarking.rows import cpu_description, recorded_command
     from mgsa_hf.export import onnx_syntax_fields
     from mgsa_hf.processing_mgsa import MgsaProcessor
     from mgsa_hf.tokenization_utils import read_lines
@@ -313,13 +328,15 @@ def main(argv=None) -> None:
     given = dict(item.split("=", 1) for item in args.model)
     output = Path(args.output)
     settings = {"size": args.size, "vocab_size": args.vocab_size, "fixed_new_tokens": args.fixed_new_tokens,
-                "model_fields": json.loads(args.model_fields)}
+                "model_fields": json.loads(args.model_fields), "ort_spinning": args.ort_spinning}
     report = json.loads(output.read_text()) if output.is_file() else {
         "command": recorded_command(os.path.relpath(__file__, REPO), sys.argv[1:]),
         "sentences": args.sentences, "max_new_tokens": args.max_new_tokens, **settings, "cpu_count": os.cpu_count(),
-        "machine": platform.platform(), "torch": torch.__version__, "rows": [], "generate_translations": {},
+        "machine": platform.platform(), "cpu": cpu_description(), "torch": torch.__version__, "rows": [],
+        "generate_translations": {},
     }
-    recorded = {name: report.get(name, {"size": "default", "model_fields": {}}.get(name)) for name in settings}
+    defaults = {"size": "default", "model_fields": {}, "ort_spinning": False}  # of reports older than the field
+    recorded = {name: report.get(name, defaults.get(name)) for name in settings}
     if recorded != settings:
         raise SystemExit(f"{output} holds rows measured with {recorded}, not {settings}: give another --output, or "
                          "delete it to start over.")

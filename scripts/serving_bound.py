@@ -111,7 +111,7 @@ def main(argv=None) -> None:
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import AutoModelForSeq2SeqLM
 
-    from mgsa_hf.benchmarking.rows import portable_path, recorded_command
+    from mgsa_hf.benchmarking.rows import cpu_description, portable_path, recorded_command
     from mgsa_hf.processing_mgsa import MgsaProcessor
     from mgsa_hf.tokenization_utils import read_lines
 
@@ -126,7 +126,8 @@ def main(argv=None) -> None:
     torch.set_grad_enabled(False)
     sources = list(read_lines(DATA / "test_2016_flickr.en.gz", args.batch_size))
     report = {"command": recorded_command(os.path.relpath(__file__, REPO), sys.argv[1:] if argv is None else argv),
-              "machine": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+              "machine": platform.platform(), "cpu": cpu_description(), "cpu_count": os.cpu_count(),
+              "torch": torch.__version__,
               "batch_size": args.batch_size, "beams": args.beams, "new_tokens": args.new_tokens,
               "reuse_freed_cpu_memory": args.reuse_freed_cpu_memory, "rates": {},
               "rows": []}

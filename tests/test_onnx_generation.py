@@ -26,6 +26,7 @@ pytest.importorskip("onnxscript")
 
 from mgsa_hf.export.onnx_generation import (  # noqa: E402
     OrtMgsaForConditionalGeneration,
+    cpu_session_options,
     export_generation_onnx,
     quantize_generation_onnx,
 )
@@ -217,3 +218,25 @@ def test_generate_keeps_torch_on_its_threads_during_search(onnx_transformer, mul
             assert len(seen) == 3 and set(seen) == {expected}
     finally:
         torch.set_num_threads(1)
+
+
+def test_session_options_are_used_as_given_and_the_default_threads_wait(onnx_transformer):
+    """By default the sessions' intra-op threads do not spin between runs and there is one inter-op thread; given
+    `session_options` are used as they are, for every graph, and refused beside `threads`."""
+    import onnxruntime
+
+    _, folder = onnx_transformer
+    default = cpu_session_options(1)
+    assert default.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert (default.intra_op_num_threads, default.inter_op_num_threads) == (1, 1)
+    assert cpu_session_options(2, spinning=True).get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    model = OrtMgsaForConditionalGeneration.from_pretrained(folder, session_options=options)
+    for session in model.sessions.values():
+        used = session.get_session_options()
+        assert used.intra_op_num_threads == 2
+        assert used.graph_optimization_level == onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    with pytest.raises(ValueError, match="intra_op_num_threads"):
+        OrtMgsaForConditionalGeneration.from_pretrained(folder, threads=1, session_options=options)

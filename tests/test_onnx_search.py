@@ -19,6 +19,7 @@ ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxscript")
 
+from mgsa_hf.export.onnx_generation import cpu_session_options  # noqa: E402
 from mgsa_hf.export.onnx_search import (  # noqa: E402
     OrtSearchModel,
     check_search_onnxruntime,
@@ -196,6 +197,11 @@ def test_translate_and_bad_calls(exported, multi30k_processor, test_sources, tmp
         greedy_only.generate(**batch, num_beams=4)
     with pytest.raises(ValueError, match="not a folder written by `export_search_onnx`"):
         OrtSearchModel.from_pretrained(tmp_path)
+    # session options are used as given, and not beside `threads`
+    spinning = OrtSearchModel.from_pretrained(folder, session_options=cpu_session_options(1, spinning=True))
+    assert spinning.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    with pytest.raises(ValueError, match="intra_op_num_threads"):
+        OrtSearchModel.from_pretrained(folder, threads=1, session_options=cpu_session_options(1))
 
 
 def test_refused_settings_are_named():

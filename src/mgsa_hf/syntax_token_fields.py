@@ -4,7 +4,7 @@ makes for every sentence."""
 
 from itertools import groupby
 
-from .syntax_fields import check_syntax_field_names
+from .syntax_fields import SOURCE_SYNTAX_PAD_VALUES
 
 
 def token_words(offsets, special_tokens_mask, word_spans) -> list[int]:
@@ -24,11 +24,12 @@ def token_words(offsets, special_tokens_mask, word_spans) -> list[int]:
 
 def token_fields(syntax, token_words, levels, tag_vocab, pr_phrases, names=None) -> dict[str, list]:
     """The syntax fields of one sentence's tokens, given the word of each token (-1: special token); `names`, the
-    fields to make (None: all of them; see [`~mgsa_hf.syntax_fields.check_syntax_field_names`]).
+    fields to make, as [`~mgsa_hf.syntax_fields.check_syntax_field_names`] returns them for the whole batch (None: all
+    of them).
 
     Phrase ids number the runs of equal tree nodes over the tokens, so phrases without tokens take no id.
     `pr_phrases(tree, content_words)` gives Algorithm 1's phrases as word spans."""
-    names = check_syntax_field_names(names)
+    names = tuple(SOURCE_SYNTAX_PAD_VALUES) if names is None else names
     tree, num_words = syntax.tree, len(syntax.spans)
     specials = [position for position, word in enumerate(token_words) if word < 0]
     if not specials or specials[0] == len(token_words) - len(specials):  # usually: EOS last

@@ -105,6 +105,21 @@ def recorded_command(script: str, argv) -> str:
     return shlex.join(["python", script, *(portable_path(str(arg)) for arg in argv)])
 
 
+def cpu_description() -> str:
+    """The CPU a benchmark ran on: its model name (`/proc/cpuinfo`, where there is one), the instruction set torch's
+    kernels use and the cores, e.g. "AMD EPYC, AVX2, 2 cores". `platform.platform()` names only the OS, and machines
+    with the same OS differ several-fold in fp32 peak rate."""
+    import torch
+
+    name = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            name = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name}, {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores"
+
+
 def package_environment() -> dict[str, str]:
     """This process's environment with this package's folder on `PYTHONPATH`, for the benchmarks' child processes
     (`python -m mgsa_hf.benchmarking.<module>`): the GPU machine has the repository, not the installed package."""

@@ -363,6 +363,36 @@ def _export_graphs(model, encoder_inputs: dict, syntax_names: list[str], output_
     }
 
 
+def cpu_session_options(threads: int | None = None, session_options=None, *, spinning: bool = False):
+    """
+    The `onnxruntime.SessionOptions` the ONNX models run with: `session_options` as given, else every graph
+    optimization, one inter-op thread and `threads` intra-op threads (None: every core) that do not spin between two
+    runs (unless `spinning`).
+
+    Between two session runs the search does its own work on the same cores (in Python for `generate`, inside
+    onnxruntime for the one-call search): pool threads spinning for the next run would take them. With 2 threads on
+    2 cores, spinning made `generate`'s beam search 1.7x slower on a busy machine; on a quiet one it changed speed by
+    less than the noise and cost CPU time (benchmarks/BENCHMARKS.md, "Serving").
+
+    Raises:
+        ValueError: for both `threads` and `session_options` (set `intra_op_num_threads` on the options instead).
+    """
+    import onnxruntime
+
+    if session_options is not None:
+        if threads is not None:
+            raise ValueError(f"threads={threads!r} with session_options: set session_options.intra_op_num_threads "
+                             "instead (session_options are used as given).")
+        return session_options
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", str(int(spinning)))
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    return options
+
+
 class OrtSeq2SeqCache:
     """
     The decoder caches of [`OrtMgsaForConditionalGeneration`] as the graphs take them: numpy arrays named as the
@@ -458,7 +488,7 @@ class OrtMgsaForConditionalGeneration(PreTrainedModel, GenerationMixin):
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, *, threads: int | None = None, provider: str = "CPUExecutionProvider",
-                        torch_threads: int | None = 1) -> "OrtMgsaForConditionalGeneration":
+                        torch_threads: int | None = 1, session_options=None) -> "OrtMgsaForConditionalGeneration":
         """
         Load a folder written by [`export_generation_onnx`], its graphs checked against the export's record first.
 
@@ -466,6 +496,8 @@ class OrtMgsaForConditionalGeneration(PreTrainedModel, GenerationMixin):
             folder: the ONNX folder.
             threads: onnxruntime's intra-op threads (None: onnxruntime's default, every core).
             provider: the onnxruntime execution provider.
+            session_options: `onnxruntime.SessionOptions` for every graph, used as given (None: those of
+                [`cpu_session_options`]); `threads` must then be None.
             torch_threads: torch's intra-op threads while `generate` runs (its search work between two session
                 runs), restored after it; None leaves torch's setting. With torch on every core too, its pool
                 competed with onnxruntime's for the same cores: on a busy 2-core machine, beam search on 2 threads
@@ -491,14 +523,7 @@ class OrtMgsaForConditionalGeneration(PreTrainedModel, GenerationMixin):
         # before any session: every graph is the one exported with the others and with config.json
         verify_onnx_record(folder, manifest["graphs"])
         check_generation_config(folder)  # a damaged one would decode with defaults, as in the PyTorch path
-        options = onnxruntime.SessionOptions()
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.inter_op_num_threads = 1
-        # between two session runs `generate` does its own tensor work on the same cores: pool threads spinning for
-        # the next run would take them (with 2 threads on 2 cores, spinning made beam search 1.7x slower)
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if threads is not None:
-            options.intra_op_num_threads = threads
+        options = cpu_session_options(threads, session_options)
         sessions = {kind: onnxruntime.InferenceSession(str(folder / name), options, providers=[provider])
                     for kind, name in manifest["graphs"].items()}
         config = AutoConfig.from_pretrained(folder)

@@ -51,7 +51,14 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from ..input_checks import check_token_ids
 from ..modeling_common import check_length
 from . import EXPORTABLE_SYNTAX_FIELDS, ONNX_FOLDER_FILES, check_onnx_exportable, export_folder, onnx_syntax_fields
-from .onnx_generation import EXAMPLES, DecoderGraph, EncoderGraph, load_model_and_processor, trace_to_onnx
+from .onnx_generation import (
+    EXAMPLES,
+    DecoderGraph,
+    EncoderGraph,
+    cpu_session_options,
+    load_model_and_processor,
+    trace_to_onnx,
+)
 from .onnx_record import verify_onnx_record, weights_digest, write_onnx_record
 
 
@@ -500,10 +507,12 @@ class OrtSearchModel:
         self.syntax_fields = tuple(syntax_fields)  # the processor fields the encoder reads
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, *, threads: int | None = None) -> "OrtSearchModel":
+    def from_pretrained(cls, folder: str | Path, *, threads: int | None = None, session_options=None
+                        ) -> "OrtSearchModel":
         """Load `folder` (an [`export_search_onnx`] folder) on onnxruntime's CPU provider with `threads` intra-op
         threads (None: every core), its graph checked against the export's record first
-        ([`~mgsa_hf.export.onnx_record.verify_onnx_record`])."""
+        ([`~mgsa_hf.export.onnx_record.verify_onnx_record`]); `session_options`, `onnxruntime.SessionOptions` used
+        as given (None: [`~mgsa_hf.export.onnx_generation.cpu_session_options`]'s; `threads` must then be None)."""
         import onnxruntime
 
         check_search_onnxruntime(onnxruntime.__version__)
@@ -518,13 +527,8 @@ class OrtSearchModel:
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
             raise ValueError(f"{manifest_path} is damaged ({error!r}): export the model again.") from None
         verify_onnx_record(folder, {"search": manifest["graph"]})
-        options = onnxruntime.SessionOptions()
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # the search's own work runs on the same cores between subgraph runs: threads spinning there would take them
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if threads is not None:
-            options.intra_op_num_threads = threads
-        session = onnxruntime.InferenceSession(str(folder / manifest["graph"]), options,
+        session = onnxruntime.InferenceSession(str(folder / manifest["graph"]),
+                                               cpu_session_options(threads, session_options),
                                                providers=["CPUExecutionProvider"])
         return cls(folder, session, AutoConfig.from_pretrained(folder), settings, syntax_fields)
 
