@@ -112,3 +112,8 @@ def test_the_one_call_search_gives_generates_translations(tmp_path, processor_fo
     rows = [row for row in report["rows"] if row["engine"] == "ort-search"]
     assert {(row["encoder_type"], row["beams"]) for row in rows} == {("rhe", 2), ("rhe", 1)}
     assert all(row["identical_to_generate"] == 1.0 and row["speedup_over_generate"] > 0 for row in rows)
+    # spinning threads are a setting of the whole report: not mixed with rows measured with waiting ones
+    assert report["ort_spinning"] is False and report["cpu"].endswith(" cores")
+    with pytest.raises(SystemExit, match="'ort_spinning': False"):
+        bench_serving.main(arguments(tmp_path, processor_folder, "--types", "rhe", "--fixed-new-tokens", "5",
+                                     "--engines", "ort-search", "--ort-spinning"))

@@ -34,6 +34,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -51,6 +52,9 @@ from ..weights_checksums import check_generation_config
 from . import check_onnx_exportable, onnx_syntax_fields
 from .onnx_record import read_onnx_record, verify_onnx_record, weights_digest, write_onnx_record
 
+
+if TYPE_CHECKING:
+    import onnxruntime
 
 MANIFEST = "onnx_generation.json"
 GRAPHS = {"encoder": "encoder_model.onnx", "decoder": "decoder_model.onnx",
@@ -363,7 +367,8 @@ def _export_graphs(model, encoder_inputs: dict, syntax_names: list[str], output_
     }
 
 
-def cpu_session_options(threads: int | None = None, session_options=None, *, spinning: bool = False):
+def cpu_session_options(threads: int | None = None, session_options: "onnxruntime.SessionOptions | None" = None,
+                        *, spinning: bool = False) -> "onnxruntime.SessionOptions":
     """
     The `onnxruntime.SessionOptions` the ONNX models run with: `session_options` as given, else every graph
     optimization, one inter-op thread and `threads` intra-op threads (None: every core) that do not spin between two
@@ -371,8 +376,9 @@ def cpu_session_options(threads: int | None = None, session_options=None, *, spi
 
     Between two session runs the search does its own work on the same cores (in Python for `generate`, inside
     onnxruntime for the one-call search): pool threads spinning for the next run would take them. With 2 threads on
-    2 cores, spinning made `generate`'s beam search 1.7x slower on a busy machine; on a quiet one it changed speed by
-    less than the noise and cost CPU time (benchmarks/BENCHMARKS.md, "Serving").
+    2 cores, spinning made `generate`'s beam search 1.7x slower on a busy machine; on a quiet one (one run each) it
+    gave step-by-step generation 1% and the one-call search 8%, at 13% and 3% more CPU time (benchmarks/BENCHMARKS.md,
+    "Serving with ONNX Runtime").
 
     Raises:
         ValueError: for both `threads` and `session_options` (set `intra_op_num_threads` on the options instead).
@@ -487,8 +493,10 @@ class OrtMgsaForConditionalGeneration(PreTrainedModel, GenerationMixin):
         self.past_cross = cache_names("past_key_values", "encoder", num_cross)
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, *, threads: int | None = None, provider: str = "CPUExecutionProvider",
-                        torch_threads: int | None = 1, session_options=None) -> "OrtMgsaForConditionalGeneration":
+    def from_pretrained(
+        cls, folder: str | Path, *, threads: int | None = None, provider: str = "CPUExecutionProvider",
+        torch_threads: int | None = 1, session_options: "onnxruntime.SessionOptions | None" = None,
+    ) -> "OrtMgsaForConditionalGeneration":
         """
         Load a folder written by [`export_generation_onnx`], its graphs checked against the export's record first.
 

@@ -40,6 +40,7 @@ onnxruntime).
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -61,6 +62,9 @@ from .onnx_generation import (
 )
 from .onnx_record import verify_onnx_record, weights_digest, write_onnx_record
 
+
+if TYPE_CHECKING:
+    import onnxruntime
 
 # the onnxruntime release the search graph is tested with: 1.20 refuses to load it (its subgraphs read the main
 # graph's `max_length`, which that release's graph check does not type: "does not have type information set by parent
@@ -507,8 +511,8 @@ class OrtSearchModel:
         self.syntax_fields = tuple(syntax_fields)  # the processor fields the encoder reads
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, *, threads: int | None = None, session_options=None
-                        ) -> "OrtSearchModel":
+    def from_pretrained(cls, folder: str | Path, *, threads: int | None = None,
+                        session_options: "onnxruntime.SessionOptions | None" = None) -> "OrtSearchModel":
         """Load `folder` (an [`export_search_onnx`] folder) on onnxruntime's CPU provider with `threads` intra-op
         threads (None: every core), its graph checked against the export's record first
         ([`~mgsa_hf.export.onnx_record.verify_onnx_record`]); `session_options`, `onnxruntime.SessionOptions` used
